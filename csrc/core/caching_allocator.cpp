@@ -1,0 +1,244 @@
+#include "caching_allocator.h"
+
+#include <sys/mman.h>
+
+#include <cstdio>
+
+#include "error.h"
+
+namespace emugpu {
+
+size_t round_allocation_size(size_t size) {
+  if (size < kMinBlockSize) return kMinBlockSize;
+  return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
+}
+
+size_t segment_size_for(size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
+}
+
+void Stat::add(int64_t amount) {
+  current += amount;
+  if (current > peak) peak = current;
+  if (amount > 0) allocated += amount;
+  if (amount < 0) freed += -amount;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+CachingAllocator::CachingAllocator(int device, std::string gpu_name, uint64_t capacity)
+    : device_(device), gpu_name_(std::move(gpu_name)), capacity_(capacity) {
+  EMUGPU_CHECK(capacity > 0, kValue, "emulated GPU capacity must be positive, got 0 bytes");
+}
+
+CachingAllocator::~CachingAllocator() {
+  for (auto& [base, first] : segments_) {
+    size_t total = 0;
+    for (Block* b = first; b != nullptr;) {
+      Block* next = b->next;
+      total += b->size;
+      delete b;
+      b = next;
+    }
+    munmap(base, total);
+  }
+}
+
+void CachingAllocator::update(StatArray& stat, bool small, int64_t amount) {
+  stat[kAggregate].add(amount);
+  stat[small ? kSmallPool : kLargePool].add(amount);
+}
+
+void CachingAllocator::insert_free(Block* block) {
+  block->counted_inactive = block->is_split();
+  if (block->counted_inactive) {
+    update(stats_.inactive_split, block->small, 1);
+    update(stats_.inactive_split_bytes, block->small, static_cast<int64_t>(block->size));
+  }
+  (block->small ? small_free_ : large_free_).insert(block);
+}
+
+void CachingAllocator::erase_free(Block* block) {
+  (block->small ? small_free_ : large_free_).erase(block);
+  if (block->counted_inactive) {
+    update(stats_.inactive_split, block->small, -1);
+    update(stats_.inactive_split_bytes, block->small, -static_cast<int64_t>(block->size));
+    block->counted_inactive = false;
+  }
+}
+
+Block* CachingAllocator::take_free_block(FreeSet& pool, size_t size) {
+  Block key;
+  key.size = size;
+  key.ptr = nullptr;
+  auto it = pool.lower_bound(&key);
+  if (it == pool.end()) return nullptr;
+  Block* block = *it;
+  erase_free(block);
+  return block;
+}
+
+Block* CachingAllocator::new_segment(size_t size, bool small) {
+  if (reserved() + size > capacity_) return nullptr;
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  EMUGPU_CHECK(base != MAP_FAILED, kRuntime, "could not reserve ", format_bytes(size),
+               " of host address space for emulated device ", device_,
+               "; raise the process's virtual memory limit (ulimit -v)");
+  auto* block = new Block;
+  block->ptr = static_cast<char*>(base);
+  block->size = size;
+  block->small = small;
+  segments_[block->ptr] = block;
+  update(stats_.segment, small, 1);
+  update(stats_.reserved_bytes, small, static_cast<int64_t>(size));
+  stats_.num_device_alloc += 1;
+  return block;
+}
+
+void CachingAllocator::release_cached_segments() {
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Block* block = it->second;
+    if (block->allocated || block->next != nullptr) {
+      ++it;
+      continue;
+    }
+    erase_free(block);
+    update(stats_.segment, block->small, -1);
+    update(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
+    stats_.num_device_free += 1;
+    munmap(block->ptr, block->size);
+    delete block;
+    it = segments_.erase(it);
+  }
+}
+
+uint64_t CachingAllocator::reserved() const {
+  return static_cast<uint64_t>(stats_.reserved_bytes[kAggregate].current);
+}
+
+Block* CachingAllocator::allocate(size_t requested) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t size = round_allocation_size(requested);
+  const bool small = size <= kSmallSize;
+  Block* block = take_free_block(small ? small_free_ : large_free_, size);
+  if (block == nullptr) {
+    const size_t segment = segment_size_for(size);
+    block = new_segment(segment, small);
+    if (block == nullptr) {
+      // cudaMalloc failed: free every cached segment and try once more.
+      stats_.num_alloc_retries += 1;
+      release_cached_segments();
+      block = new_segment(segment, small);
+    }
+    if (block == nullptr) throw_oom(requested, segment);
+  }
+  const size_t remaining = block->size - size;
+  if (small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
+    auto* rest = new Block;
+    rest->ptr = block->ptr + size;
+    rest->size = remaining;
+    rest->small = small;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next) rest->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    insert_free(rest);
+  }
+  block->allocated = true;
+  block->requested = requested;
+  block->materialized = false;
+  update(stats_.allocation, small, 1);
+  update(stats_.active, small, 1);
+  update(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));
+  update(stats_.active_bytes, small, static_cast<int64_t>(block->size));
+  update(stats_.requested_bytes, small, static_cast<int64_t>(requested));
+  return block;
+}
+
+void CachingAllocator::free(Block* block) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  EMUGPU_CHECK(block != nullptr && block->allocated, kRuntime,
+               "emulated device ", device_, ": free of a block that is not allocated");
+  block->allocated = false;
+  const bool small = block->small;
+  update(stats_.allocation, small, -1);
+  update(stats_.active, small, -1);
+  update(stats_.allocated_bytes, small, -static_cast<int64_t>(block->size));
+  update(stats_.active_bytes, small, -static_cast<int64_t>(block->size));
+  update(stats_.requested_bytes, small, -static_cast<int64_t>(block->requested));
+  // Merge with free neighbours, as CUDA's allocator does.
+  for (Block* other : {block->prev, block->next}) {
+    if (other == nullptr || other->allocated) continue;
+    erase_free(other);
+    if (other == block->prev) {
+      block->ptr = other->ptr;
+      block->prev = other->prev;
+      if (block->prev) block->prev->next = block;
+      else segments_[block->ptr] = block;
+    } else {
+      block->next = other->next;
+      if (block->next) block->next->prev = block;
+    }
+    block->size += other->size;
+    delete other;
+  }
+  insert_free(block);
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_cached_segments();
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (StatArray* s : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (Stat& stat : *s) stat.reset_peak();
+  }
+}
+
+void CachingAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (StatArray* s : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (Stat& stat : *s) stat.reset_accumulated();
+  }
+  stats_.num_alloc_retries = stats_.num_ooms = 0;
+  stats_.num_device_alloc = stats_.num_device_free = 0;
+}
+
+void CachingAllocator::throw_oom(size_t requested, size_t segment) {
+  stats_.num_ooms += 1;
+  const uint64_t reserved_now = reserved();
+  const auto allocated = static_cast<uint64_t>(stats_.allocated_bytes[kAggregate].current);
+  const uint64_t free_bytes = capacity_ > reserved_now ? capacity_ - reserved_now : 0;
+  detail::throw_error(
+      ErrorKind::kOutOfMemory, "emugpu out of memory. Tried to allocate ", format_bytes(requested),
+      " (a ", format_bytes(segment), " segment). Emulated GPU ", device_, " (", gpu_name_,
+      ") has a total capacity of ", format_bytes(capacity_), " of which ", format_bytes(free_bytes),
+      " is free. Of the allocated memory ", format_bytes(allocated),
+      " is allocated by PyTorch, and ", format_bytes(reserved_now - allocated),
+      " is reserved by PyTorch but unallocated. Reduce the batch size, or emulate a GPU with "
+      "more memory (EMUGPU_GPU).");
+}
+
+}  // namespace emugpu

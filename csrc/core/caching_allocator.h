@@ -1,0 +1,114 @@
+// Emulated CUDA caching allocator: the same rounding, pools, segment sizes,
+// block splitting and statistics as PyTorch's CUDACachingAllocator, over
+// reserved host address space (MAP_NORESERVE), so an emulated GPU's memory
+// costs host RAM only where bytes are really written.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+namespace emugpu {
+
+constexpr size_t kMinBlockSize = 512;
+constexpr size_t kSmallSize = 1 << 20;        // requests up to this use the small pool
+constexpr size_t kSmallBuffer = 2 << 20;      // small-pool segment size
+constexpr size_t kLargeBuffer = 20 << 20;     // segment for requests under kMinLargeAlloc
+constexpr size_t kMinLargeAlloc = 10 << 20;
+constexpr size_t kRoundLarge = 2 << 20;
+
+size_t round_allocation_size(size_t size);
+size_t segment_size_for(size_t rounded);
+
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;  // cumulative increments
+  int64_t freed = 0;      // cumulative decrements
+  void add(int64_t amount);
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = freed = 0; }
+};
+
+enum Pool : int { kAggregate = 0, kSmallPool = 1, kLargePool = 2 };
+using StatArray = std::array<Stat, 3>;
+
+struct AllocatorStats {
+  StatArray allocation, segment, active, inactive_split;
+  StatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
+  int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  Stat oversize_allocations, oversize_segments;
+};
+
+struct Block {
+  char* ptr = nullptr;
+  size_t size = 0;
+  size_t requested = 0;
+  bool allocated = false;
+  bool small = false;
+  bool counted_inactive = false;
+  // Set by the torch layer when real bytes were copied in; blocks that only
+  // ever held computed (never computed) values read back as placeholders.
+  bool materialized = false;
+  Block* prev = nullptr;  // neighbours within the same segment
+  Block* next = nullptr;
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+class CachingAllocator {
+ public:
+  // `capacity` is what CUDA would let cudaMalloc hand out on this GPU;
+  // `device` and `gpu_name` only appear in messages.
+  CachingAllocator(int device, std::string gpu_name, uint64_t capacity);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Throws kOutOfMemory, with a CUDA-style message, when it cannot fit.
+  Block* allocate(size_t size);
+  void free(Block* block);
+  void empty_cache();
+
+  AllocatorStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  uint64_t capacity() const { return capacity_; }
+  uint64_t reserved() const;
+  int device() const { return device_; }
+
+ private:
+  struct BlockLess {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+  using FreeSet = std::set<Block*, BlockLess>;
+
+  Block* take_free_block(FreeSet& pool, size_t size);
+  Block* new_segment(size_t size, bool small);
+  void release_cached_segments();
+  void insert_free(Block* block);
+  void erase_free(Block* block);
+  void update(StatArray& stat, bool small, int64_t amount);
+  [[noreturn]] void throw_oom(size_t requested, size_t segment);
+
+  mutable std::mutex mutex_;
+  int device_;
+  std::string gpu_name_;
+  uint64_t capacity_;
+  FreeSet small_free_;
+  FreeSet large_free_;
+  std::unordered_map<char*, Block*> segments_;  // segment base -> first block
+  AllocatorStats stats_;
+};
+
+std::string format_bytes(double bytes);
+
+}  // namespace emugpu

@@ -1,0 +1,54 @@
+// GPU catalog: published specs of the GPUs torch-emugpu can emulate.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace emugpu {
+
+enum class DType { kFloat32, kTensorFloat32, kFloat16, kBFloat16, kFloat64, kInteger };
+
+struct GpuSpec {
+  std::string name;                // as torch.cuda.get_device_name() prints it
+  std::vector<std::string> aliases;
+  uint64_t memory_bytes = 0;       // total_memory as CUDA reports it
+  int sm_count = 0;
+  int major = 0;
+  int minor = 0;
+  double fp32_flops = 0;           // peak dense FLOP/s
+  double tf32_flops = 0;
+  double fp16_flops = 0;
+  double bf16_flops = 0;
+  double fp64_flops = 0;
+  double memory_bandwidth = 0;     // bytes/s
+  int pcie_generation = 0;
+  int pcie_width = 0;
+  double nvlink_bandwidth = 0;     // bytes/s per direction, 0 when absent
+
+  double peak_flops(DType dtype) const;
+  // Usable host<->device bandwidth in bytes/s (about 80% of the PCIe link).
+  double pcie_bandwidth() const;
+};
+
+class Catalog {
+ public:
+  static Catalog from_json_text(std::string_view text, const std::string& origin);
+  static Catalog from_file(const std::string& path);
+
+  // Loose lookup: case, separators and vendor prefixes ("Tesla", "NVIDIA",
+  // "Quadro") are ignored; throws kValue listing the names and the closest one.
+  const GpuSpec& find(std::string_view name) const;
+  const std::vector<GpuSpec>& gpus() const { return gpus_; }
+
+ private:
+  std::vector<GpuSpec> gpus_;
+};
+
+// Lower-case alphanumerics with vendor prefixes removed: "Tesla_V100-PCIE-32GB"
+// and "v100 pcie 32gb" both become "v100pcie32gb".
+std::string normalize_gpu_name(std::string_view name);
+size_t edit_distance(std::string_view a, std::string_view b);
+
+}  // namespace emugpu

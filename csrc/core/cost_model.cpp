@@ -1,0 +1,32 @@
+#include "cost_model.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace emugpu {
+
+CostModel::CostModel(const GpuSpec& gpu, CostModelParams params) : gpu_(gpu), params_(params) {
+  EMUGPU_CHECK(params.compute_efficiency > 0 && params.compute_efficiency <= 1 &&
+                   params.memory_efficiency > 0 && params.memory_efficiency <= 1,
+               kValue, "cost model efficiencies must lie in (0, 1], got compute=",
+               params.compute_efficiency, " memory=", params.memory_efficiency);
+}
+
+TimeNs CostModel::kernel(const OpCost& cost) const {
+  const double compute_s = cost.flops / (gpu_.peak_flops(cost.dtype) * params_.compute_efficiency);
+  const double memory_s = cost.bytes / (gpu_.memory_bandwidth * params_.memory_efficiency);
+  return params_.launch_ns + static_cast<TimeNs>(std::max(compute_s, memory_s) * 1e9);
+}
+
+TimeNs CostModel::transfer(double bytes, bool pinned) const {
+  const double rate = gpu_.pcie_bandwidth() * (pinned ? 1.0 : params_.pageable_copy_factor);
+  return params_.copy_latency_ns + static_cast<TimeNs>(bytes / rate * 1e9);
+}
+
+TimeNs CostModel::device_copy(double bytes) const {
+  return params_.launch_ns +
+         static_cast<TimeNs>(2 * bytes / (gpu_.memory_bandwidth * params_.memory_efficiency) * 1e9);
+}
+
+}  // namespace emugpu

@@ -1,0 +1,41 @@
+// Per-op duration estimates: a roofline over the catalog's peak rates.
+#pragma once
+
+#include "catalog.h"
+#include "clock.h"
+
+namespace emugpu {
+
+struct OpCost {
+  double flops = 0;   // floating-point operations the op performs
+  double bytes = 0;   // bytes it reads and writes in device memory
+  DType dtype = DType::kFloat32;
+};
+
+struct CostModelParams {
+  // Fraction of the peak that real kernels sustain (cuBLAS/cuDNN reach
+  // 60-80% of peak on large shapes; elementwise kernels ~80% of bandwidth).
+  double compute_efficiency = 0.7;
+  double memory_efficiency = 0.8;
+  TimeNs launch_ns = 4'000;  // per-kernel fixed cost on the device
+  TimeNs copy_latency_ns = 8'000;
+  double pageable_copy_factor = 0.5;  // staging halves the pageable rate
+};
+
+class CostModel {
+ public:
+  CostModel(const GpuSpec& gpu, CostModelParams params = {});
+
+  TimeNs kernel(const OpCost& cost) const;
+  // Host<->device copy of `bytes`; pinned copies run at the link rate.
+  TimeNs transfer(double bytes, bool pinned) const;
+  // Device-to-device copy within one GPU (read + write).
+  TimeNs device_copy(double bytes) const;
+  const CostModelParams& params() const { return params_; }
+
+ private:
+  const GpuSpec& gpu_;
+  CostModelParams params_;
+};
+
+}  // namespace emugpu

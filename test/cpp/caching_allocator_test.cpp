@@ -1,0 +1,123 @@
+#include "caching_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "error.h"
+
+namespace {
+
+using emugpu::CachingAllocator;
+using emugpu::kAggregate;
+using emugpu::kLargePool;
+using emugpu::kSmallPool;
+
+constexpr size_t MiB = 1 << 20;
+constexpr uint64_t GiB = 1ull << 30;
+
+TEST(CachingAllocator, RoundsLikeCuda) {
+  EXPECT_EQ(emugpu::round_allocation_size(1), 512u);
+  EXPECT_EQ(emugpu::round_allocation_size(513), 1024u);
+  EXPECT_EQ(emugpu::segment_size_for(4096), 2 * MiB);
+  EXPECT_EQ(emugpu::segment_size_for(5 * MiB), 20 * MiB);
+  EXPECT_EQ(emugpu::segment_size_for(11 * MiB), 12 * MiB);
+}
+
+TEST(CachingAllocator, SmallAllocationsShareATwoMiBSegment) {
+  CachingAllocator a(0, "test", GiB);
+  auto* x = a.allocate(1000);
+  auto* y = a.allocate(1000);
+  const auto s = a.stats();
+  EXPECT_EQ(s.segment[kAggregate].current, 1);
+  EXPECT_EQ(s.reserved_bytes[kSmallPool].current, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(s.allocated_bytes[kAggregate].current, 2048);
+  EXPECT_EQ(s.requested_bytes[kAggregate].current, 2000);
+  EXPECT_EQ(y->ptr, x->ptr + 1024);
+  a.free(x);
+  a.free(y);
+  EXPECT_EQ(a.stats().allocated_bytes[kAggregate].current, 0);
+  EXPECT_EQ(a.stats().reserved_bytes[kAggregate].current, static_cast<int64_t>(2 * MiB));
+}
+
+TEST(CachingAllocator, MidSizedRequestsGetTwentyMiBSegmentsAndSplit) {
+  CachingAllocator a(0, "test", GiB);
+  auto* x = a.allocate(3 * MiB);
+  auto* y = a.allocate(3 * MiB);
+  const auto s = a.stats();
+  EXPECT_EQ(s.segment[kLargePool].current, 1);
+  EXPECT_EQ(s.reserved_bytes[kAggregate].current, static_cast<int64_t>(20 * MiB));
+  EXPECT_EQ(s.inactive_split_bytes[kAggregate].current, static_cast<int64_t>(14 * MiB));
+  a.free(x);
+  a.free(y);
+  EXPECT_EQ(a.stats().inactive_split_bytes[kAggregate].current, 0);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes[kAggregate].current, 0);
+}
+
+TEST(CachingAllocator, FreedBlocksAreReusedWithoutNewSegments) {
+  CachingAllocator a(0, "test", GiB);
+  for (int i = 0; i < 10; ++i) a.free(a.allocate(64 * MiB));
+  const auto s = a.stats();
+  EXPECT_EQ(s.num_device_alloc, 1);
+  EXPECT_EQ(s.allocation[kAggregate].allocated, 10);
+  EXPECT_EQ(s.allocated_bytes[kAggregate].peak, static_cast<int64_t>(64 * MiB));
+}
+
+TEST(CachingAllocator, PeaksResetToCurrent) {
+  CachingAllocator a(0, "test", GiB);
+  auto* x = a.allocate(100 * MiB);
+  a.free(a.allocate(200 * MiB));
+  EXPECT_EQ(a.stats().allocated_bytes[kAggregate].peak, static_cast<int64_t>(300 * MiB));
+  a.reset_peak_stats();
+  EXPECT_EQ(a.stats().allocated_bytes[kAggregate].peak, static_cast<int64_t>(100 * MiB));
+  a.free(x);
+}
+
+TEST(CachingAllocator, OutOfMemoryIsACudaStyleError) {
+  CachingAllocator a(3, "Tesla T4", GiB);
+  auto* x = a.allocate(800 * MiB);
+  try {
+    a.allocate(400 * MiB);
+    FAIL() << "expected out of memory";
+  } catch (const emugpu::Error& e) {
+    EXPECT_EQ(e.kind(), emugpu::ErrorKind::kOutOfMemory);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("Tried to allocate 400.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("total capacity of 1.00 GiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Tesla T4"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(a.stats().num_ooms, 1);
+  a.free(x);
+}
+
+TEST(CachingAllocator, OutOfMemoryFreesTheCacheBeforeGivingUp) {
+  CachingAllocator a(0, "test", GiB);
+  a.free(a.allocate(600 * MiB));
+  auto* y = a.allocate(700 * MiB);  // fits only once the cached 600 MiB is released
+  EXPECT_EQ(a.stats().num_alloc_retries, 1);
+  a.free(y);
+}
+
+long resident_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+TEST(CachingAllocator, UntouchedDeviceMemoryCostsNoHostRam) {
+  CachingAllocator a(0, "test", 40 * GiB);
+  const long before = resident_kib();
+  auto* x = a.allocate(20 * GiB);
+  EXPECT_LT(resident_kib() - before, 64 * 1024);
+  std::memset(x->ptr, 1, 16 * MiB);  // the bytes are really there
+  EXPECT_EQ(x->ptr[16 * MiB - 1], 1);
+  a.free(x);
+}
+
+}  // namespace
