@@ -155,6 +155,7 @@ Block* CachingAllocator::allocate(size_t requested) {
     block->size = size;
     insert_free(rest);
   }
+  block->owner = this;
   block->allocated = true;
   block->requested = requested;
   block->materialized = false;

@@ -47,7 +47,10 @@ struct AllocatorStats {
   Stat oversize_allocations, oversize_segments;
 };
 
+class CachingAllocator;
+
 struct Block {
+  CachingAllocator* owner = nullptr;
   char* ptr = nullptr;
   size_t size = 0;
   size_t requested = 0;

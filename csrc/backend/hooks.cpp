@@ -1,0 +1,96 @@
+// at::PrivateUse1HooksInterface for emugpu, and its default generators.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <deque>
+#include <mutex>
+
+#include "backend/allocator.h"
+#include "backend/runtime.h"
+
+namespace emugpu {
+namespace {
+
+// A CPU Philox/MT generator labelled with an emugpu device: random ops on
+// emugpu need a generator of their device; values come from the host RNG.
+class EmuGeneratorImpl : public at::CPUGeneratorImpl {
+ public:
+  explicit EmuGeneratorImpl(c10::DeviceIndex index) {
+    device_ = c10::Device(c10::DeviceType::PrivateUse1, index);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+};
+
+struct EmuHooks final : public at::PrivateUse1HooksInterface {
+  // The extension is built in, so always true.
+  bool isBuilt() const override { return true; }
+
+  // Emulated devices are always available once configured.
+  bool isAvailable() const override { return Runtime::get().device_count() > 0; }
+
+  // One lazily created, process-lifetime generator per device.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    static std::mutex mutex;
+    static std::deque<at::Generator> generators;  // stable addresses
+    const int index = device_index < 0 ? current_device() : device_index;
+    translate_errors([&] { Runtime::get().device(index); });
+    std::lock_guard<std::mutex> lock(mutex);
+    while (static_cast<int>(generators.size()) <= index) {
+      generators.push_back(at::make_generator<EmuGeneratorImpl>(
+          static_cast<c10::DeviceIndex>(generators.size())));
+    }
+    return generators[index];
+  }
+
+  // A fresh generator for `device_index` (torch.Generator(device="emugpu")).
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    const int index = device_index < 0 ? current_device() : device_index;
+    return at::make_generator<EmuGeneratorImpl>(static_cast<c10::DeviceIndex>(index));
+  }
+
+  // The emulated device owning `data`; falls back to the current device.
+  at::Device getDeviceFromPtr(void* data) const override {
+    return c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(current_device()));
+  }
+
+  // No page-locked host memory yet: pinned requests get ordinary memory.
+  bool isPinnedPtr(const void* /*data*/) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+
+  // There is no driver context to create.
+  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }
+
+  c10::DeviceIndex deviceCount() const override {
+    return static_cast<c10::DeviceIndex>(Runtime::get().device_count());
+  }
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    translate_errors([&] { set_current_device(device); });
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return static_cast<c10::DeviceIndex>(current_device());
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    const auto old = getCurrentDevice();
+    setCurrentDevice(device);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return exchangeDevice(device);
+  }
+
+  // Storage.resize_() on an emugpu storage.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resize_storage(storage, newsize);
+  }
+};
+
+}  // namespace
+
+void register_hooks() {
+  static EmuHooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+}
+
+}  // namespace emugpu

@@ -1,0 +1,26 @@
+// Helpers shared by the emugpu op implementations.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "backend/runtime.h"
+
+namespace emugpu {
+
+// The shape-only (timing) / host-computing (compute) boxed kernel that runs
+// every aten op without an emugpu-specific kernel.
+void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+// A tensor over the same bytes as `t`, typed as a CPU tensor (device memory
+// is host memory); used to move real bytes and to compute in compute mode.
+at::Tensor host_alias(const at::Tensor& t);
+// A fresh emugpu tensor on `device` with exactly `like`'s sizes, strides,
+// storage offset, storage size and dtype.
+at::Tensor new_device_tensor(int device, const at::Tensor& like);
+
+// Charges `duration` to the current stream of `device` on `engine`.
+TimeNs charge(int device, Engine engine, TimeNs duration);
+
+}  // namespace emugpu

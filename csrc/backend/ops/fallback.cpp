@@ -1,0 +1,539 @@
+// The boxed fallback for PrivateUse1: shapes from the op's Meta kernel (or a
+// data-dependent shape rule), outputs on the emulated allocator, time from
+// the cost model, values from the CPU kernel in compute mode.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/CPUFallback.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "backend/allocator.h"
+#include "backend/ops/common.h"
+
+namespace emugpu {
+namespace {
+
+constexpr auto kEmu = c10::DeviceType::PrivateUse1;
+
+enum class Family {
+  kElementwise, kMm, kBmm, kAddmm, kBaddbmm, kConv, kConvBackward, kAttention, kAttentionBackward,
+};
+
+enum class DataDependent { kNone, kNonzero, kMaskedSelect, kUnique2, kUniqueDim, kUniqueConsecutive, kIndexWithMask };
+
+struct ReturnInfo {
+  int alias_arg = -1;  // argument the return aliases, -1 for a fresh output
+  bool write = false;  // in-place / out= (true) or view (false)
+};
+
+struct OpInfo {
+  std::string name;
+  Family family = Family::kElementwise;
+  DataDependent data_dependent = DataDependent::kNone;
+  std::vector<ReturnInfo> returns;
+  std::vector<bool> writes;  // per argument: mutated by the op
+  bool metadata_only = true;  // only views: no kernel runs on the device
+};
+
+const c10::AliasInfo* element_alias(const c10::Argument& a) {
+  const c10::AliasInfo* info = a.alias_info();
+  if (info != nullptr && info->beforeSets().empty() && !info->containedTypes().empty()) {
+    return &info->containedTypes()[0];
+  }
+  return info;
+}
+
+Family family_of(const std::string& name) {
+  static const std::unordered_map<std::string, Family> table = {
+      {"aten::mm", Family::kMm}, {"aten::bmm", Family::kBmm},
+      {"aten::addmm", Family::kAddmm}, {"aten::_addmm_activation", Family::kAddmm},
+      {"aten::baddbmm", Family::kBaddbmm},
+      {"aten::convolution", Family::kConv}, {"aten::convolution_overrideable", Family::kConv},
+      {"aten::convolution_backward", Family::kConvBackward},
+      {"aten::convolution_backward_overrideable", Family::kConvBackward},
+      {"aten::_scaled_dot_product_fused_attention_overrideable", Family::kAttention},
+      {"aten::_scaled_dot_product_flash_attention", Family::kAttention},
+      {"aten::_scaled_dot_product_efficient_attention", Family::kAttention},
+      {"aten::_scaled_dot_product_fused_attention_overrideable_backward", Family::kAttentionBackward},
+      {"aten::_scaled_dot_product_flash_attention_backward", Family::kAttentionBackward},
+      {"aten::_scaled_dot_product_efficient_attention_backward", Family::kAttentionBackward},
+  };
+  auto it = table.find(name);
+  return it == table.end() ? Family::kElementwise : it->second;
+}
+
+DataDependent data_dependent_of(const std::string& name) {
+  static const std::unordered_map<std::string, DataDependent> table = {
+      {"aten::nonzero", DataDependent::kNonzero},
+      {"aten::masked_select", DataDependent::kMaskedSelect},
+      {"aten::_unique2", DataDependent::kUnique2},
+      {"aten::_unique", DataDependent::kUnique2},
+      {"aten::unique_dim", DataDependent::kUniqueDim},
+      {"aten::unique_consecutive", DataDependent::kUniqueConsecutive},
+      {"aten::index", DataDependent::kIndexWithMask},
+      {"aten::index_put_", DataDependent::kIndexWithMask},
+      {"aten::index_put", DataDependent::kIndexWithMask},
+      {"aten::_index_put_impl_", DataDependent::kIndexWithMask},
+  };
+  auto it = table.find(name);
+  return it == table.end() ? DataDependent::kNone : it->second;
+}
+
+OpInfo analyze(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  OpInfo info;
+  info.name = schema.name();
+  info.family = family_of(info.name);
+  info.data_dependent = data_dependent_of(info.name);
+  const auto& args = schema.arguments();
+  info.writes.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* a = element_alias(args[i]);
+    info.writes[i] = a != nullptr && a->isWrite();
+    if (info.writes[i]) info.metadata_only = false;
+  }
+  for (const auto& ret : schema.returns()) {
+    ReturnInfo r;
+    const auto* ra = element_alias(ret);
+    if (ra != nullptr) {
+      for (size_t i = 0; i < args.size() && r.alias_arg < 0; ++i) {
+        const auto* a = element_alias(args[i]);
+        if (a == nullptr) continue;
+        for (const auto& set : ra->beforeSets()) {
+          if (a->beforeSets().count(set) != 0) {
+            r.alias_arg = static_cast<int>(i);
+            r.write = a->isWrite();
+            break;
+          }
+        }
+      }
+    }
+    if (r.alias_arg < 0 || r.write) info.metadata_only = false;
+    info.returns.push_back(r);
+  }
+  if (schema.returns().empty() && !info.metadata_only) info.metadata_only = false;
+  // An op that neither returns nor writes anything still ran on the device.
+  if (info.returns.empty() && std::none_of(info.writes.begin(), info.writes.end(), [](bool w) { return w; })) {
+    info.metadata_only = false;
+  }
+  return info;
+}
+
+const OpInfo& info_for(const c10::OperatorHandle& op) {
+  // Per thread, so the hot path takes no lock; schemas live as long as the process.
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> cache;
+  const auto* key = &op.schema();
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, analyze(op)).first;
+  return it->second;
+}
+
+bool is_emu(const at::Tensor& t) { return t.defined() && t.device().type() == kEmu; }
+
+at::Tensor to_meta(const at::Tensor& t) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                       c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                       c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+  auto meta = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
+  meta.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return meta;
+}
+
+// Applies `fn` to every tensor inside an argument, rebuilding the IValue.
+template <typename Fn>
+c10::IValue map_tensors(const c10::IValue& v, Fn&& fn) {
+  if (v.isTensor()) return fn(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(fn(t));
+    return out;
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(fn(*t)) : std::nullopt);
+    }
+    return out;
+  }
+  if (v.isList()) {  // e.g. Tensor?[] parsed as a generic list
+    auto list = v.toList();
+    c10::impl::GenericList out(list.elementType());
+    for (const c10::IValue& e : list) out.push_back(e.isTensor() ? c10::IValue(fn(e.toTensor())) : e);
+    return out;
+  }
+  return v;
+}
+
+template <typename Fn>
+void for_each_tensor(const c10::IValue& v, Fn&& fn) {
+  if (v.isTensor()) fn(v.toTensor());
+  else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) fn(t);
+  else if (v.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) if (t) fn(*t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList()) if (e.isTensor()) fn(e.toTensor());
+  }
+}
+
+int device_of(const std::vector<c10::IValue>& args) {
+  for (const auto& a : args) {
+    int found = -1;
+    for_each_tensor(a, [&](const at::Tensor& t) {
+      if (found < 0 && is_emu(t)) found = t.device().index();
+    });
+    if (found >= 0) return found;
+    if (a.isDevice() && a.toDevice().type() == kEmu && a.toDevice().has_index()) return a.toDevice().index();
+  }
+  return current_device();
+}
+
+c10::IValue meta_arg(const c10::IValue& v) {
+  if (v.isDevice() && v.toDevice().type() == kEmu) return c10::Device(c10::kMeta);
+  if (v.isGenerator()) return c10::IValue();  // meta kernels ignore the generator
+  return map_tensors(v, [](const at::Tensor& t) { return is_emu(t) ? to_meta(t) : t; });
+}
+
+// Upper bound for data-dependent outputs: every element selected, all distinct.
+at::Tensor meta_empty(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::empty(sizes, at::TensorOptions().dtype(dtype).device(c10::kMeta));
+}
+
+void run_data_dependent(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack& meta_stack,
+                        size_t num_args) {
+  auto args = torch::jit::last(meta_stack, num_args);
+  const at::Tensor self = args[0].isTensor() ? args[0].toTensor() : at::Tensor();
+  std::vector<c10::IValue> results;
+  switch (info.data_dependent) {
+    case DataDependent::kNonzero:
+      results.emplace_back(meta_empty({self.numel(), self.dim()}, at::kLong));
+      break;
+    case DataDependent::kMaskedSelect: {
+      const auto shape = at::infer_size(self.sizes(), args[1].toTensor().sizes());
+      results.emplace_back(meta_empty({c10::multiply_integers(shape)}, self.scalar_type()));
+      break;
+    }
+    case DataDependent::kUnique2: {
+      const bool inverse = num_args > 2 && args[2].toBool();
+      const bool counts = num_args > 3 && args[3].toBool();
+      results.emplace_back(meta_empty({self.numel()}, self.scalar_type()));
+      results.emplace_back(meta_empty(inverse ? self.sizes() : at::IntArrayRef{0}, at::kLong));
+      if (info.name != "aten::_unique") {
+        results.emplace_back(meta_empty({counts ? self.numel() : 0}, at::kLong));
+      }
+      break;
+    }
+    case DataDependent::kUniqueDim:
+    case DataDependent::kUniqueConsecutive: {
+      std::optional<int64_t> dim;
+      if (info.data_dependent == DataDependent::kUniqueDim) dim = args[1].toInt();
+      else if (!args[3].isNone()) dim = args[3].toInt();
+      const int64_t n = dim ? self.size(*dim) : self.numel();
+      results.emplace_back(dim ? meta_empty(self.sizes(), self.scalar_type())
+                               : meta_empty({n}, self.scalar_type()));
+      results.emplace_back(meta_empty(dim ? at::IntArrayRef{n} : self.sizes(), at::kLong));
+      results.emplace_back(meta_empty({n}, at::kLong));
+      break;
+    }
+    case DataDependent::kIndexWithMask: {
+      // Boolean masks become index tensors as long as the mask: the policy
+      // of nonzero, applied before the op's own Meta kernel runs.
+      auto indices = args[1].toOptionalTensorList();
+      c10::List<std::optional<at::Tensor>> expanded;
+      for (const std::optional<at::Tensor>& idx : indices) {
+        if (idx && (idx->scalar_type() == at::kBool || idx->scalar_type() == at::kByte)) {
+          for (int64_t d = 0; d < idx->dim(); ++d) expanded.push_back(meta_empty({idx->numel()}, at::kLong));
+        } else {
+          expanded.push_back(idx);
+        }
+      }
+      meta_stack[meta_stack.size() - num_args + 1] = expanded;
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+      return;
+    }
+    case DataDependent::kNone:
+      break;
+  }
+  torch::jit::drop(meta_stack, num_args);
+  for (auto& r : results) meta_stack.push_back(std::move(r));
+}
+
+// The emugpu tensor `self` takes `meta`'s sizes, strides and offset,
+// growing its storage if the op resized it.
+void adopt_metadata(const at::Tensor& self, const at::Tensor& meta) {
+  if (self.sizes() == meta.sizes() && self.strides() == meta.strides() &&
+      self.storage_offset() == meta.storage_offset()) {
+    return;
+  }
+  const size_t needed = meta.storage().nbytes();
+  if (self.storage().nbytes() < needed) resize_storage(self.storage(), needed);
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+}
+
+at::Tensor view_of(const at::Tensor& base, const at::Tensor& like) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  return out;
+}
+
+double numel_bytes(const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); }
+
+DType dtype_class(at::ScalarType s, bool tensor_core_fp32) {
+  switch (s) {
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kDouble: return DType::kFloat64;
+    case at::kFloat: return tensor_core_fp32 ? DType::kTensorFloat32 : DType::kFloat32;
+    default: return at::isFloatingType(s) ? DType::kFloat32 : DType::kInteger;
+  }
+}
+
+OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                const std::vector<c10::IValue>& args) {
+  OpCost cost;
+  double out_numel = 0;
+  at::ScalarType dtype = at::kFloat;
+  bool found_float = false;
+  for (const auto& t : inputs) {
+    cost.bytes += numel_bytes(t);
+    if (!found_float && at::isFloatingType(t.scalar_type())) dtype = t.scalar_type(), found_float = true;
+  }
+  for (const auto& t : outputs) {
+    cost.bytes += numel_bytes(t);
+    out_numel += static_cast<double>(t.numel());
+  }
+  cost.flops = out_numel;
+  auto arg = [&](size_t i) { return args[i].toTensor(); };
+  bool tf32 = false;
+  switch (info.family) {
+    case Family::kMm:
+      cost.flops = 2.0 * arg(0).size(0) * arg(0).size(1) * arg(1).size(1);
+      tf32 = at::globalContext().allowTF32CuBLAS();
+      break;
+    case Family::kAddmm:
+      cost.flops = 2.0 * arg(1).size(0) * arg(1).size(1) * arg(2).size(1);
+      tf32 = at::globalContext().allowTF32CuBLAS();
+      break;
+    case Family::kBmm:
+      cost.flops = 2.0 * arg(0).size(0) * arg(0).size(1) * arg(0).size(2) * arg(1).size(2);
+      tf32 = at::globalContext().allowTF32CuBLAS();
+      break;
+    case Family::kBaddbmm:
+      cost.flops = 2.0 * arg(1).size(0) * arg(1).size(1) * arg(1).size(2) * arg(2).size(2);
+      tf32 = at::globalContext().allowTF32CuBLAS();
+      break;
+    case Family::kConv:
+    case Family::kConvBackward: {
+      const at::Tensor weight = info.family == Family::kConv ? arg(1) : arg(2);
+      const at::Tensor out = info.family == Family::kConv ? outputs.at(0) : arg(0);
+      const double per_output = static_cast<double>(weight.numel()) / std::max<int64_t>(weight.size(0), 1);
+      double passes = 1;
+      if (info.family == Family::kConvBackward) {
+        const auto mask = args.back().toBoolList();
+        passes = static_cast<double>((mask.get(0) ? 1 : 0) + (mask.get(1) ? 1 : 0));
+      }
+      cost.flops = 2.0 * out.numel() * per_output * passes;
+      tf32 = at::globalContext().allowTF32CuDNN();
+      break;
+    }
+    case Family::kAttention:
+    case Family::kAttentionBackward: {
+      const at::Tensor q = arg(info.family == Family::kAttention ? 0 : 1);
+      const at::Tensor k = arg(info.family == Family::kAttention ? 1 : 2);
+      const at::Tensor v = arg(info.family == Family::kAttention ? 2 : 3);
+      // (B, H, L, E) layout; flash-style kernels never store the L x S matrix.
+      const double b_h = static_cast<double>(q.numel()) / (q.size(-1) * q.size(-2));
+      cost.flops = 2.0 * b_h * q.size(-2) * k.size(-2) * (q.size(-1) + v.size(-1));
+      if (info.family == Family::kAttentionBackward) cost.flops *= 2.5;
+      break;
+    }
+    case Family::kElementwise:
+      break;
+  }
+  cost.dtype = dtype_class(dtype, tf32);
+  return cost;
+}
+
+[[noreturn]] void no_shape_rule(const std::string& name, const std::string& why) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "emugpu: operator '", name,
+      "' has no shape rule in timing mode (its Meta kernel failed: ", why,
+      "). Run it on the CPU (move its inputs with .cpu()), use EMUGPU_MODE=compute, "
+      "or report the operator to torch-emugpu.");
+}
+
+void compute_on_host(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                     torch::jit::Stack& host_results) {
+  host_results.clear();
+  for (const auto& a : args) {
+    if (a.isDevice() && a.toDevice().type() == kEmu) host_results.emplace_back(c10::Device(c10::kCPU));
+    else if (a.isGenerator()) host_results.emplace_back();  // host default generator
+    else host_results.push_back(map_tensors(a, [](const at::Tensor& t) { return is_emu(t) ? host_alias(t) : t; }));
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &host_results);
+}
+
+}  // namespace
+
+at::Tensor host_alias(const at::Tensor& t) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                       c10::DataPtr(const_cast<void*>(t.storage().data()), c10::Device(c10::kCPU)),
+                       nullptr, /*resizable=*/false);
+  auto host = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  host.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return host;
+}
+
+at::Tensor new_device_tensor(int device, const at::Tensor& like) {
+  const size_t nbytes = like.storage().nbytes();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, device_allocator().allocate_on(device, nbytes),
+                       &device_allocator(), /*resizable=*/true);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  return out;
+}
+
+TimeNs charge(int device, Engine engine, TimeNs duration) {
+  auto& dev = Runtime::get().device(device);
+  return dev.timeline.launch(current_stream_id(device), engine, duration);
+}
+
+void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+  const OpInfo& info = info_for(op);
+  const size_t num_args = op.schema().arguments().size();
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  const int device = device_of(args);
+  const bool compute = Runtime::get().compute_mode();
+
+  // Outputs whose shape depends on values are computed on the host in compute mode.
+  if (compute && info.data_dependent != DataDependent::kNone && info.data_dependent != DataDependent::kIndexWithMask) {
+    torch::jit::Stack host;
+    compute_on_host(op, args, host);
+    torch::jit::drop(*stack, num_args);
+    std::vector<at::Tensor> inputs, outputs;
+    for (const auto& r : host) {
+      at::Tensor out = new_device_tensor(device, r.toTensor());
+      host_alias(out).copy_(r.toTensor());
+      outputs.push_back(out);
+      stack->emplace_back(out);
+    }
+    for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { if (is_emu(t)) inputs.push_back(t); });
+    translate_errors([&] { charge(device, Engine::kCompute, Runtime::get().device(device).cost.kernel(estimate(info, inputs, outputs, args))); });
+    return;
+  }
+
+  // 1. Shapes, from the Meta kernel on mirrored meta tensors.
+  torch::jit::Stack meta_stack;
+  meta_stack.reserve(num_args);
+  for (const auto& a : args) meta_stack.push_back(meta_arg(a));
+  try {
+    if (info.data_dependent != DataDependent::kNone) {
+      run_data_dependent(info, op, meta_stack, num_args);
+    } else {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+    }
+  } catch (const c10::NotImplementedError& e) {
+    no_shape_rule(info.name, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    if (msg.find("Meta") != std::string::npos || msg.find("meta") != std::string::npos) {
+      no_shape_rule(info.name, msg);
+    }
+    throw;
+  }
+
+  // 2. Outputs on emugpu: inputs for in-place/out=, views of inputs, or fresh.
+  std::vector<c10::IValue> results;
+  std::vector<at::Tensor> outputs;
+  results.reserve(meta_stack.size());
+  for (size_t i = 0; i < meta_stack.size(); ++i) {
+    const c10::IValue& m = meta_stack[i];
+    const ReturnInfo r = i < info.returns.size() ? info.returns[i] : ReturnInfo{};
+    if (r.alias_arg >= 0) {
+      const c10::IValue& base = args[r.alias_arg];
+      if (m.isTensor()) {
+        const at::Tensor& self = base.isTensor() ? base.toTensor() : at::Tensor();
+        if (r.write && self.defined()) {
+          adopt_metadata(self, m.toTensor());
+          outputs.push_back(self);
+          results.emplace_back(self);
+        } else {
+          at::Tensor source = self;
+          if (!source.defined()) for_each_tensor(base, [&](const at::Tensor& t) { if (!source.defined()) source = t; });
+          results.emplace_back(view_of(source, m.toTensor()));
+        }
+      } else if (m.isTensorList()) {
+        c10::List<at::Tensor> views;
+        const at::Tensor self = base.toTensor();
+        for (const at::Tensor& t : m.toTensorList()) views.push_back(view_of(self, t));
+        results.emplace_back(views);
+      } else {
+        results.push_back(m);
+      }
+    } else if (m.isTensor() && m.toTensor().defined() && m.toTensor().is_meta()) {
+      at::Tensor out = new_device_tensor(device, m.toTensor());
+      outputs.push_back(out);
+      results.emplace_back(out);
+    } else if (m.isTensorList()) {
+      c10::List<at::Tensor> outs;
+      for (const at::Tensor& t : m.toTensorList()) {
+        at::Tensor out = t.is_meta() ? new_device_tensor(device, t) : t;
+        outputs.push_back(out);
+        outs.push_back(out);
+      }
+      results.emplace_back(outs);
+    } else {
+      results.push_back(m);
+    }
+  }
+  // Arguments the op writes in place without returning them (foreach, BN stats).
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (!is_emu(t)) return;
+      inputs.push_back(t);
+      if (info.writes[i]) set_materialized(t.storage(), compute);
+    });
+  }
+  for (const auto& out : outputs) set_materialized(out.storage(), compute);
+
+  // 3. Values, in compute mode, from the CPU kernel over host aliases.
+  if (compute && !info.metadata_only) {
+    torch::jit::Stack host;
+    compute_on_host(op, args, host);
+    for (size_t i = 0; i < host.size() && i < results.size(); ++i) {
+      const ReturnInfo r = i < info.returns.size() ? info.returns[i] : ReturnInfo{};
+      if (r.alias_arg >= 0) continue;  // written in place, or a view
+      if (results[i].isTensor() && host[i].isTensor()) {
+        host_alias(results[i].toTensor()).copy_(host[i].toTensor());
+      } else if (results[i].isTensorList()) {
+        auto outs = results[i].toTensorList();
+        auto vals = host[i].toTensorList();
+        for (size_t j = 0; j < outs.size(); ++j) host_alias(outs.get(j)).copy_(vals.get(j));
+      } else if (!results[i].isTensor()) {
+        results[i] = host[i];
+      }
+    }
+  }
+
+  // 4. Time: every op that runs a kernel is charged to the current stream.
+  if (!info.metadata_only) {
+    translate_errors([&] {
+      auto& dev = Runtime::get().device(device);
+      charge(device, Engine::kCompute, dev.cost.kernel(estimate(info, inputs, outputs, args)));
+    });
+  }
+
+  torch::jit::drop(*stack, num_args);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+}
+
+}  // namespace emugpu

@@ -1,0 +1,152 @@
+// The few real emugpu kernels: allocation, copies (which move real bytes),
+// reading scalars, and ops routed explicitly into the shape-only fallback.
+#include <ATen/EmptyTensor.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/native/Resize.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstring>
+
+#include "backend/allocator.h"
+#include "backend/ops/common.h"
+
+namespace emugpu {
+namespace {
+
+constexpr auto kEmu = c10::DeviceType::PrivateUse1;
+
+c10::DeviceIndex resolve(std::optional<c10::Device> device) {
+  if (device && device->has_index()) return device->index();
+  return static_cast<c10::DeviceIndex>(current_device());
+}
+
+// aten::empty.memory_format: a fresh tensor on the emulated allocator.
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(c10::Device(kEmu, resolve(device)));
+  return at::detail::empty_generic(size, &device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+// aten::empty_strided: as empty, with explicit strides.
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  const c10::DeviceGuard guard(c10::Device(kEmu, resolve(device)));
+  return at::detail::empty_strided_generic(size, stride, &device_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+bool is_emu(const at::Tensor& t) { return t.device().type() == kEmu; }
+
+// Copies bytes between tensors that are both host-addressable.
+void move_bytes(const at::Tensor& dst_host_view, const at::Tensor& src_host_view) {
+  if (dst_host_view.is_contiguous() && src_host_view.is_contiguous() &&
+      dst_host_view.scalar_type() == src_host_view.scalar_type() &&
+      dst_host_view.sizes() == src_host_view.sizes()) {
+    std::memcpy(dst_host_view.data_ptr(), src_host_view.data_ptr(), dst_host_view.nbytes());
+  } else {
+    dst_host_view.copy_(src_host_view);
+  }
+}
+
+double transfer_bytes(const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); }
+
+// aten::_copy_from: every copy that involves an emugpu tensor.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.sizes() == dst.sizes() || self.numel() == dst.numel() || self.numel() == 1,
+              "emugpu copy: expected matching sizes, got source ", self.sizes(), " and destination ", dst.sizes());
+  const bool compute = Runtime::get().compute_mode();
+  at::Tensor src = self.expand(dst.sizes());
+  if (dst.numel() == 0) return dst;
+  return translate_errors([&]() -> at::Tensor {
+    if (!is_emu(self) && is_emu(dst)) {  // host -> device
+      const int d = dst.device().index();
+      auto& dev = Runtime::get().device(d);
+      const bool pinned = self.is_pinned();
+      const TimeNs end = charge(d, Engine::kHostToDevice, dev.cost.transfer(transfer_bytes(dst), pinned));
+      move_bytes(host_alias(dst), src.device().is_cpu() ? src : src.cpu());
+      set_materialized(dst.storage(), true);
+      if (!(pinned && non_blocking)) sleep_until(end);  // pageable copies are synchronous
+      return dst;
+    }
+    if (is_emu(self) && !is_emu(dst)) {  // device -> host
+      const int d = self.device().index();
+      auto& dev = Runtime::get().device(d);
+      const TimeNs end = charge(d, Engine::kDeviceToHost, dev.cost.transfer(transfer_bytes(dst), dst.is_pinned()));
+      at::Tensor host_dst = dst.device().is_cpu() ? dst : at::empty_like(dst, dst.options().device(c10::kCPU));
+      if (compute || is_materialized(self.storage())) {
+        move_bytes(host_dst, host_alias(src));
+      } else {
+        host_dst.zero_();  // never-computed values read as zeros (README: placeholders)
+      }
+      if (!host_dst.is_same(dst)) dst.copy_(host_dst);
+      if (!(non_blocking && dst.is_pinned())) sleep_until(end);
+      return dst;
+    }
+    // device -> device
+    const int d = dst.device().index();
+    auto& dev = Runtime::get().device(d);
+    const double bytes = transfer_bytes(dst);
+    TimeNs duration = dev.cost.device_copy(bytes);
+    if (self.device().index() != d) {
+      const double link = dev.gpu.nvlink_bandwidth > 0 ? dev.gpu.nvlink_bandwidth : dev.gpu.pcie_bandwidth();
+      duration = dev.cost.params().copy_latency_ns + static_cast<TimeNs>(bytes / link * 1e9);
+    }
+    charge(d, Engine::kCompute, duration);
+    const bool real = compute || is_materialized(self.storage());
+    if (real) move_bytes(host_alias(dst), host_alias(src));
+    set_materialized(dst.storage(), real);
+    return dst;
+  });
+}
+
+// aten::_copy_from_and_resize: resize `dst` to `self`, then copy.
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::native::resize_output(dst, self.sizes());
+  return copy_from(self, dst, false);
+}
+
+// aten::_local_scalar_dense (.item()): a sync point; placeholders read as 0.
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  return translate_errors([&]() -> c10::Scalar {
+    const int d = self.device().index();
+    auto& dev = Runtime::get().device(d);
+        sleep_until(charge(d, Engine::kDeviceToHost, dev.cost.transfer(self.element_size(), false)));
+    if (Runtime::get().compute_mode() || is_materialized(self.storage())) {
+      return host_alias(self).item();
+    }
+    return at::zeros({}, self.options().device(c10::kCPU)).item();
+  });
+}
+
+// aten::_fused_sdp_choice: the fused "overrideable" kernel, whose shape rule
+// matches flash attention's memory use; compute mode takes the math path.
+int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                         double, bool, std::optional<double>, bool) {
+  return static_cast<int64_t>(Runtime::get().compute_mode() ? at::SDPBackend::math : at::SDPBackend::overrideable);
+}
+
+// aten::record_stream: emugpu's allocator has nothing to defer.
+void record_stream(at::Tensor&, c10::Stream) {}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
+  m.impl("record_stream", TORCH_FN(record_stream));
+  // Composite ops whose decomposition picks a backend by device type: send
+  // them whole to the fallback, which has their Meta shape rule.
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+}
+
+}  // namespace emugpu

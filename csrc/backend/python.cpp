@@ -1,0 +1,165 @@
+// pybind11 bindings of torch_emugpu._C (torch's bundled pybind11).
+#include <ATen/Context.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend/allocator.h"
+#include "backend/ops/common.h"
+#include "backend/runtime.h"
+
+namespace emugpu {
+
+void register_hooks();
+
+namespace {
+
+namespace py = pybind11;
+
+// Runs `fn`, turning core and c10 errors into the matching Python exceptions.
+template <typename Fn>
+auto guarded(Fn&& fn) -> decltype(fn()) {
+  try {
+    return translate_errors(std::forward<Fn>(fn));
+  } catch (const py::error_already_set&) {
+    throw;
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    throw py::error_already_set();
+  }
+}
+
+py::dict stat_dict(const StatArray& s) {
+  py::dict out;
+  const char* pools[] = {"all", "small_pool", "large_pool"};
+  for (int p = 0; p < 3; ++p) {
+    py::dict d;
+    d["current"] = s[p].current;
+    d["peak"] = s[p].peak;
+    d["allocated"] = s[p].allocated;
+    d["freed"] = s[p].freed;
+    out[pools[p]] = d;
+  }
+  return out;
+}
+
+Mode parse_mode(const std::string& mode) {
+  if (mode == "timing") return Mode::kTiming;
+  if (mode == "compute") return Mode::kCompute;
+  detail::throw_error(ErrorKind::kValue, "mode must be 'timing' or 'compute', got '", mode, "'");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch-emugpu's compiled core: emulated GPU devices for PyTorch";
+
+  m.def("_configure", [](const std::string& catalog, const std::string& gpu, int count, const std::string& mode) {
+    guarded([&] {
+      Runtime::get().configure({catalog, gpu, count, parse_mode(mode)});
+      static const bool hooks_registered = (register_hooks(), true);
+      (void)hooks_registered;
+    });
+  });
+  m.def("_configured", [] { return Runtime::get().configured(); });
+  m.def("_set_mode", [](const std::string& mode) { guarded([&] { Runtime::get().set_mode(parse_mode(mode)); }); });
+  m.def("_mode", [] { return Runtime::get().compute_mode() ? "compute" : "timing"; });
+  m.def("_device_count", [] { return Runtime::get().device_count(); });
+  m.def("_current_device", [] { return current_device(); });
+  m.def("_set_device", [](int index) { guarded([&] { set_current_device(index); }); });
+  m.def("_gpu_names", [] {
+    py::list names;
+    if (Runtime::get().configured()) {
+      for (const auto& g : Runtime::get().catalog().gpus()) names.append(g.name);
+    }
+    return names;
+  });
+  m.def("_device_properties", [](int index) {
+    return guarded([&] {
+      const GpuSpec& g = Runtime::get().device(index).gpu;
+      py::dict d;
+      d["name"] = g.name;
+      d["total_memory"] = g.memory_bytes;
+      d["multi_processor_count"] = g.sm_count;
+      d["major"] = g.major;
+      d["minor"] = g.minor;
+      d["fp32_flops"] = g.fp32_flops;
+      d["tf32_flops"] = g.tf32_flops;
+      d["fp16_flops"] = g.fp16_flops;
+      d["bf16_flops"] = g.bf16_flops;
+      d["memory_bandwidth"] = g.memory_bandwidth;
+      d["pcie_generation"] = g.pcie_generation;
+      d["pcie_width"] = g.pcie_width;
+      d["nvlink_bandwidth"] = g.nvlink_bandwidth;
+      return d;
+    });
+  });
+  m.def("_synchronize", [](int index) {
+    guarded([&] { Runtime::get().device(index).timeline.wait_device(); });
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_memory_stats", [](int index) {
+    return guarded([&] {
+      const AllocatorStats s = Runtime::get().device(index).allocator.stats();
+      py::dict d;
+      d["allocation"] = stat_dict(s.allocation);
+      d["segment"] = stat_dict(s.segment);
+      d["active"] = stat_dict(s.active);
+      d["inactive_split"] = stat_dict(s.inactive_split);
+      d["allocated_bytes"] = stat_dict(s.allocated_bytes);
+      d["reserved_bytes"] = stat_dict(s.reserved_bytes);
+      d["active_bytes"] = stat_dict(s.active_bytes);
+      d["inactive_split_bytes"] = stat_dict(s.inactive_split_bytes);
+      d["requested_bytes"] = stat_dict(s.requested_bytes);
+      d["num_alloc_retries"] = s.num_alloc_retries;
+      d["num_ooms"] = s.num_ooms;
+      d["num_device_alloc"] = s.num_device_alloc;
+      d["num_device_free"] = s.num_device_free;
+      return d;
+    });
+  });
+  m.def("_reset_peak_memory_stats", [](int index) {
+    guarded([&] { Runtime::get().device(index).allocator.reset_peak_stats(); });
+  });
+  m.def("_reset_accumulated_memory_stats", [](int index) {
+    guarded([&] { Runtime::get().device(index).allocator.reset_accumulated_stats(); });
+  });
+  m.def("_empty_cache", [] { guarded([&] { device_allocator().emptyCache({0, 0}); }); });
+  m.def("_mem_get_info", [](int index) {
+    return guarded([&] { return device_allocator().getMemoryInfo(static_cast<c10::DeviceIndex>(index)); });
+  });
+  m.def("_default_generator", [](int index) {
+    return guarded([&] {
+      Runtime::get().device(index);
+      const at::Generator& gen = at::globalContext().defaultGenerator(
+          c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
+      return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
+    });
+  });
+  m.def("_host_now_ns", [] { return host_now(); });
+  m.def("_device_ready_ns", [](int index) {
+    return guarded([&] { return Runtime::get().device(index).timeline.device_ready(); });
+  });
+  m.def("_engine_stats", [](int index) {
+    return guarded([&] {
+      py::dict d;
+      const char* names[] = {"compute", "h2d", "d2h"};
+      for (int e = 0; e < kEngineCount; ++e) {
+        const EngineStats s = Runtime::get().device(index).timeline.engine_stats(static_cast<Engine>(e));
+        d[names[e]] = py::make_tuple(s.launches, s.busy_ns);
+      }
+      return d;
+    });
+  });
+  m.def("_reset_engine_stats", [](int index) {
+    guarded([&] { Runtime::get().device(index).timeline.reset_stats(); });
+  });
+  m.def("_emulate_kernel", [](int index, double seconds) {
+    return guarded([&] {
+      EMUGPU_CHECK(seconds >= 0, kValue, "kernel duration must be >= 0 s, got ", seconds);
+      Runtime::get().device(index);
+      return charge(index, Engine::kCompute, static_cast<TimeNs>(seconds * 1e9));
+    });
+  }, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace emugpu

@@ -1,0 +1,46 @@
+"""Thin setuptools shim: CMake builds torch_emugpu._C against the installed torch."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        build_dir = ROOT / "build" / "torch"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        cfg = os.environ.get("EMUGPU_BUILD_TYPE", "Release")
+        subprocess.run(
+            [
+                "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+                f"-DCMAKE_BUILD_TYPE={cfg}",
+                f"-DPython3_EXECUTABLE={sys.executable}",
+                "-DEMUGPU_BUILD_TESTS=OFF",
+            ],
+            check=True,
+        )
+        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C"], check=True)
+        built = next(build_dir.glob("_C*.so"))
+        target = Path(self.get_ext_fullpath(ext.name))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, target)
+        # The GPU catalog travels inside the package for non-editable installs.
+        profiles = target.parent / "profiles"
+        profiles.mkdir(exist_ok=True)
+        for src in (ROOT / "profiles").glob("*.json"):
+            shutil.copy2(src, profiles / src.name)
+
+
+setup(ext_modules=[CMakeExtension("torch_emugpu._C")], cmdclass={"build_ext": CMakeBuild})

@@ -1,0 +1,73 @@
+"""torch-emugpu: an emulated GPU device for stock PyTorch.
+
+    import torch                       # autoloads torch_emugpu (torch.backends entry point)
+    model = model.to("emugpu")         # ops take the time they would on the emulated GPU
+
+See README.md for configuration (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import _config
+from . import _C  # noqa: F401  (registers the PrivateUse1 kernels, guard and allocator)
+
+__version__ = "0.1.0"
+__all__ = ["configure", "config", "gpu_names", "__version__"]
+
+_current: _config.Config | None = None
+
+
+def configure(gpu: str | None = None, device_count: int | None = None, mode: str | None = None) -> None:
+    """(Re)configure the emulated GPUs; arguments left out come from the environment.
+
+    Must run before emugpu tensors exist (or after they are all freed), except
+    that `mode` alone may change at any time.
+    """
+    global _current
+    if gpu is None and device_count is None and mode is not None and _current is not None:
+        _C._set_mode(_config.parse_mode(mode, "mode"))
+        _current = _config.Config(_current.gpu, _current.device_count, mode, _current.catalog)
+        return
+    base = _current
+    cfg = _config.from_environment(
+        gpu=gpu if gpu is not None else (base.gpu if base else None),
+        device_count=device_count if device_count is not None else (base.device_count if base else None),
+        mode=mode if mode is not None else (base.mode if base else None),
+    )
+    _C._configure(cfg.catalog, cfg.gpu, cfg.device_count, cfg.mode)
+    _current = cfg
+
+
+def config() -> _config.Config:
+    """The configuration in force (configuring from the environment if needed)."""
+    _ensure_configured()
+    assert _current is not None
+    return _current
+
+
+def gpu_names() -> list[str]:
+    """Names of every GPU in the catalog."""
+    _ensure_configured()
+    return list(_C._gpu_names())
+
+
+def _ensure_configured() -> None:
+    if _current is None:
+        configure()
+
+
+def _register() -> None:
+    from . import device_module
+
+    if torch._C._get_privateuse1_backend_name() != "emugpu":
+        torch.utils.rename_privateuse1_backend("emugpu")
+    if not hasattr(torch, "emugpu"):
+        torch._register_device_module("emugpu", device_module)
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+
+
+_register()

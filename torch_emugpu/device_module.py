@@ -1,0 +1,278 @@
+"""`torch.emugpu`: the torch.cuda-like API of the emulated GPUs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import torch_emugpu
+from torch_emugpu import _C
+from torch_emugpu.memory import (
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)
+
+__all__ = [
+    "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
+    "device_of", "synchronize", "get_device_name", "get_device_properties", "get_device_capability",
+    "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache", "mem_get_info",
+    "memory_stats", "memory_summary", "manual_seed", "manual_seed_all", "seed", "seed_all",
+    "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
+    "get_amp_supported_dtype", "is_bf16_supported",
+]
+
+_DeviceLike = torch.device | str | int | None
+
+
+def _lazy_init() -> None:
+    """Configures the emulated GPUs from the environment on first use."""
+    torch_emugpu._ensure_configured()
+
+
+def is_initialized() -> bool:
+    return bool(_C._configured())
+
+
+def is_available() -> bool:
+    """Always True: emulated GPUs need no hardware."""
+    return True
+
+
+def device_count() -> int:
+    _lazy_init()
+    return int(_C._device_count())
+
+
+def _index(device: _DeviceLike = None, optional: bool = True) -> int:
+    _lazy_init()
+    if device is None:
+        return current_device()
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "emugpu":
+            raise ValueError(f"expected an emugpu device, got {device}")
+        return current_device() if device.index is None else device.index
+    if isinstance(device, int):
+        count = device_count()
+        if not 0 <= device < count:
+            raise IndexError(
+                f"emugpu device index out of range: expected 0 <= index < {count}, got {device};"
+                " set EMUGPU_DEVICE_COUNT for more devices"
+            )
+        return device
+    raise TypeError(f"expected a device, a device string or an index, got {type(device).__name__}")
+
+
+def current_device() -> int:
+    _lazy_init()
+    return int(_C._current_device())
+
+
+def set_device(device: _DeviceLike) -> None:
+    _C._set_device(_index(device))
+
+
+class device:  # noqa: N801  (mirrors torch.cuda.device)
+    """Context manager that makes `idx` the current emugpu device."""
+
+    def __init__(self, idx: _DeviceLike) -> None:
+        self.idx = _index(idx)
+        self.prev = -1
+
+    def __enter__(self) -> None:
+        self.prev = current_device()
+        set_device(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        set_device(self.prev)
+
+
+class device_of(device):  # noqa: N801
+    """Context manager that makes the device of tensor `obj` current."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.device.type == "emugpu" else current_device())
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    """Blocks until the emulated GPU has finished everything launched on it."""
+    _C._synchronize(_index(device))
+
+
+@dataclass(frozen=True)
+class EmuGpuDeviceProperties:
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    major: int
+    minor: int
+    fp32_flops: float
+    tf32_flops: float
+    fp16_flops: float
+    bf16_flops: float
+    memory_bandwidth: float
+    pcie_generation: int
+    pcie_width: int
+    nvlink_bandwidth: float
+
+    def __repr__(self) -> str:
+        return (
+            f"_EmuGpuDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1 << 20)}MB, "
+            f"multi_processor_count={self.multi_processor_count})"
+        )
+
+
+def get_device_properties(device: _DeviceLike = None) -> EmuGpuDeviceProperties:
+    return EmuGpuDeviceProperties(**_C._device_properties(_index(device)))
+
+
+def get_device_name(device: _DeviceLike = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
+    p = get_device_properties(device)
+    return p.major, p.minor
+
+
+# --- streams and events ------------------------------------------------------
+
+class Stream(torch.Stream):
+    """An emulated CUDA stream: its own position on the device's timeline."""
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> Stream:
+        if "stream_id" in kwargs:  # wrapping an existing stream
+            return super().__new__(cls, **kwargs)
+        with torch.emugpu.device(_index(device)):
+            return super().__new__(cls, device=torch.device("emugpu", _index(device)), priority=priority)
+
+    def wait_event(self, event: torch.Event) -> None:
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: torch.Event | None = None) -> torch.Event:
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+
+class Event(torch.Event):
+    """An event on the emulated timeline; elapsed_time() is emulated GPU time."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Event:
+        return super().__new__(
+            cls, device=torch.device("emugpu", current_device()), enable_timing=enable_timing,
+            blocking=blocking, interprocess=interprocess,
+        )
+
+
+def _wrap(s: torch.Stream) -> Stream:
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    return _wrap(torch._C._accelerator_getStream(_index(device)))
+
+
+def default_stream(device: _DeviceLike = None) -> Stream:
+    current = torch._C._accelerator_getStream(_index(device))
+    return Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    if stream is None:
+        return
+    torch._C._accelerator_setStream(stream)
+
+
+@contextlib.contextmanager
+def stream(stream: torch.Stream | None) -> Iterator[None]:
+    """Makes `stream` current (on its device) inside the block."""
+    if stream is None:
+        yield
+        return
+    prev_device = current_device()
+    prev = current_stream(stream.device_index)
+    set_device(stream.device_index)
+    set_stream(stream)
+    try:
+        yield
+    finally:
+        set_stream(prev)
+        set_device(prev_device)
+
+
+# --- random numbers ------------------------------------------------------------
+
+def _generator(device: _DeviceLike = None) -> torch.Generator:
+    return _C._default_generator(_index(device))
+
+
+def manual_seed(seed: int) -> None:
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for i in range(device_count()):
+        _generator(i).manual_seed(int(seed))
+
+
+def seed() -> None:
+    _generator().seed()
+
+
+def seed_all() -> None:
+    s = _generator(0).seed()
+    for i in range(1, device_count()):
+        _generator(i).manual_seed(s)
+
+
+def initial_seed() -> int:
+    return int(_generator().initial_seed())
+
+
+def get_rng_state(device: _DeviceLike = "emugpu") -> torch.Tensor:
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "emugpu") -> None:
+    _generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+# --- autocast ------------------------------------------------------------------
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """Dtypes torch.autocast("emugpu") may use: fp16 always, bf16 from sm_80 on."""
+    return [torch.float16, torch.bfloat16] if is_bf16_supported() else [torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return including_emulation or get_device_capability()[0] >= 8
