@@ -57,6 +57,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_configure", [](const std::string& catalog, const std::string& gpu, int count, const std::string& mode) {
     guarded([&] {
       Runtime::get().configure({catalog, gpu, count, parse_mode(mode)});
+      invalidate_shape_caches();
       static const bool hooks_registered = (register_hooks(), true);
       (void)hooks_registered;
     });
@@ -135,6 +136,7 @@ PYBIND11_MODULE(_C, m) {
       return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
     });
   });
+  m.def("_shape_cache_stats", [] { return shape_cache_stats(); });
   m.def("_host_now_ns", [] { return host_now(); });
   m.def("_device_ready_ns", [](int index) {
     return guarded([&] { return Runtime::get().device(index).timeline.device_ready(); });

@@ -6,6 +6,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
+#include <string_view>
 #include <unordered_map>
 
 #include "backend/allocator.h"
@@ -259,22 +262,136 @@ void run_data_dependent(const OpInfo& info, const c10::OperatorHandle& op, torch
   for (auto& r : results) meta_stack.push_back(std::move(r));
 }
 
-// The emugpu tensor `self` takes `meta`'s sizes, strides and offset,
-// growing its storage if the op resized it.
-void adopt_metadata(const at::Tensor& self, const at::Tensor& meta) {
-  if (self.sizes() == meta.sizes() && self.strides() == meta.strides() &&
-      self.storage_offset() == meta.storage_offset()) {
+
+// Metadata of one output tensor, as the Meta kernel (or a shape rule) left it.
+struct TensorDesc {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+  size_t nbytes = 0;
+  caffe2::TypeMeta dtype;
+
+  static TensorDesc of(const at::Tensor& t) {
+    return {t.sizes().vec(), t.strides().vec(), t.storage_offset(), t.storage().nbytes(), t.dtype()};
+  }
+};
+
+struct OutDesc {
+  enum class Kind { kTensor, kTensorList, kUndefined, kOther } kind = Kind::kOther;
+  std::vector<TensorDesc> tensors;
+  c10::IValue other;
+};
+
+// What one (op, argument metadata) produces: reused on every later call with
+// the same metadata, so steady-state iterations never run a Meta kernel.
+struct ShapeResult {
+  std::vector<OutDesc> outs;
+  TimeNs duration = 0;
+};
+
+using Key = std::vector<int64_t>;
+
+struct KeyHash {
+  size_t operator()(const Key& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t w : k) h = (h ^ static_cast<uint64_t>(w)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+void encode_tensor(const at::Tensor& t, Key& key) {
+  if (!t.defined()) {
+    key.push_back(-1);
     return;
   }
-  const size_t needed = meta.storage().nbytes();
-  if (self.storage().nbytes() < needed) resize_storage(self.storage(), needed);
-  self.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+  key.push_back(static_cast<int64_t>(t.scalar_type()));
+  key.push_back(static_cast<int64_t>(t.device().type()) * 256 + t.device().index());
+  key.push_back(t.dim());
+  for (int64_t s : t.sizes()) key.push_back(s);
+  for (int64_t s : t.strides()) key.push_back(s);
+  key.push_back(t.storage_offset());
+  key.push_back(t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : -2);
 }
 
-at::Tensor view_of(const at::Tensor& base, const at::Tensor& like) {
+// Appends what determines an argument's effect on output shapes; false for
+// argument kinds that cannot be keyed (the call then runs uncached).
+bool encode(const c10::IValue& v, Key& key) {
+  key.push_back(static_cast<int64_t>(v.tagKind().size()) * 131 + static_cast<int64_t>(v.isTensor()));
+  if (v.isTensor()) encode_tensor(v.toTensor(), key);
+  else if (v.isNone() || v.isGenerator()) key.push_back(0);
+  else if (v.isInt()) key.push_back(v.toInt());
+  else if (v.isBool()) key.push_back(v.toBool() ? 1 : 0);
+  else if (v.isDouble()) key.push_back(std::bit_cast<int64_t>(v.toDouble()));
+  else if (v.isComplexDouble()) {
+    const auto c = v.toComplexDouble();
+    key.push_back(std::bit_cast<int64_t>(c.real()));
+    key.push_back(std::bit_cast<int64_t>(c.imag()));
+  } else if (v.isString()) key.push_back(static_cast<int64_t>(std::hash<std::string_view>{}(v.toStringView())));
+  else if (v.isDevice()) key.push_back(static_cast<int64_t>(v.toDevice().type()) * 256 + v.toDevice().index());
+  else if (v.isTensorList()) {
+    key.push_back(static_cast<int64_t>(v.toTensorList().size()));
+    for (const at::Tensor& t : v.toTensorList()) encode_tensor(t, key);
+  } else if (v.isIntList()) {
+    key.push_back(static_cast<int64_t>(v.toIntList().size()));
+    for (int64_t x : v.toIntList()) key.push_back(x);
+  } else if (v.isBoolList()) {
+    key.push_back(static_cast<int64_t>(v.toBoolList().size()));
+    for (bool x : v.toBoolList()) key.push_back(x ? 1 : 0);
+  } else if (v.isDoubleList()) {
+    key.push_back(static_cast<int64_t>(v.toDoubleList().size()));
+    for (double x : v.toDoubleList()) key.push_back(std::bit_cast<int64_t>(x));
+  } else if (v.isList()) {
+    key.push_back(static_cast<int64_t>(v.toList().size()));
+    for (const c10::IValue& e : v.toList()) if (!encode(e, key)) return false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::atomic<int64_t> g_cache_generation{0};
+std::atomic<int64_t> g_cache_hits{0};
+std::atomic<int64_t> g_cache_misses{0};
+
+struct ShapeCache {
+  int64_t generation = -1;
+  std::unordered_map<Key, ShapeResult, KeyHash> entries;
+};
+
+ShapeCache& shape_cache() {
+  thread_local ShapeCache cache;
+  const int64_t generation = g_cache_generation.load(std::memory_order_relaxed);
+  if (cache.generation != generation || cache.entries.size() > 200000) {
+    cache.entries.clear();
+    cache.generation = generation;
+  }
+  return cache;
+}
+
+// The emugpu tensor `self` takes the metadata an in-place/out= op gave its
+// meta twin, growing its storage if the op resized it.
+void adopt_metadata(const at::Tensor& self, const TensorDesc& d) {
+  if (self.sizes() == c10::IntArrayRef(d.sizes) && self.strides() == c10::IntArrayRef(d.strides) &&
+      self.storage_offset() == d.offset) {
+    return;
+  }
+  if (self.storage().nbytes() < d.nbytes) resize_storage(self.storage(), d.nbytes);
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(d.sizes, d.strides, d.offset);
+}
+
+at::Tensor view_of(const at::Tensor& base, const TensorDesc& d) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
+                                                       base.key_set(), d.dtype);
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(d.sizes, d.strides, d.offset);
+  return out;
+}
+
+at::Tensor new_device_tensor(int device, const TensorDesc& d) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), d.nbytes, device_allocator().allocate_on(device, d.nbytes),
+                       &device_allocator(), /*resizable=*/true);
   auto out = at::detail::make_tensor<c10::TensorImpl>(
-      c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), like.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), d.dtype);
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(d.sizes, d.strides, d.offset);
   return out;
 }
 
@@ -375,6 +492,46 @@ void compute_on_host(const c10::OperatorHandle& op, const std::vector<c10::IValu
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &host_results);
 }
 
+
+std::vector<OutDesc> run_shape_rule(const OpInfo& info, const c10::OperatorHandle& op,
+                                    const std::vector<c10::IValue>& args, size_t num_args) {
+  torch::jit::Stack meta_stack;
+  meta_stack.reserve(num_args);
+  for (const auto& a : args) meta_stack.push_back(meta_arg(a));
+  try {
+    if (info.data_dependent != DataDependent::kNone) {
+      run_data_dependent(info, op, meta_stack, num_args);
+    } else {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+    }
+  } catch (const c10::NotImplementedError& e) {
+    no_shape_rule(info.name, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    if (msg.find("Meta") != std::string::npos || msg.find("meta") != std::string::npos) {
+      no_shape_rule(info.name, msg);
+    }
+    throw;
+  }
+  std::vector<OutDesc> outs(meta_stack.size());
+  for (size_t i = 0; i < meta_stack.size(); ++i) {
+    const c10::IValue& m = meta_stack[i];
+    OutDesc& o = outs[i];
+    if (m.isTensor() && m.toTensor().defined() && m.toTensor().is_meta()) {
+      o.kind = OutDesc::Kind::kTensor;
+      o.tensors.push_back(TensorDesc::of(m.toTensor()));
+    } else if (m.isTensor() && !m.toTensor().defined()) {
+      o.kind = OutDesc::Kind::kUndefined;
+    } else if (m.isTensorList()) {
+      o.kind = OutDesc::Kind::kTensorList;
+      for (const at::Tensor& t : m.toTensorList()) o.tensors.push_back(TensorDesc::of(t));
+    } else {
+      o.other = m;
+    }
+  }
+  return outs;
+}
+
 }  // namespace
 
 at::Tensor host_alias(const at::Tensor& t) {
@@ -388,19 +545,17 @@ at::Tensor host_alias(const at::Tensor& t) {
 }
 
 at::Tensor new_device_tensor(int device, const at::Tensor& like) {
-  const size_t nbytes = like.storage().nbytes();
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, device_allocator().allocate_on(device, nbytes),
-                       &device_allocator(), /*resizable=*/true);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-  return out;
+  return new_device_tensor(device, TensorDesc::of(like));
 }
 
 TimeNs charge(int device, Engine engine, TimeNs duration) {
   auto& dev = Runtime::get().device(device);
   return dev.timeline.launch(current_stream_id(device), engine, duration);
 }
+
+void invalidate_shape_caches() { g_cache_generation.fetch_add(1); }
+
+std::pair<int64_t, int64_t> shape_cache_stats() { return {g_cache_hits.load(), g_cache_misses.load()}; }
 
 void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
   const OpInfo& info = info_for(op);
@@ -422,80 +577,81 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
       stack->emplace_back(out);
     }
     for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { if (is_emu(t)) inputs.push_back(t); });
-    translate_errors([&] { charge(device, Engine::kCompute, Runtime::get().device(device).cost.kernel(estimate(info, inputs, outputs, args))); });
+    translate_errors([&] {
+      charge(device, Engine::kCompute, Runtime::get().device(device).cost.kernel(estimate(info, inputs, outputs, args)));
+    });
     return;
   }
 
-  // 1. Shapes, from the Meta kernel on mirrored meta tensors.
-  torch::jit::Stack meta_stack;
-  meta_stack.reserve(num_args);
-  for (const auto& a : args) meta_stack.push_back(meta_arg(a));
-  try {
-    if (info.data_dependent != DataDependent::kNone) {
-      run_data_dependent(info, op, meta_stack, num_args);
-    } else {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+  // 1. Shapes: from the cache, or from the Meta kernel on mirrored meta tensors.
+  Key key;
+  key.reserve(64);
+  key.push_back(reinterpret_cast<intptr_t>(&op.schema()));
+  key.push_back((at::globalContext().allowTF32CuBLAS() ? 1 : 0) + (at::globalContext().allowTF32CuDNN() ? 2 : 0));
+  bool cacheable = true;
+  for (const auto& a : args) {
+    if (!encode(a, key)) {
+      cacheable = false;
+      break;
     }
-  } catch (const c10::NotImplementedError& e) {
-    no_shape_rule(info.name, e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    const std::string msg = e.what_without_backtrace();
-    if (msg.find("Meta") != std::string::npos || msg.find("meta") != std::string::npos) {
-      no_shape_rule(info.name, msg);
-    }
-    throw;
   }
+  ShapeCache& cache = shape_cache();
+  const ShapeResult* cached = nullptr;
+  if (cacheable) {
+    auto it = cache.entries.find(key);
+    if (it != cache.entries.end()) cached = &it->second;
+  }
+  (cached ? g_cache_hits : g_cache_misses).fetch_add(1, std::memory_order_relaxed);
+  std::vector<OutDesc> fresh_outs;
+  if (cached == nullptr) fresh_outs = run_shape_rule(info, op, args, num_args);
+  const std::vector<OutDesc>& outs = cached ? cached->outs : fresh_outs;
 
   // 2. Outputs on emugpu: inputs for in-place/out=, views of inputs, or fresh.
   std::vector<c10::IValue> results;
   std::vector<at::Tensor> outputs;
-  results.reserve(meta_stack.size());
-  for (size_t i = 0; i < meta_stack.size(); ++i) {
-    const c10::IValue& m = meta_stack[i];
+  results.reserve(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const OutDesc& o = outs[i];
     const ReturnInfo r = i < info.returns.size() ? info.returns[i] : ReturnInfo{};
-    if (r.alias_arg >= 0) {
+    if (o.kind == OutDesc::Kind::kOther) {
+      results.push_back(o.other);
+    } else if (o.kind == OutDesc::Kind::kUndefined) {
+      results.emplace_back(at::Tensor());
+    } else if (r.alias_arg >= 0) {
       const c10::IValue& base = args[r.alias_arg];
-      if (m.isTensor()) {
-        const at::Tensor& self = base.isTensor() ? base.toTensor() : at::Tensor();
-        if (r.write && self.defined()) {
-          adopt_metadata(self, m.toTensor());
-          outputs.push_back(self);
-          results.emplace_back(self);
-        } else {
-          at::Tensor source = self;
-          if (!source.defined()) for_each_tensor(base, [&](const at::Tensor& t) { if (!source.defined()) source = t; });
-          results.emplace_back(view_of(source, m.toTensor()));
-        }
-      } else if (m.isTensorList()) {
-        c10::List<at::Tensor> views;
-        const at::Tensor self = base.toTensor();
-        for (const at::Tensor& t : m.toTensorList()) views.push_back(view_of(self, t));
-        results.emplace_back(views);
+      at::Tensor self;
+      for_each_tensor(base, [&](const at::Tensor& t) { if (!self.defined()) self = t; });
+      if (o.kind == OutDesc::Kind::kTensor && r.write && base.isTensor()) {
+        adopt_metadata(self, o.tensors[0]);
+        outputs.push_back(self);
+        results.emplace_back(self);
+      } else if (o.kind == OutDesc::Kind::kTensor) {
+        results.emplace_back(view_of(self, o.tensors[0]));
       } else {
-        results.push_back(m);
+        c10::List<at::Tensor> views;
+        for (const TensorDesc& d : o.tensors) views.push_back(view_of(self, d));
+        results.emplace_back(views);
       }
-    } else if (m.isTensor() && m.toTensor().defined() && m.toTensor().is_meta()) {
-      at::Tensor out = new_device_tensor(device, m.toTensor());
+    } else if (o.kind == OutDesc::Kind::kTensor) {
+      at::Tensor out = translate_errors([&] { return new_device_tensor(device, o.tensors[0]); });
       outputs.push_back(out);
       results.emplace_back(out);
-    } else if (m.isTensorList()) {
-      c10::List<at::Tensor> outs;
-      for (const at::Tensor& t : m.toTensorList()) {
-        at::Tensor out = t.is_meta() ? new_device_tensor(device, t) : t;
-        outputs.push_back(out);
-        outs.push_back(out);
-      }
-      results.emplace_back(outs);
     } else {
-      results.push_back(m);
+      c10::List<at::Tensor> list;
+      for (const TensorDesc& d : o.tensors) {
+        at::Tensor out = translate_errors([&] { return new_device_tensor(device, d); });
+        outputs.push_back(out);
+        list.push_back(out);
+      }
+      results.emplace_back(list);
     }
   }
-  // Arguments the op writes in place without returning them (foreach, BN stats).
+  // Written values are placeholders in timing mode, real in compute mode.
   std::vector<at::Tensor> inputs;
   for (size_t i = 0; i < args.size(); ++i) {
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       if (!is_emu(t)) return;
-      inputs.push_back(t);
+      if (cached == nullptr) inputs.push_back(t);
       if (info.writes[i]) set_materialized(t.storage(), compute);
     });
   }
@@ -508,12 +664,12 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
     for (size_t i = 0; i < host.size() && i < results.size(); ++i) {
       const ReturnInfo r = i < info.returns.size() ? info.returns[i] : ReturnInfo{};
       if (r.alias_arg >= 0) continue;  // written in place, or a view
-      if (results[i].isTensor() && host[i].isTensor()) {
+      if (results[i].isTensor() && results[i].toTensor().defined() && host[i].isTensor()) {
         host_alias(results[i].toTensor()).copy_(host[i].toTensor());
       } else if (results[i].isTensorList()) {
-        auto outs = results[i].toTensorList();
+        auto outs_list = results[i].toTensorList();
         auto vals = host[i].toTensorList();
-        for (size_t j = 0; j < outs.size(); ++j) host_alias(outs.get(j)).copy_(vals.get(j));
+        for (size_t j = 0; j < outs_list.size(); ++j) host_alias(outs_list.get(j)).copy_(vals.get(j));
       } else if (!results[i].isTensor()) {
         results[i] = host[i];
       }
@@ -521,12 +677,16 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   }
 
   // 4. Time: every op that runs a kernel is charged to the current stream.
-  if (!info.metadata_only) {
-    translate_errors([&] {
-      auto& dev = Runtime::get().device(device);
-      charge(device, Engine::kCompute, dev.cost.kernel(estimate(info, inputs, outputs, args)));
+  TimeNs duration = 0;
+  if (cached != nullptr) {
+    duration = cached->duration;
+  } else if (!info.metadata_only) {
+    duration = translate_errors([&] {
+      return Runtime::get().device(device).cost.kernel(estimate(info, inputs, outputs, args));
     });
   }
+  if (cached == nullptr && cacheable) cache.entries.emplace(std::move(key), ShapeResult{std::move(fresh_outs), duration});
+  if (!info.metadata_only) translate_errors([&] { charge(device, Engine::kCompute, duration); });
 
   torch::jit::drop(*stack, num_args);
   for (auto& r : results) stack->push_back(std::move(r));
