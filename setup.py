@@ -22,16 +22,19 @@ class CMakeBuild(build_ext):
         build_dir = ROOT / "build" / "torch"
         build_dir.mkdir(parents=True, exist_ok=True)
         cfg = os.environ.get("EMUGPU_BUILD_TYPE", "Release")
+        # Prefer the cmake installed next to this Python (the venv's), then PATH.
+        local = Path(sys.executable).parent / "cmake"
+        cmake = str(local) if local.exists() else (shutil.which("cmake") or "cmake")
         subprocess.run(
             [
-                "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+                cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
                 f"-DCMAKE_BUILD_TYPE={cfg}",
                 f"-DPython3_EXECUTABLE={sys.executable}",
                 "-DEMUGPU_BUILD_TESTS=OFF",
             ],
             check=True,
         )
-        subprocess.run(["cmake", "--build", str(build_dir), "--target", "_C"], check=True)
+        subprocess.run([cmake, "--build", str(build_dir), "--target", "_C"], check=True)
         built = next(build_dir.glob("_C*.so"))
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)

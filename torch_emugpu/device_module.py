@@ -153,49 +153,49 @@ def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
 
 # --- streams and events ------------------------------------------------------
 
-class Stream(torch.Stream):
-    """An emulated CUDA stream: its own position on the device's timeline."""
+class _EmuGpuKind(type):
+    """isinstance() says yes to the torch type on an emugpu device.
 
-    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> Stream:
-        if "stream_id" in kwargs:  # wrapping an existing stream
-            return super().__new__(cls, **kwargs)
-        with torch.emugpu.device(_index(device)):
-            return super().__new__(cls, device=torch.device("emugpu", _index(device)), priority=priority)
+    torch.Stream and torch.Event check their arguments' exact types, so the
+    emugpu constructors return those types rather than subclasses.
+    """
 
-    def wait_event(self, event: torch.Event) -> None:
-        event.wait(self)
+    _base: type
 
-    def wait_stream(self, stream: torch.Stream) -> None:
-        self.wait_event(stream.record_event())
-
-    def record_event(self, event: torch.Event | None = None) -> torch.Event:
-        if event is None:
-            event = Event()
-        event.record(self)
-        return event
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, cls._base) and torch.device(obj.device).type == "emugpu"  # type: ignore[attr-defined]
 
 
-class Event(torch.Event):
-    """An event on the emulated timeline; elapsed_time() is emulated GPU time."""
+class Stream(metaclass=_EmuGpuKind):
+    """An emulated CUDA stream (a torch.Stream): its own position on the device's timeline."""
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Event:
-        return super().__new__(
-            cls, device=torch.device("emugpu", current_device()), enable_timing=enable_timing,
+    _base = torch.Stream
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0) -> torch.Stream:  # type: ignore[misc]
+        return torch.Stream(device=torch.device("emugpu", _index(device)), priority=priority)
+
+
+class Event(metaclass=_EmuGpuKind):
+    """An event on the emulated timeline (a torch.Event); elapsed_time() is emulated GPU time."""
+
+    _base = torch.Event
+
+    def __new__(  # type: ignore[misc]
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> torch.Event:
+        return torch.Event(
+            device=torch.device("emugpu", current_device()), enable_timing=enable_timing,
             blocking=blocking, interprocess=interprocess,
         )
 
 
-def _wrap(s: torch.Stream) -> Stream:
-    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+def current_stream(device: _DeviceLike = None) -> torch.Stream:
+    return torch._C._accelerator_getStream(_index(device))
 
 
-def current_stream(device: _DeviceLike = None) -> Stream:
-    return _wrap(torch._C._accelerator_getStream(_index(device)))
-
-
-def default_stream(device: _DeviceLike = None) -> Stream:
+def default_stream(device: _DeviceLike = None) -> torch.Stream:
     current = torch._C._accelerator_getStream(_index(device))
-    return Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
+    return torch.Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
 
 
 def set_stream(stream: torch.Stream) -> None:

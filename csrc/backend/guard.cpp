@@ -112,7 +112,7 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // Blocks the host until the event's time.
   void synchronizeEvent(void* event) const override {
     auto* e = static_cast<EmuEvent*>(event);
-    if (e != nullptr && e->recorded) sleep_until(e->time);
+    if (e != nullptr && e->recorded) Runtime::get().device(e->device).timeline.wait_until(e->time);
   }
 
   // Frees the event handle.

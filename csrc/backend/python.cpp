@@ -149,6 +149,7 @@ PYBIND11_MODULE(_C, m) {
         const EngineStats s = Runtime::get().device(index).timeline.engine_stats(static_cast<Engine>(e));
         d[names[e]] = py::make_tuple(s.launches, s.busy_ns);
       }
+      d["host_blocked_ns"] = Runtime::get().device(index).timeline.host_blocked_ns();
       return d;
     });
   });

@@ -42,7 +42,7 @@ TimeNs Timeline::launch(int64_t stream, Engine engine, TimeNs duration) {
     while (!pending_.empty() && pending_.front() <= now) pending_.pop_front();
     if (pending_.size() >= queue_depth_) wait_for = pending_[pending_.size() - queue_depth_];
   }
-  if (wait_for > 0) sleep_until(wait_for);
+  if (wait_for > 0) wait_until(wait_for);
 
   std::lock_guard<std::mutex> lock(mutex_);
   const TimeNs now = host_now();
@@ -55,6 +55,13 @@ TimeNs Timeline::launch(int64_t stream, Engine engine, TimeNs duration) {
   stats_[e].busy_ns += duration;
   if (end > now) pending_.push_back(end);
   return end;
+}
+
+void Timeline::wait_until(TimeNs t) {
+  const TimeNs start = host_now();
+  if (t <= start) return;
+  sleep_until(t);
+  blocked_ns_.fetch_add(host_now() - start, std::memory_order_relaxed);
 }
 
 TimeNs Timeline::stream_ready(int64_t stream) const {
@@ -84,6 +91,7 @@ EngineStats Timeline::engine_stats(Engine engine) const {
 void Timeline::reset_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_ = {};
+  blocked_ns_.store(0);
 }
 
 }  // namespace emugpu

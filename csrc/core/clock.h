@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -42,8 +43,11 @@ class Timeline {
   // Makes later work on `stream` wait for `t` (Event.wait / stream.wait_event).
   void stream_wait(int64_t stream, TimeNs t);
 
-  void wait_stream(int64_t stream) const { sleep_until(stream_ready(stream)); }
-  void wait_device() const { sleep_until(device_ready()); }
+  // Host blocking points; the time spent in them is counted (host_blocked_ns).
+  void wait_until(TimeNs t);
+  void wait_stream(int64_t stream) { wait_until(stream_ready(stream)); }
+  void wait_device() { wait_until(device_ready()); }
+  TimeNs host_blocked_ns() const { return blocked_ns_.load(std::memory_order_relaxed); }
 
   EngineStats engine_stats(Engine engine) const;
   void reset_stats();
@@ -55,6 +59,7 @@ class Timeline {
   std::array<TimeNs, kEngineCount> engine_ready_{};
   std::array<EngineStats, kEngineCount> stats_{};
   std::deque<TimeNs> pending_;  // end times of launched work, in launch order
+  std::atomic<TimeNs> blocked_ns_{0};
 };
 
 }  // namespace emugpu

@@ -70,7 +70,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       const TimeNs end = charge(d, Engine::kHostToDevice, dev.cost.transfer(transfer_bytes(dst), pinned));
       move_bytes(host_alias(dst), src.device().is_cpu() ? src : src.cpu());
       set_materialized(dst.storage(), true);
-      if (!(pinned && non_blocking)) sleep_until(end);  // pageable copies are synchronous
+      if (!(pinned && non_blocking)) dev.timeline.wait_until(end);  // pageable copies are synchronous
       return dst;
     }
     if (is_emu(self) && !is_emu(dst)) {  // device -> host
@@ -84,7 +84,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         host_dst.zero_();  // never-computed values read as zeros (README: placeholders)
       }
       if (!host_dst.is_same(dst)) dst.copy_(host_dst);
-      if (!(non_blocking && dst.is_pinned())) sleep_until(end);
+      if (!(non_blocking && dst.is_pinned())) dev.timeline.wait_until(end);
       return dst;
     }
     // device -> device
@@ -115,7 +115,7 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return translate_errors([&]() -> c10::Scalar {
     const int d = self.device().index();
     auto& dev = Runtime::get().device(d);
-        sleep_until(charge(d, Engine::kDeviceToHost, dev.cost.transfer(self.element_size(), false)));
+        dev.timeline.wait_until(charge(d, Engine::kDeviceToHost, dev.cost.transfer(self.element_size(), false)));
     if (Runtime::get().compute_mode() || is_materialized(self.storage())) {
       return host_alias(self).item();
     }

@@ -1,0 +1,33 @@
+"""Shared fixtures: every test starts from the default configuration."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_emugpu
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def default_config():
+    """Configure the default GPU; tests that reconfigure are undone afterwards."""
+    gc.collect()
+    torch_emugpu.configure(gpu=torch_emugpu._config.DEFAULT_GPU, device_count=2, mode="timing")
+    yield
+    gc.collect()
+    torch.emugpu.synchronize()
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter (for import-time and environment behaviour)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)

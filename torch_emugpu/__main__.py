@@ -1,0 +1,3 @@
+from torch_emugpu.cli import main
+
+raise SystemExit(main())

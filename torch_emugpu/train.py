@@ -1,0 +1,158 @@
+"""The main job: an emulated training run of a torchvision model or a GPT-2-size
+decoder on an emulated GPU, with a progress bar and a summary."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+import torch_emugpu
+from torch_emugpu import _C
+
+GPT_MODELS = ("gpt2",)
+
+
+@dataclass
+class TrainResult:
+    model: str
+    gpu: str
+    batch_size: int
+    iterations: int
+    iteration_s: float  # median wall time per iteration (emulated GPU time when GPU-bound)
+    gpu_busy_s: float  # emulated compute-engine time per iteration
+    host_overhead_s: float  # host time per iteration not spent waiting for the emulated GPU
+    peak_memory: int
+    samples_per_s: float
+
+
+def build(model: str, batch_size: int, seq_len: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    if model in GPT_MODELS:
+        from torch_emugpu.models import GPT
+
+        net = GPT()
+        x = torch.randint(0, net.cfg.vocab_size, (batch_size, seq_len))
+        return net, x, x.clone()
+    import torchvision
+
+    if model not in torchvision.models.list_models(module=torchvision.models):
+        known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models)))
+        raise ValueError(f"unknown model {model!r}; choose gpt2 or a torchvision classifier: {known}")
+    kwargs: dict[str, object] = {}
+    if model in ("googlenet", "inception_v3"):
+        kwargs = {"aux_logits": False, "init_weights": False}
+    net = torchvision.models.get_model(model, **kwargs)
+    size = 299 if model == "inception_v3" else 224
+    return net, torch.randn(batch_size, 3, size, size), torch.randint(0, 1000, (batch_size,))
+
+
+def run(
+    model: str = "resnet50",
+    gpu: str | None = None,
+    batch_size: int = 64,
+    iterations: int = 20,
+    warmup: int = 3,
+    optimizer: str = "sgd",
+    amp: str = "none",
+    seq_len: int = 1024,
+    progress: bool = True,
+) -> TrainResult:
+    if batch_size < 1 or iterations < 1 or warmup < 0 or seq_len < 1:
+        raise ValueError("batch size, iterations and sequence length must be >= 1 and warm-up >= 0")
+    torch_emugpu.configure(gpu=gpu)
+    net, x_host, y_host = build(model, batch_size, seq_len)
+    device = torch.device("emugpu", 0)
+    net = net.to(device).train()
+    if optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    elif optimizer == "adamw":
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    else:
+        raise ValueError(f"optimizer must be sgd or adamw, got {optimizer!r}")
+    dtypes = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+    if amp not in dtypes:
+        raise ValueError(f"amp must be one of {', '.join(dtypes)}, got {amp!r}")
+    is_gpt = model in GPT_MODELS
+
+    def step() -> None:
+        x = x_host.to(device)
+        y = y_host.to(device)
+        with torch.autocast("emugpu", dtype=dtypes[amp] or torch.float16, enabled=dtypes[amp] is not None):
+            out = net(x)
+            if is_gpt:
+                out = out.view(-1, out.size(-1))
+                y = y.view(-1)
+            loss = torch.nn.functional.cross_entropy(out, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    torch.emugpu.synchronize()
+    torch.emugpu.reset_peak_memory_stats()
+    times: list[float] = []
+    _C._reset_engine_stats(0)
+    start = time.perf_counter()
+    bar = tqdm(range(iterations), desc=f"{model} on {torch.emugpu.get_device_name()}", unit="it",
+               disable=not progress)
+    for _ in bar:
+        t0 = time.perf_counter()
+        step()
+        torch.emugpu.synchronize()
+        times.append(time.perf_counter() - t0)
+    total = time.perf_counter() - start
+    stats = _C._engine_stats(0)
+    busy = stats["compute"][1] / 1e9 / iterations
+    blocked = stats["host_blocked_ns"] / 1e9
+    median = statistics.median(times)
+    return TrainResult(
+        model=model, gpu=torch.emugpu.get_device_name(), batch_size=batch_size, iterations=iterations,
+        iteration_s=median, gpu_busy_s=busy, host_overhead_s=(total - blocked) / iterations,
+        peak_memory=torch.emugpu.max_memory_allocated(), samples_per_s=batch_size / median,
+    )
+
+
+def summary(r: TrainResult) -> str:
+    return "\n".join([
+        f"model              {r.model} (batch {r.batch_size}, {r.iterations} iterations)",
+        f"emulated GPU       {r.gpu}",
+        f"iteration time     {r.iteration_s * 1e3:.2f} ms (median wall time)",
+        f"throughput         {r.samples_per_s:.1f} samples/s",
+        f"GPU busy           {r.gpu_busy_s * 1e3:.2f} ms per iteration (emulated compute engine)",
+        f"host overhead      {r.host_overhead_s * 1e3:.2f} ms per iteration "
+        f"({r.host_overhead_s / max(r.iteration_s, 1e-12):.1%} of the iteration)",
+        f"peak memory        {r.peak_memory / 2**30:.2f} GiB (max_memory_allocated)",
+    ])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="resnet50", help="torchvision classifier name or gpt2 (default: resnet50)")
+    p.add_argument("--gpu", default=None, help="emulated GPU, e.g. v100, A100-SXM4-80GB, h100 (default: "
+                   "EMUGPU_GPU or NVIDIA A100-SXM4-40GB)")
+    p.add_argument("--batch-size", type=int, default=64, help="samples per iteration (default: 64)")
+    p.add_argument("--iterations", type=int, default=20, help="measured iterations (default: 20)")
+    p.add_argument("--warmup", type=int, default=3, help="iterations before measuring (default: 3)")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="default: sgd")
+    p.add_argument("--amp", choices=("none", "fp16", "bf16"), default="none",
+                   help="autocast dtype (default: none, fp32)")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample for gpt2 (default: 1024)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    r = run(model=args.model, gpu=args.gpu, batch_size=args.batch_size, iterations=args.iterations,
+            warmup=args.warmup, optimizer=args.optimizer, amp=args.amp, seq_len=args.seq_len,
+            progress=not args.no_progress)
+    print(summary(r))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.train", description=__doc__)
+    add_arguments(parser)
+    raise SystemExit(main(parser.parse_args()))
