@@ -19,7 +19,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def default_config():
     """Configure the default GPU; tests that reconfigure are undone afterwards."""
     gc.collect()
-    torch_emugpu.configure(gpu=torch_emugpu._config.DEFAULT_GPU, device_count=2, mode="timing")
+    cfg = torch_emugpu._C._configured() and torch_emugpu.config()
+    if not cfg or (cfg.gpu, cfg.device_count) != (torch_emugpu._config.DEFAULT_GPU, 2):
+        torch_emugpu.configure(gpu=torch_emugpu._config.DEFAULT_GPU, device_count=2, mode="timing")
+    torch_emugpu.configure(mode="timing")
     yield
     gc.collect()
     torch.emugpu.synchronize()

@@ -36,6 +36,7 @@ struct OpInfo {
   DataDependent data_dependent = DataDependent::kNone;
   std::vector<ReturnInfo> returns;
   std::vector<bool> writes;  // per argument: mutated by the op
+  std::vector<bool> reads;   // per argument: read by the op (all but out= arguments)
   bool metadata_only = true;  // only views: no kernel runs on the device
 };
 
@@ -91,9 +92,11 @@ OpInfo analyze(const c10::OperatorHandle& op) {
   info.data_dependent = data_dependent_of(info.name);
   const auto& args = schema.arguments();
   info.writes.resize(args.size());
+  info.reads.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* a = element_alias(args[i]);
     info.writes[i] = a != nullptr && a->isWrite();
+    info.reads[i] = !(info.writes[i] && args[i].kwarg_only());
     if (info.writes[i]) info.metadata_only = false;
   }
   for (const auto& ret : schema.returns()) {
@@ -651,7 +654,7 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   for (size_t i = 0; i < args.size(); ++i) {
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       if (!is_emu(t)) return;
-      if (cached == nullptr) inputs.push_back(t);
+      if (cached == nullptr && info.reads[i]) inputs.push_back(t);
       if (info.writes[i]) set_materialized(t.storage(), compute);
     });
   }
