@@ -11,7 +11,8 @@ DeviceState::DeviceState(int index_, const GpuSpec& gpu_)
       gpu(gpu_),
       allocator(index_, gpu_.name,
                 gpu_.memory_bytes > kCudaContextBytes ? gpu_.memory_bytes - kCudaContextBytes
-                                                      : gpu_.memory_bytes),
+                                                      : gpu_.memory_bytes,
+                gpu_.memory_bytes),
       cost(gpu_) {}
 
 Runtime& Runtime::get() {

@@ -35,8 +35,8 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
-CachingAllocator::CachingAllocator(int device, std::string gpu_name, uint64_t capacity)
-    : device_(device), gpu_name_(std::move(gpu_name)), capacity_(capacity) {
+CachingAllocator::CachingAllocator(int device, std::string gpu_name, uint64_t capacity, uint64_t total)
+    : device_(device), gpu_name_(std::move(gpu_name)), capacity_(capacity), total_(total ? total : capacity) {
   EMUGPU_CHECK(capacity > 0, kValue, "emulated GPU capacity must be positive, got 0 bytes");
 }
 
@@ -235,7 +235,7 @@ void CachingAllocator::throw_oom(size_t requested, size_t segment) {
   detail::throw_error(
       ErrorKind::kOutOfMemory, "emugpu out of memory. Tried to allocate ", format_bytes(requested),
       " (a ", format_bytes(segment), " segment). Emulated GPU ", device_, " (", gpu_name_,
-      ") has a total capacity of ", format_bytes(capacity_), " of which ", format_bytes(free_bytes),
+      ") has a total capacity of ", format_bytes(total_), " of which ", format_bytes(free_bytes),
       " is free. Of the allocated memory ", format_bytes(allocated),
       " is allocated by PyTorch, and ", format_bytes(reserved_now - allocated),
       " is reserved by PyTorch but unallocated. Reduce the batch size, or emulate a GPU with "

@@ -68,8 +68,9 @@ struct Block {
 class CachingAllocator {
  public:
   // `capacity` is what CUDA would let cudaMalloc hand out on this GPU;
-  // `device` and `gpu_name` only appear in messages.
-  CachingAllocator(int device, std::string gpu_name, uint64_t capacity);
+  // `device`, `gpu_name` and `total` (the GPU's memory, default `capacity`)
+  // only appear in messages.
+  CachingAllocator(int device, std::string gpu_name, uint64_t capacity, uint64_t total = 0);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -106,6 +107,7 @@ class CachingAllocator {
   int device_;
   std::string gpu_name_;
   uint64_t capacity_;
+  uint64_t total_;
   FreeSet small_free_;
   FreeSet large_free_;
   std::unordered_map<char*, Block*> segments_;  // segment base -> first block
