@@ -1,0 +1,127 @@
+"""Timing mode: every op yields correctly shaped outputs without computing;
+copies move real bytes; data-dependent shapes follow the documented policy."""
+
+import pytest
+import torch
+
+from torch_emugpu import _C
+
+
+def emu(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device="emugpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool,
+                                   torch.uint8, torch.complex64])
+def test_host_device_roundtrip_is_bit_identical(dtype):
+    src = (torch.randn(7, 13) * 100).to(dtype)
+    back = src.to("emugpu").cpu()
+    assert back.dtype == dtype
+    assert torch.equal(back.view(torch.uint8), src.view(torch.uint8))
+
+
+def test_non_contiguous_and_converting_copies_keep_values():
+    src = torch.arange(24, dtype=torch.float32).view(4, 6)
+    d = src.t().to("emugpu")
+    assert d.shape == (6, 4)
+    assert torch.equal(d.cpu(), src.t())
+    half = src.to("emugpu").to(torch.float16)  # device-side dtype conversion of real bytes
+    assert torch.equal(half.cpu(), src.half())
+    dst = emu(4, 6)
+    dst[1:3].copy_(torch.ones(2, 6))
+    assert torch.equal(dst[1:3].cpu(), torch.ones(2, 6))
+    clone = src.to("emugpu").clone()
+    assert torch.equal(clone.cpu(), src)
+
+
+def test_outputs_have_the_right_shape_dtype_and_strides():
+    x = emu(8, 3, 32, 32)
+    w = emu(16, 3, 3, 3)
+    y = torch.nn.functional.conv2d(x, w, padding=1)
+    assert y.shape == (8, 16, 32, 32) and y.device.type == "emugpu"
+    cl = x.to(memory_format=torch.channels_last)
+    assert cl.stride() == (3072, 1, 96, 3)
+    assert (emu(4, 5, dtype=torch.int32) + 1.5).dtype == torch.float32
+    assert emu(4, 5).sum(dim=1, keepdim=True).shape == (4, 1)
+    a, b = emu(3, 10).split([4, 6], dim=1)
+    assert a.shape == (3, 4) and b.shape == (3, 6)
+
+
+def test_views_share_storage_and_in_place_ops_return_their_input():
+    x = emu(4, 6)
+    v = x.view(24)
+    t = x.t()
+    s = x[1:, 2:]
+    for view in (v, t, s):
+        assert view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert s.storage_offset() == 8 and s.stride() == (6, 1)
+    assert x.add_(1) is x
+    out = emu(0)
+    r = torch.add(x, x, out=out)
+    assert r is out and out.shape == (4, 6)  # out= resized
+    assert x.unsqueeze_(0) is x and x.shape == (1, 4, 6)
+
+
+def test_compute_ops_allocate_but_do_not_touch_data():
+    before = torch.emugpu.memory_allocated()
+    x = emu(1024, 1024)
+    y = x * 2
+    assert torch.emugpu.memory_allocated() - before == 2 * 4 * 2**20
+    assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_computed_values_read_back_as_zero_placeholders():
+    x = torch.full((3,), 5.0).to("emugpu")
+    assert torch.equal(x.cpu(), torch.full((3,), 5.0))  # copied in: real
+    y = x + 1
+    assert torch.equal(y.cpu(), torch.zeros(3))  # computed: placeholder
+    assert y.sum().item() == 0.0
+    assert emu(2, dtype=torch.bool).any().item() is False
+    x.mul_(3)  # computed in place: the copied-in values are gone
+    assert torch.equal(x.cpu(), torch.zeros(3))
+
+
+def test_data_dependent_shapes_take_their_upper_bound():
+    x = emu(5, 4)
+    assert torch.nonzero(x).shape == (20, 2)
+    mask = emu(5, 4, dtype=torch.bool)
+    assert torch.masked_select(x, mask).shape == (20,)
+    assert x[mask].shape == (20,)
+    assert x[emu(5, dtype=torch.bool)].shape == (5, 4)
+    u, inv, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    assert u.shape == (20,) and inv.shape == (5, 4) and counts.shape == (20,)
+    assert torch.unique(x, dim=0).shape == (5, 4)
+    x[mask] = 0.0  # boolean index_put_ runs too
+    assert x.shape == (5, 4)
+
+
+def test_an_op_without_a_shape_rule_names_itself_and_says_what_to_do():
+    lib = torch.library.Library("emugpu_test", "DEF")
+    lib.define("cpu_only(Tensor x) -> Tensor")
+    lib.impl("cpu_only", lambda x: x.clone(), "CPU")
+    with pytest.raises(NotImplementedError) as e:
+        torch.ops.emugpu_test.cpu_only(emu(3))
+    msg = str(e.value)
+    assert "emugpu_test::cpu_only" in msg and "no shape rule" in msg and "EMUGPU_MODE=compute" in msg
+    del lib
+
+
+def test_shape_results_are_cached_across_iterations():
+    m = torch.nn.Linear(64, 64).to("emugpu")
+    x = emu(8, 64)
+    for _ in range(2):  # the second iteration accumulates into existing grads: new ops
+        m(x).sum().backward()
+    _, misses = _C._shape_cache_stats()
+    for _ in range(3):
+        m(x).sum().backward()
+    assert _C._shape_cache_stats()[1] == misses
+
+
+def test_factories_and_random_ops_produce_device_tensors():
+    for t in (torch.zeros(3, 4, device="emugpu"), torch.ones(2, device="emugpu"),
+              torch.randn(5, device="emugpu"), torch.arange(10, device="emugpu"),
+              torch.full((2, 2), 3.0, device="emugpu"), torch.randint(0, 5, (4,), device="emugpu"),
+              torch.randperm(6, device="emugpu"), torch.linspace(0, 1, 7, device="emugpu")):
+        assert t.device.type == "emugpu"
+    assert torch.arange(10, device="emugpu").shape == (10,)
+    assert torch.nn.functional.dropout(emu(4, 4), 0.5).shape == (4, 4)
