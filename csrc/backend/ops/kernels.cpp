@@ -3,6 +3,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <cstring>
@@ -130,6 +131,17 @@ int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&
   return static_cast<int64_t>(Runtime::get().compute_mode() ? at::SDPBackend::math : at::SDPBackend::overrideable);
 }
 
+}  // namespace
+}  // namespace emugpu
+
+namespace at::native {
+// scaled_dot_product_attention asks this per-device stub which kernel to run.
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &emugpu::fused_sdp_choice)
+}  // namespace at::native
+
+namespace emugpu {
+namespace {
+
 // aten::record_stream: emugpu's allocator has nothing to defer.
 void record_stream(at::Tensor&, c10::Stream) {}
 
@@ -147,6 +159,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // them whole to the fallback, which has their Meta shape rule.
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+  // The fused attention kernel PyTorch leaves to out-of-tree backends.
+  m.impl("_scaled_dot_product_fused_attention_overrideable",
+         torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+         torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
 }
 
 }  // namespace emugpu
