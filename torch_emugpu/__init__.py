@@ -63,11 +63,6 @@ def _ensure_configured() -> None:
 def _register() -> None:
     from . import device_module
 
-    # PyTorch cannot shallow-copy a CPU tensor into an out-of-tree device's
-    # tensor, so Module.to("emugpu") would give each module its own copy of a
-    # tied parameter (embeddings shared with the LM head). Swapping keeps ties.
-    torch.__future__.set_swap_module_params_on_conversion(True)
-
     if torch._C._get_privateuse1_backend_name() != "emugpu":
         torch.utils.rename_privateuse1_backend("emugpu")
     if not hasattr(torch, "emugpu"):

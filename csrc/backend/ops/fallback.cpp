@@ -484,6 +484,20 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
       "or report the operator to torch-emugpu.");
 }
 
+// Copies a host result into its emugpu output; where the CPU kernel's shape
+// differs from the Meta kernel's (e.g. empty saved statistics in eval-mode
+// batch norm), the CPU's is the one a real GPU kernel would match.
+at::Tensor store_host_result(int device, const at::Tensor& out, const at::Tensor& value) {
+  at::Tensor dst = out;
+  if (!value.defined()) return value;
+  if (out.sizes() != value.sizes() || out.scalar_type() != value.scalar_type()) {
+    dst = new_device_tensor(device, TensorDesc::of(value));
+    set_materialized(dst.storage(), true);
+  }
+  host_alias(dst).copy_(value);
+  return dst;
+}
+
 void compute_on_host(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                      torch::jit::Stack& host_results) {
   host_results.clear();
@@ -568,7 +582,9 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   const bool compute = Runtime::get().compute_mode();
 
   // Outputs whose shape depends on values are computed on the host in compute mode.
-  if (compute && info.data_dependent != DataDependent::kNone && info.data_dependent != DataDependent::kIndexWithMask) {
+  // (index_put keeps its input's shape, so its Meta kernel is still right.)
+  if (compute && info.data_dependent != DataDependent::kNone && info.name.rfind("aten::index_put", 0) != 0 &&
+      info.name != "aten::_index_put_impl_") {
     torch::jit::Stack host;
     compute_on_host(op, args, host);
     torch::jit::drop(*stack, num_args);
@@ -668,11 +684,13 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
       const ReturnInfo r = i < info.returns.size() ? info.returns[i] : ReturnInfo{};
       if (r.alias_arg >= 0) continue;  // written in place, or a view
       if (results[i].isTensor() && results[i].toTensor().defined() && host[i].isTensor()) {
-        host_alias(results[i].toTensor()).copy_(host[i].toTensor());
+        results[i] = store_host_result(device, results[i].toTensor(), host[i].toTensor());
       } else if (results[i].isTensorList()) {
         auto outs_list = results[i].toTensorList();
         auto vals = host[i].toTensorList();
-        for (size_t j = 0; j < outs_list.size(); ++j) host_alias(outs_list.get(j)).copy_(vals.get(j));
+        for (size_t j = 0; j < outs_list.size(); ++j) {
+          outs_list.set(j, store_host_result(device, outs_list.get(j), vals.get(j)));
+        }
       } else if (!results[i].isTensor()) {
         results[i] = host[i];
       }
