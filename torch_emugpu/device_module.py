@@ -43,6 +43,11 @@ def _lazy_init() -> None:
     torch_emugpu._ensure_configured()
 
 
+def _is_in_bad_fork() -> bool:
+    """Emulated devices hold no driver state, so a forked child may use them."""
+    return False
+
+
 def is_initialized() -> bool:
     return bool(_C._configured())
 

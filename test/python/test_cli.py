@@ -1,0 +1,56 @@
+"""The torch-emugpu command: the main training job and the GPU list."""
+
+import os
+import subprocess
+import sys
+
+from torch_emugpu import cli, train
+
+BIN = os.path.join(os.path.dirname(sys.executable), "torch-emugpu")
+
+
+def test_help_reads_well():
+    r = subprocess.run([BIN, "train", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    for option in ("--model", "--gpu", "--batch-size", "--iterations", "--amp"):
+        assert option in r.stdout
+
+
+def test_train_prints_a_summary():
+    r = subprocess.run([BIN, "train", "--model", "resnet18", "--gpu", "t4", "--batch-size", "4",
+                        "--iterations", "3", "--warmup", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for line in ("iteration time", "throughput", "GPU busy", "host overhead", "peak memory", "Tesla T4"):
+        assert line in r.stdout
+    assert "3/3" in r.stderr  # the progress bar
+
+
+def test_iteration_time_is_the_emulated_gpu_time_when_gpu_bound():
+    r = train.run(model="resnet50", gpu="k80", batch_size=16, iterations=3, warmup=2, progress=False)
+    assert r.gpu_busy_s > 5 * r.host_overhead_s
+    assert abs(r.iteration_s - r.gpu_busy_s) / r.gpu_busy_s < 0.05
+    assert r.peak_memory > 0
+
+
+def test_gpt2_job_runs():
+    r = train.run(model="gpt2", batch_size=1, seq_len=128, iterations=2, warmup=1, optimizer="adamw",
+                  amp="bf16", progress=False)
+    assert r.iteration_s > 0 and r.samples_per_s > 0
+
+
+def test_bad_input_exits_2_with_a_message(capsys):
+    assert cli.main(["train", "--model", "resnet9000", "--iterations", "1"]) == 2
+    assert "unknown model 'resnet9000'" in capsys.readouterr().err
+    assert cli.main(["train", "--gpu", "v1000", "--iterations", "1"]) == 2
+    assert "did you mean" in capsys.readouterr().err
+    assert cli.main(["train", "--batch-size", "0"]) == 2
+
+
+def test_out_of_memory_exits_3():
+    assert cli.main(["train", "--model", "resnet152", "--gpu", "v100", "--batch-size", "512",
+                     "--iterations", "1", "--warmup", "0", "--no-progress"]) == 3
+
+
+def test_gpus_lists_the_catalog(capsys):
+    assert cli.main(["gpus"]) == 0
+    assert "NVIDIA H100 80GB HBM3" in capsys.readouterr().out
