@@ -8,12 +8,12 @@ See README.md for configuration (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from . import _config
-from . import _C  # noqa: F401  (registers the PrivateUse1 kernels, guard and allocator)
+from . import (
+    _C,  # noqa: F401  (registers the PrivateUse1 kernels, guard and allocator)
+    _config,
+)
 
 __version__ = "0.1.0"
 __all__ = ["configure", "config", "gpu_names", "__version__"]

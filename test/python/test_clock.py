@@ -3,6 +3,7 @@
 import time
 
 import torch
+
 import torch_emugpu
 from torch_emugpu import _C
 

@@ -1,0 +1,95 @@
+"""Host overhead per op in timing mode against PyTorch's meta device.
+
+One training step (forward, loss, backward, optimizer step) of resnet50 and of
+a GPT-2-size decoder runs on emugpu and on `meta` in the same process; after
+warm-up, the host time per step (minus time spent waiting for the emulated
+GPU) is divided by the meta step's. Target: at most 1.0x.
+
+    python benchmarks/overhead.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torchvision
+
+import torch_emugpu
+from torch_emugpu import _C
+from torch_emugpu.models import GPT
+
+
+def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, opt_name: str) -> Callable[[], None]:
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_name == "sgd"
+           else torch.optim.AdamW(model.parameters(), lr=1e-4))
+
+    def step() -> None:
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def measure(step: Callable[[], None], steps: int, emu: bool) -> tuple[float, int]:
+    """Median host seconds per step (not counting waits for the emulated GPU), ops per step."""
+    for _ in range(3):
+        step()
+    samples, ops = [], 0
+    for _ in range(steps):
+        if emu:
+            torch.emugpu.synchronize()
+            _C._reset_engine_stats(0)
+        t0 = time.perf_counter()
+        step()
+        host = time.perf_counter() - t0
+        if emu:
+            stats = _C._engine_stats(0)
+            host -= stats["host_blocked_ns"] / 1e9
+            ops = stats["compute"][0]
+        samples.append(host)
+    return statistics.median(samples), ops
+
+
+def case(name: str, build: Callable[[str], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]],
+         opt: str, steps: int) -> None:
+    results = {}
+    for device in ("meta", "emugpu"):
+        model, x, y = build(device)
+        results[device] = measure(make_step(model, x, y, opt), steps, device == "emugpu")
+        del model, x, y
+    (meta_s, _), (emu_s, ops) = results["meta"], results["emugpu"]
+    print(f"{name:10s} overhead ratio emugpu/meta = {emu_s / meta_s:5.3f}x   "
+          f"(emugpu {emu_s * 1e3:7.2f} ms/step = {emu_s / ops * 1e6:5.2f} us/op over {ops} ops; "
+          f"meta {meta_s * 1e3:7.2f} ms/step)")
+
+
+def resnet50(device: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    model = torchvision.models.resnet50().to(device)
+    return model, torch.empty(64, 3, 224, 224, device=device), torch.zeros(64, dtype=torch.long, device=device)
+
+
+def gpt2(device: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    model = GPT().to(device)
+    idx = torch.zeros(8, 1024, dtype=torch.long, device=device)
+    return model, idx, idx
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per case (default 10)")
+    args = parser.parse_args()
+    torch_emugpu.configure(gpu="h100")
+    print(f"torch {torch.__version__}, emulated {torch.emugpu.get_device_name()}, timing mode")
+    case("resnet50", resnet50, "sgd", args.steps)
+    case("gpt2-124M", gpt2, "adamw", args.steps)
+
+
+if __name__ == "__main__":
+    main()
