@@ -207,22 +207,23 @@ AllocatorStats CachingAllocator::stats() const {
   return stats_;
 }
 
-void CachingAllocator::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+template <typename Fn>
+void CachingAllocator::for_each_stat(Fn&& fn) {
   for (StatArray* s : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
-    for (Stat& stat : *s) stat.reset_peak();
+    for (Stat& stat : *s) fn(stat);
   }
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for_each_stat([](Stat& s) { s.reset_peak(); });
 }
 
 void CachingAllocator::reset_accumulated_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (StatArray* s : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
-    for (Stat& stat : *s) stat.reset_accumulated();
-  }
+  for_each_stat([](Stat& s) { s.reset_accumulated(); });
   stats_.num_alloc_retries = stats_.num_ooms = 0;
   stats_.num_device_alloc = stats_.num_device_free = 0;
 }

@@ -101,6 +101,8 @@ class CachingAllocator {
   void insert_free(Block* block);
   void erase_free(Block* block);
   void update(StatArray& stat, bool small, int64_t amount);
+  template <typename Fn>
+  void for_each_stat(Fn&& fn);
   [[noreturn]] void throw_oom(size_t requested, size_t segment);
 
   mutable std::mutex mutex_;
