@@ -2,12 +2,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
-#include <c10/core/CPUAllocator.h>
 
 #include <deque>
 #include <mutex>
 
 #include "backend/allocator.h"
+#include "backend/host_allocator.h"
 #include "backend/runtime.h"
 
 namespace emugpu {
@@ -55,9 +55,9 @@ struct EmuHooks final : public at::PrivateUse1HooksInterface {
     return c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(current_device()));
   }
 
-  // No page-locked host memory yet: pinned requests get ordinary memory.
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  // Pinned host memory comes from the mlock-backed caching host allocator.
+  bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
 
   // There is no driver context to create.
   bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }

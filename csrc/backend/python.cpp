@@ -53,13 +53,22 @@ Mode parse_mode(const std::string& mode) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-emugpu's compiled core: emulated GPU devices for PyTorch";
+  register_hooks();  // before any use: pin_memory() may come before the first emugpu tensor
+  Runtime::get().set_lazy_init([] {
+    py::gil_scoped_acquire gil;
+    try {
+      py::module_::import("torch_emugpu").attr("_ensure_configured")();
+    } catch (py::error_already_set& e) {
+      const ErrorKind kind = e.matches(PyExc_ValueError) ? ErrorKind::kValue : ErrorKind::kRuntime;
+      const std::string message = py::str(e.value());
+      throw Error(kind, message);
+    }
+  });
 
   m.def("_configure", [](const std::string& catalog, const std::string& gpu, int count, const std::string& mode) {
     guarded([&] {
       Runtime::get().configure({catalog, gpu, count, parse_mode(mode)});
       invalidate_shape_caches();
-      static const bool hooks_registered = (register_hooks(), true);
-      (void)hooks_registered;
     });
   });
   m.def("_configured", [] { return Runtime::get().configured(); });
@@ -96,8 +105,12 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   m.def("_synchronize", [](int index) {
-    guarded([&] { Runtime::get().device(index).timeline.wait_device(); });
-  }, py::call_guard<py::gil_scoped_release>());
+    guarded([&] {
+      Timeline& timeline = Runtime::get().device(index).timeline;
+      py::gil_scoped_release no_gil;  // errors above need the GIL; the wait does not
+      timeline.wait_device();
+    });
+  });
   m.def("_memory_stats", [](int index) {
     return guarded([&] {
       const AllocatorStats s = Runtime::get().device(index).allocator.stats();
@@ -160,9 +173,10 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&] {
       EMUGPU_CHECK(seconds >= 0, kValue, "kernel duration must be >= 0 s, got ", seconds);
       Runtime::get().device(index);
+      py::gil_scoped_release no_gil;  // a full launch queue blocks
       return charge(index, Engine::kCompute, static_cast<TimeNs>(seconds * 1e9));
     });
-  }, py::call_guard<py::gil_scoped_release>());
+  });
 }
 
 }  // namespace emugpu

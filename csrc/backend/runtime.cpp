@@ -46,7 +46,12 @@ void Runtime::configure(const Config& config) {
 }
 
 DeviceState& Runtime::device(int index) {
-  EMUGPU_CHECK(!devices_.empty(), kRuntime, "torch-emugpu is not initialized; import torch_emugpu");
+  if (devices_.empty() && lazy_init_) {
+    std::lock_guard<std::mutex> lock(lazy_init_mutex_);
+    if (devices_.empty()) lazy_init_();
+  }
+  EMUGPU_CHECK(!devices_.empty(), kRuntime,
+               "torch-emugpu is not configured; call torch_emugpu.configure() first");
   EMUGPU_CHECK(index >= 0 && index < static_cast<int>(devices_.size()), kIndex,
                "emugpu device index out of range: expected 0 <= index < ", devices_.size(),
                ", got ", index, "; set EMUGPU_DEVICE_COUNT for more devices");

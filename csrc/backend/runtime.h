@@ -5,6 +5,8 @@
 #include <c10/core/Stream.h>
 
 #include <atomic>
+#include <functional>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,12 +56,17 @@ class Runtime {
   bool compute_mode() const { return mode_.load(std::memory_order_relaxed) == Mode::kCompute; }
   void set_mode(Mode mode) { mode_.store(mode); config_.mode = mode; }
   const Catalog& catalog() const { return *catalog_; }
+  // Called once when a device is needed before configure() ran: the Python
+  // package configures from the environment (EMUGPU_GPU, ...).
+  void set_lazy_init(std::function<void()> init) { lazy_init_ = std::move(init); }
 
  private:
   Config config_;
   std::unique_ptr<Catalog> catalog_;
   std::vector<std::unique_ptr<DeviceState>> devices_;
   std::atomic<Mode> mode_{Mode::kTiming};
+  std::function<void()> lazy_init_;
+  std::mutex lazy_init_mutex_;
 };
 
 // Thread-local current device and, per device, current stream (as CUDA).

@@ -125,3 +125,18 @@ def test_factories_and_random_ops_produce_device_tensors():
         assert t.device.type == "emugpu"
     assert torch.arange(10, device="emugpu").shape == (10,)
     assert torch.nn.functional.dropout(emu(4, 4), 0.5).shape == (4, 4)
+
+
+def test_save_load_and_storage_operations_keep_real_bytes(tmp_path):
+    w = torch.arange(6.0).view(2, 3).to("emugpu")
+    torch.save({"w": w}, tmp_path / "ckpt.pt")
+    loaded = torch.load(tmp_path / "ckpt.pt")
+    assert loaded["w"].device.type == "emugpu"
+    assert torch.equal(loaded["w"].cpu(), torch.arange(6.0).view(2, 3))
+    s = w.untyped_storage()
+    assert torch.equal(torch.frombuffer(bytearray(s.cpu()), dtype=torch.float32), torch.arange(6.0))
+    s.resize_(48)
+    assert s.nbytes() == 48
+    t = emu(0)
+    t.set_(w.untyped_storage(), 2, (2,), (1,))
+    assert torch.equal(t.cpu(), torch.tensor([2.0, 3.0]))

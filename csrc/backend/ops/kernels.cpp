@@ -1,6 +1,8 @@
 // The few real emugpu kernels: allocation, copies (which move real bytes),
 // reading scalars, and ops routed explicitly into the shape-only fallback.
 #include <ATen/EmptyTensor.h>
+#include <c10/core/SymIntArrayRef.h>
+#include <c10/util/strides.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/transformers/attention.h>
@@ -124,6 +126,44 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   });
 }
 
+// aten::set_.source_Storage_storage_offset: `self` views `source` with the
+// given geometry, growing the storage if the geometry needs more bytes.
+at::Tensor& set_storage_offset(at::Tensor& self, at::Storage source, c10::SymInt storage_offset,
+                               c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  TORCH_CHECK(source.device() == self.device(), "emugpu set_: expected a storage on ", self.device(),
+              ", got one on ", source.device());
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  c10::DimVector strides = stride.empty() ? c10::contiguous_strides(sizes)
+                                           : c10::DimVector(C10_AS_INTARRAYREF_SLOW(stride));
+  const int64_t offset = storage_offset.expect_int();
+  TORCH_CHECK(offset >= 0, "emugpu set_: expected a storage offset >= 0, got ", offset);
+  const size_t needed = at::detail::computeStorageNbytes(sizes, strides, self.dtype().itemsize(),
+                                                         static_cast<size_t>(offset));
+  if (source.nbytes() < needed) resize_storage(source, needed);
+  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return self;
+}
+
+// aten::set_.source_Storage: the whole storage as a 1-d tensor.
+at::Tensor& set_storage(at::Tensor& self, at::Storage source) {
+  const int64_t numel = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage_offset(self, std::move(source), 0, c10::SymIntArrayRef({c10::SymInt(numel)}), {});
+}
+
+// aten::set_.source_Tensor: `self` becomes a view of `source`.
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  return set_storage_offset(self, source.storage(), source.sym_storage_offset(), source.sym_sizes(),
+                            source.sym_strides());
+}
+
+// aten::set_: an empty tensor on a fresh, empty storage.
+at::Tensor& set_empty(at::Tensor& self) {
+  at::Storage empty(c10::Storage::use_byte_size_t(), 0, device_allocator().allocate_on(self.device().index(), 0),
+                    &device_allocator(), /*resizable=*/true);
+  return set_storage_offset(self, std::move(empty), 0, c10::SymIntArrayRef({c10::SymInt(0)}), {});
+}
+
 // aten::_fused_sdp_choice: the fused "overrideable" kernel, whose shape rule
 // matches flash attention's memory use; compute mode takes the math path.
 int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
@@ -155,6 +195,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  m.impl("set_.source_Storage", TORCH_FN(set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
   // Composite ops whose decomposition picks a backend by device type: send
   // them whole to the fallback, which has their Meta shape rule.
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());

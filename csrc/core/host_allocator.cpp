@@ -1,0 +1,89 @@
+#include "host_allocator.h"
+
+#include <sys/mman.h>
+
+#include <bit>
+
+#include "error.h"
+
+namespace emugpu {
+
+namespace {
+constexpr size_t kMinHostBlock = 4096;
+}
+
+HostAllocator::~HostAllocator() {
+  for (auto& [ptr, block] : blocks_) release(ptr, block);
+}
+
+void HostAllocator::release(char* ptr, const Block& block) {
+  if (block.locked) munlock(ptr, block.size);
+  munmap(ptr, block.size);
+}
+
+void* HostAllocator::allocate(size_t size) {
+  EMUGPU_CHECK(size > 0, kValue, "pinned host allocation of 0 bytes");
+  const size_t rounded = std::bit_ceil(std::max(size, kMinHostBlock));
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.allocations += 1;
+  auto it = cached_.lower_bound(rounded);
+  if (it != cached_.end() && it->first == rounded) {
+    char* ptr = it->second;
+    cached_.erase(it);
+    blocks_[ptr].free = false;
+    stats_.cached_bytes -= static_cast<int64_t>(rounded);
+    stats_.allocated_bytes += static_cast<int64_t>(rounded);
+    stats_.reused += 1;
+    return ptr;
+  }
+  void* mem = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  EMUGPU_CHECK(mem != MAP_FAILED, kOutOfMemory, "could not allocate ", rounded,
+               " bytes of pinned host memory; free host memory or use smaller batches");
+  const bool locked = mlock(mem, rounded) == 0;
+  if (!locked) {
+    lock_refused_ = true;
+    stats_.locked = false;
+  }
+  blocks_[static_cast<char*>(mem)] = Block{rounded, false, locked};
+  stats_.allocated_bytes += static_cast<int64_t>(rounded);
+  return mem;
+}
+
+void HostAllocator::free(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = blocks_.find(static_cast<char*>(ptr));
+  EMUGPU_CHECK(it != blocks_.end() && !it->second.free, kRuntime,
+               "pinned host free of a pointer this allocator did not hand out");
+  it->second.free = true;
+  cached_.emplace(it->second.size, it->first);
+  stats_.allocated_bytes -= static_cast<int64_t>(it->second.size);
+  stats_.cached_bytes += static_cast<int64_t>(it->second.size);
+}
+
+bool HostAllocator::contains(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto* p = static_cast<char*>(const_cast<void*>(ptr));
+  auto it = blocks_.upper_bound(p);
+  if (it == blocks_.begin()) return false;
+  --it;
+  return p < it->first + it->second.size;
+}
+
+void HostAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [size, ptr] : cached_) {
+    auto it = blocks_.find(ptr);
+    release(ptr, it->second);
+    blocks_.erase(it);
+    stats_.cached_bytes -= static_cast<int64_t>(size);
+  }
+  cached_.clear();
+}
+
+HostAllocatorStats HostAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+}  // namespace emugpu

@@ -1,0 +1,57 @@
+// Page-locked ("pinned") host memory, cached for reuse as CUDA's host
+// allocator does: pin_memory() and DataLoader(pin_memory=True) get blocks
+// from here, and copies from them may run asynchronously on the copy engines.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+namespace emugpu {
+
+struct HostAllocatorStats {
+  int64_t allocated_bytes = 0;  // in blocks handed out
+  int64_t cached_bytes = 0;     // in free blocks kept for reuse
+  int64_t allocations = 0;      // cumulative
+  int64_t reused = 0;           // allocations served from the cache
+  bool locked = true;           // false once mlock was refused
+};
+
+class HostAllocator {
+ public:
+  HostAllocator() = default;
+  ~HostAllocator();
+  HostAllocator(const HostAllocator&) = delete;
+  HostAllocator& operator=(const HostAllocator&) = delete;
+
+  // Returns at least `size` bytes; sizes round up to a power of two (>= 4 KiB)
+  // so freed blocks fit later requests. Never returns nullptr for size > 0.
+  void* allocate(size_t size);
+  void free(void* ptr);
+  // True if `ptr` points into a block of this allocator (allocated or cached).
+  bool contains(const void* ptr) const;
+  // Unlocks and returns every cached block to the system.
+  void empty_cache();
+  HostAllocatorStats stats() const;
+  // Whether the last mlock failed (no privilege or RLIMIT_MEMLOCK); the
+  // memory is then ordinary, and the caller should say so once.
+  bool lock_refused() const { return lock_refused_; }
+
+ private:
+  struct Block {
+    size_t size;
+    bool free;
+    bool locked;
+  };
+
+  void release(char* ptr, const Block& block);
+
+  mutable std::mutex mutex_;
+  std::map<char*, Block> blocks_;         // every block, by address
+  std::multimap<size_t, char*> cached_;   // free blocks, by size
+  HostAllocatorStats stats_;
+  bool lock_refused_ = false;
+};
+
+}  // namespace emugpu
