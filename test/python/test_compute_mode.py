@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 import torchvision
+from test_models import TORCHVISION
 
 import torch_emugpu
 from torch_emugpu import _C
@@ -58,12 +59,12 @@ def test_op_matches_cpu(name):
     torch.testing.assert_close(got, expected)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "squeezenet1_0", "shufflenet_v2_x0_5",
-                                  "efficientnet_b0", "densenet121", "convnext_tiny", "swin_t", "vit_b_16"])
+@pytest.mark.parametrize("name", [*TORCHVISION, "mobilenet_v3_small"])
 def test_model_forward_and_gradients_match_cpu(name):
     torch.manual_seed(0)
-    model = torchvision.models.get_model(name).eval()  # eval: no dropout, fixed BN statistics
-    size = 224 if name in ("vit_b_16", "swin_t") else 64
+    kwargs = {"aux_logits": False, "init_weights": False} if name in ("googlenet", "inception_v3") else {}
+    model = torchvision.models.get_model(name, **kwargs).eval()  # eval: no dropout, fixed BN statistics
+    size = {"vit_b_16": 224, "swin_t": 224, "inception_v3": 96}.get(name, 64)
     x, y = torch.randn(1, 3, size, size), torch.tensor([3])
     emu_model = copy.deepcopy(model).to("emugpu")
     torch.nn.functional.cross_entropy(model(x), y).backward()

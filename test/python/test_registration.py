@@ -67,3 +67,19 @@ def test_default_generator_and_seeding():
     g = torch.Generator(device="emugpu")
     assert g.device.type == "emugpu"
     assert torch.randn(4, device="emugpu", generator=g).shape == (4,)
+
+
+def test_torch_accelerator_streams_devices_and_memory():
+    torch.accelerator.set_device_index(1)
+    assert torch.accelerator.current_device_index() == 1
+    torch.accelerator.set_device_index(0)
+    s = torch.Stream(device="emugpu")
+    torch.accelerator.set_stream(s)
+    assert torch.accelerator.current_stream() == s
+    torch.accelerator.set_stream(torch.emugpu.default_stream())
+    x = torch.empty(1 << 20, device="emugpu")
+    assert torch.accelerator.max_memory_allocated() >= x.nbytes
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] >= x.nbytes
+    del x
+    torch.accelerator.empty_cache()
