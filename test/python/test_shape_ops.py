@@ -140,3 +140,35 @@ def test_save_load_and_storage_operations_keep_real_bytes(tmp_path):
     t = emu(0)
     t.set_(w.untyped_storage(), 2, (2,), (1,))
     assert torch.equal(t.cpu(), torch.tensor([2.0, 3.0]))
+
+
+def test_data_dependent_ops_use_real_values_where_the_inputs_hold_them():
+    labels = torch.tensor([0, 2, 2, 5]).to("emugpu")
+    assert torch.equal(torch.bincount(labels).cpu(), torch.tensor([1, 0, 2, 0, 0, 1]))
+    assert torch.equal(torch.nonzero(labels).cpu().flatten(), torch.tensor([1, 2, 3]))
+    assert torch.equal(torch.unique(labels).cpu(), torch.tensor([0, 2, 5]))
+
+
+def test_value_dependent_sizes_without_a_bound_ask_for_real_inputs():
+    counts = emu(4, dtype=torch.long)  # a placeholder: never copied in
+    with pytest.raises(NotImplementedError, match="aten::bincount.*depends on input values"):
+        torch.bincount(counts)
+    with pytest.raises(NotImplementedError, match="output_size"):
+        torch.repeat_interleave(emu(4, 2), counts, dim=0)
+    assert torch.repeat_interleave(emu(4, 2), counts, dim=0, output_size=9).shape == (9, 2)
+
+
+def test_equal_compares_real_bytes_and_placeholders():
+    a = torch.arange(4).to("emugpu")
+    assert torch.equal(a, a.clone())
+    assert not torch.equal(a, torch.arange(1, 5).to("emugpu"))
+    assert torch.equal(emu(3) * 2, torch.zeros(3).to("emugpu"))  # a placeholder reads as zeros
+
+
+def test_recurrent_layers_train():
+    for layer in (torch.nn.LSTM(8, 16, num_layers=2), torch.nn.GRU(8, 16)):
+        layer = layer.to("emugpu")
+        out, _ = layer(emu(5, 3, 8))
+        out.sum().backward()
+        assert out.shape == (5, 3, 16)
+        assert all(p.grad is not None for p in layer.parameters())

@@ -23,7 +23,28 @@ enum class Family {
   kElementwise, kMm, kBmm, kAddmm, kBaddbmm, kConv, kConvBackward, kAttention, kAttentionBackward,
 };
 
-enum class DataDependent { kNone, kNonzero, kMaskedSelect, kUnique2, kUniqueDim, kUniqueConsecutive, kIndexWithMask };
+// Ops whose shapes do not come from a Meta kernel: output sizes that depend
+// on values (taken from real bytes where the inputs hold them, else an upper
+// bound, else an error), and a few ops PyTorch ships without a Meta kernel.
+enum class DataDependent {
+  kNone, kNonzero, kMaskedSelect, kUnique2, kUniqueDim, kUniqueConsecutive, kIndexWithMask,
+  kNeedsValues,  // no bound exists (bincount, repeat_interleave): real inputs or an error
+  kGruCell, kGruCellBackward,  // fused GRU cell: no Meta kernel in PyTorch
+};
+
+// Output sizes depend on input values (index_put keeps its input's shape).
+bool depends_on_values(DataDependent d, const std::string& name) {
+  switch (d) {
+    case DataDependent::kNone:
+    case DataDependent::kGruCell:
+    case DataDependent::kGruCellBackward:
+      return false;
+    case DataDependent::kIndexWithMask:
+      return name == "aten::index";
+    default:
+      return true;
+  }
+}
 
 struct ReturnInfo {
   int alias_arg = -1;  // argument the return aliases, -1 for a fresh output
@@ -79,6 +100,10 @@ DataDependent data_dependent_of(const std::string& name) {
       {"aten::index_put_", DataDependent::kIndexWithMask},
       {"aten::index_put", DataDependent::kIndexWithMask},
       {"aten::_index_put_impl_", DataDependent::kIndexWithMask},
+      {"aten::bincount", DataDependent::kNeedsValues},
+      {"aten::repeat_interleave", DataDependent::kNeedsValues},
+      {"aten::_thnn_fused_gru_cell", DataDependent::kGruCell},
+      {"aten::_thnn_fused_gru_cell_backward", DataDependent::kGruCellBackward},
   };
   auto it = table.find(name);
   return it == table.end() ? DataDependent::kNone : it->second;
@@ -118,7 +143,6 @@ OpInfo analyze(const c10::OperatorHandle& op) {
     if (r.alias_arg < 0 || r.write) info.metadata_only = false;
     info.returns.push_back(r);
   }
-  if (schema.returns().empty() && !info.metadata_only) info.metadata_only = false;
   // An op that neither returns nor writes anything still ran on the device.
   if (info.returns.empty() && std::none_of(info.writes.begin(), info.writes.end(), [](bool w) { return w; })) {
     info.metadata_only = false;
@@ -181,6 +205,16 @@ void for_each_tensor(const c10::IValue& v, Fn&& fn) {
   } else if (v.isList()) {
     for (const c10::IValue& e : v.toList()) if (e.isTensor()) fn(e.toTensor());
   }
+}
+
+bool all_materialized(const std::vector<c10::IValue>& args) {
+  bool all = true;
+  for (const auto& a : args) {
+    for_each_tensor(a, [&](const at::Tensor& t) {
+      if (is_emu(t) && t.numel() > 0 && !is_materialized(t.storage())) all = false;
+    });
+  }
+  return all;
 }
 
 int device_of(const std::vector<c10::IValue>& args) {
@@ -258,6 +292,26 @@ void run_data_dependent(const OpInfo& info, const c10::OperatorHandle& op, torch
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
       return;
     }
+    case DataDependent::kGruCell: {
+      // (input_gates, hidden_gates, hx, ...) -> (hy, workspace [B, 5H])
+      const at::Tensor hx = args[2].toTensor();
+      results.emplace_back(meta_empty(hx.sizes(), hx.scalar_type()));
+      results.emplace_back(meta_empty({hx.size(0), 5 * hx.size(1)}, hx.scalar_type()));
+      break;
+    }
+    case DataDependent::kGruCellBackward: {
+      // (grad_hy [B, H], workspace, has_bias) -> gates' grads [B, 3H] x2, grad_hx, bias grads [3H] x2
+      const at::Tensor grad = args[0].toTensor();
+      const int64_t b = grad.size(0), h = grad.size(1);
+      const bool bias = args[2].toBool();
+      results.emplace_back(meta_empty({b, 3 * h}, grad.scalar_type()));
+      results.emplace_back(meta_empty({b, 3 * h}, grad.scalar_type()));
+      results.emplace_back(meta_empty({b, h}, grad.scalar_type()));
+      results.emplace_back(bias ? meta_empty({3 * h}, grad.scalar_type()) : at::Tensor());
+      results.emplace_back(bias ? meta_empty({3 * h}, grad.scalar_type()) : at::Tensor());
+      break;
+    }
+    case DataDependent::kNeedsValues:  // handled before the Meta kernel runs
     case DataDependent::kNone:
       break;
   }
@@ -512,11 +566,22 @@ void compute_on_host(const c10::OperatorHandle& op, const std::vector<c10::IValu
 
 std::vector<OutDesc> run_shape_rule(const OpInfo& info, const c10::OperatorHandle& op,
                                     const std::vector<c10::IValue>& args, size_t num_args) {
+  DataDependent rule = info.data_dependent;
+  if (rule == DataDependent::kNeedsValues) {
+    // repeat_interleave's output_size, when given, makes its Meta kernel exact.
+    const bool sized = info.name == "aten::repeat_interleave" && !args.back().isNone();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        sized, "emugpu: the output size of '", info.name,
+        "' depends on input values that timing mode never computed (its inputs hold placeholders). "
+        "Copy those inputs from the host, pass an explicit size where the op takes one (e.g. "
+        "repeat_interleave(..., output_size=N)), or use EMUGPU_MODE=compute.");
+    rule = DataDependent::kNone;
+  }
   torch::jit::Stack meta_stack;
   meta_stack.reserve(num_args);
   for (const auto& a : args) meta_stack.push_back(meta_arg(a));
   try {
-    if (info.data_dependent != DataDependent::kNone) {
+    if (rule != DataDependent::kNone) {
       run_data_dependent(info, op, meta_stack, num_args);
     } else {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
@@ -581,10 +646,10 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   const int device = device_of(args);
   const bool compute = Runtime::get().compute_mode();
 
-  // Outputs whose shape depends on values are computed on the host in compute mode.
-  // (index_put keeps its input's shape, so its Meta kernel is still right.)
-  if (compute && info.data_dependent != DataDependent::kNone && info.name.rfind("aten::index_put", 0) != 0 &&
-      info.name != "aten::_index_put_impl_") {
+  // Outputs whose shape depends on values are computed on the host when the
+  // values are real: always in compute mode, in timing mode when every input
+  // holds copied-in bytes (then the outputs do too).
+  if (depends_on_values(info.data_dependent, info.name) && (compute || all_materialized(args))) {
     torch::jit::Stack host;
     compute_on_host(op, args, host);
     torch::jit::drop(*stack, num_args);
@@ -592,6 +657,7 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
     for (const auto& r : host) {
       at::Tensor out = new_device_tensor(device, r.toTensor());
       host_alias(out).copy_(r.toTensor());
+      set_materialized(out.storage(), true);
       outputs.push_back(out);
       stack->emplace_back(out);
     }

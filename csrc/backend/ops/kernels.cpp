@@ -58,6 +58,14 @@ void move_bytes(const at::Tensor& dst_host_view, const at::Tensor& src_host_view
 
 double transfer_bytes(const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); }
 
+// What a tensor reads as on the host: its bytes where they are real, else
+// the zero placeholders (README: "computed values are placeholders").
+at::Tensor host_values(const at::Tensor& t) {
+  if (Runtime::get().compute_mode() || is_materialized(t.storage())) return host_alias(t);
+  return at::zeros(t.sizes(), t.options().device(c10::kCPU));
+}
+
+
 // aten::_copy_from: every copy that involves an emugpu tensor.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.sizes() == dst.sizes() || self.numel() == dst.numel() || self.numel() == 1,
@@ -119,10 +127,7 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
     const int d = self.device().index();
     auto& dev = Runtime::get().device(d);
         dev.timeline.wait_until(charge(d, Engine::kDeviceToHost, dev.cost.transfer(self.element_size(), false)));
-    if (Runtime::get().compute_mode() || is_materialized(self.storage())) {
-      return host_alias(self).item();
-    }
-    return at::zeros({}, self.options().device(c10::kCPU)).item();
+    return host_values(self).item();
   });
 }
 
@@ -164,6 +169,20 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage_offset(self, std::move(empty), 0, c10::SymIntArrayRef({c10::SymInt(0)}), {});
 }
 
+// aten::equal: a sync point, like every op that returns a host value.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "emugpu equal: expected both tensors on ", self.device(),
+              ", got ", other.device());
+  return translate_errors([&] {
+    const int d = self.device().index();
+    auto& dev = Runtime::get().device(d);
+    const double bytes = transfer_bytes(self) + transfer_bytes(other);
+    charge(d, Engine::kCompute, dev.cost.kernel({0, bytes, DType::kFloat32}));
+    dev.timeline.wait_until(charge(d, Engine::kDeviceToHost, dev.cost.transfer(1, false)));
+    return self.sizes() == other.sizes() && at::equal(host_values(self), host_values(other));
+  });
+}
+
 // aten::_fused_sdp_choice: the fused "overrideable" kernel, whose shape rule
 // matches flash attention's memory use; compute mode takes the math path.
 int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
@@ -195,6 +214,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("equal", TORCH_FN(equal));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
   m.impl("set_.source_Storage", TORCH_FN(set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
