@@ -122,7 +122,7 @@ void resize_storage(const c10::Storage& storage, size_t nbytes) {
   const size_t keep = std::min(nbytes, storage.nbytes());
   const bool real = is_materialized(storage);
   if (keep > 0 && real) std::memcpy(fresh.get(), storage.data(), keep);
-  if (auto* block = static_cast<Block*>(fresh.get_context())) block->materialized |= real;
+  if (auto* block = static_cast<Block*>(fresh.get_context()); block != nullptr && real) block->materialized = true;
   storage.set_data_ptr_noswap(std::move(fresh));
   storage.set_nbytes(nbytes);
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -58,8 +59,9 @@ struct Block {
   bool small = false;
   bool counted_inactive = false;
   // Set by the torch layer when real bytes were copied in; blocks that only
-  // ever held computed (never computed) values read back as placeholders.
-  bool materialized = false;
+  // hold computed (so never computed) values read back as placeholders.
+  // Atomic: backward writes it from the autograd engine's threads.
+  std::atomic<bool> materialized{false};
   Block* prev = nullptr;  // neighbours within the same segment
   Block* next = nullptr;
   bool is_split() const { return prev != nullptr || next != nullptr; }

@@ -20,7 +20,7 @@ namespace {
 constexpr auto kEmu = c10::DeviceType::PrivateUse1;
 
 enum class Family {
-  kElementwise, kMm, kBmm, kAddmm, kBaddbmm, kConv, kConvBackward, kAttention, kAttentionBackward,
+  kElementwise, kNorm, kMm, kBmm, kAddmm, kBaddbmm, kConv, kConvBackward, kAttention, kAttentionBackward,
 };
 
 // Ops whose shapes do not come from a Meta kernel: output sizes that depend
@@ -83,6 +83,13 @@ Family family_of(const std::string& name) {
       {"aten::_scaled_dot_product_fused_attention_overrideable_backward", Family::kAttentionBackward},
       {"aten::_scaled_dot_product_flash_attention_backward", Family::kAttentionBackward},
       {"aten::_scaled_dot_product_efficient_attention_backward", Family::kAttentionBackward},
+      {"aten::native_layer_norm", Family::kNorm}, {"aten::native_layer_norm_backward", Family::kNorm},
+      {"aten::native_batch_norm", Family::kNorm}, {"aten::native_batch_norm_backward", Family::kNorm},
+      {"aten::_native_batch_norm_legit", Family::kNorm},
+      {"aten::_native_batch_norm_legit_no_training", Family::kNorm},
+      {"aten::_batch_norm_with_update", Family::kNorm}, {"aten::batch_norm_backward", Family::kNorm},
+      {"aten::native_group_norm", Family::kNorm}, {"aten::native_group_norm_backward", Family::kNorm},
+      {"aten::_fused_rms_norm", Family::kNorm},
   };
   auto it = table.find(name);
   return it == table.end() ? Family::kElementwise : it->second;
@@ -478,7 +485,11 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
     cost.bytes += numel_bytes(t);
     out_numel += static_cast<double>(t.numel());
   }
-  cost.flops = out_numel;
+  // Elementwise ops do about one operation per output element, reductions
+  // one per input element; normalizations about eight (mean, variance,
+  // scale and shift, in a few passes).
+  double in_numel = inputs.empty() ? 0 : static_cast<double>(inputs.front().numel());
+  cost.flops = std::max(out_numel, in_numel);
   auto arg = [&](size_t i) { return args[i].toTensor(); };
   bool tf32 = false;
   switch (info.family) {
@@ -523,6 +534,9 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
       if (info.family == Family::kAttentionBackward) cost.flops *= 2.5;
       break;
     }
+    case Family::kNorm:
+      cost.flops = 8.0 * in_numel;
+      break;
     case Family::kElementwise:
       break;
   }
