@@ -683,8 +683,9 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   }
 
   // 1. Shapes: from the cache, or from the Meta kernel on mirrored meta tensors.
-  Key key;
-  key.reserve(64);
+  // Built in a per-thread buffer (no allocation per op); copied only on a miss.
+  thread_local Key key;
+  key.clear();
   key.push_back(reinterpret_cast<intptr_t>(&op.schema()));
   key.push_back((at::globalContext().allowTF32CuBLAS() ? 1 : 0) + (at::globalContext().allowTF32CuDNN() ? 2 : 0));
   bool cacheable = true;
@@ -702,7 +703,11 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   }
   (cached ? g_cache_hits : g_cache_misses).fetch_add(1, std::memory_order_relaxed);
   std::vector<OutDesc> fresh_outs;
-  if (cached == nullptr) fresh_outs = run_shape_rule(info, op, args, num_args);
+  Key miss_key;
+  if (cached == nullptr) {
+    miss_key = key;  // the shape rule may re-enter this fallback and reuse `key`
+    fresh_outs = run_shape_rule(info, op, args, num_args);
+  }
   const std::vector<OutDesc>& outs = cached ? cached->outs : fresh_outs;
 
   // 2. Outputs on emugpu: inputs for in-place/out=, views of inputs, or fresh.
@@ -786,7 +791,9 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
       return Runtime::get().device(device).cost.kernel(estimate(info, inputs, outputs, args));
     });
   }
-  if (cached == nullptr && cacheable) cache.entries.emplace(std::move(key), ShapeResult{std::move(fresh_outs), duration});
+  if (cached == nullptr && cacheable) {
+    cache.entries.emplace(std::move(miss_key), ShapeResult{std::move(fresh_outs), duration});
+  }
   if (!info.metadata_only) translate_errors([&] { charge(device, Engine::kCompute, duration); });
 
   torch::jit::drop(*stack, num_args);
