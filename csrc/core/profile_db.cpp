@@ -1,0 +1,237 @@
+#include "profile_db.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+
+namespace emugpu {
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string& path, const std::string& field, const std::string& what) {
+  detail::throw_error(ErrorKind::kValue, "profile ", path, ": field '", field, "': ", what);
+}
+
+const json& need(const json& obj, const char* key, const std::string& path, const std::string& where) {
+  if (!obj.is_object() || !obj.contains(key)) bad(path, where + key, "missing");
+  return obj.at(key);
+}
+
+std::string need_string(const json& obj, const char* key, const std::string& path, const std::string& where) {
+  const json& v = need(obj, key, path, where);
+  if (!v.is_string() || v.get<std::string>().empty()) bad(path, where + key, "expected a non-empty string, got " + v.dump());
+  return v.get<std::string>();
+}
+
+double need_positive(const json& obj, const char* key, const std::string& path, const std::string& where) {
+  const json& v = need(obj, key, path, where);
+  if (!v.is_number() || v.get<double>() <= 0) bad(path, where + key, "expected a positive number, got " + v.dump());
+  return v.get<double>();
+}
+
+std::optional<double> maybe_nonnegative(const json& obj, const char* key, const std::string& path,
+                                        const std::string& where) {
+  if (!obj.contains(key) || obj.at(key).is_null()) return std::nullopt;
+  const json& v = obj.at(key);
+  if (!v.is_number() || v.get<double>() < 0) bad(path, where + key, "expected a number >= 0 or null, got " + v.dump());
+  return v.get<double>();
+}
+
+ProfileTable parse_table(const json& batches, int gpu_count, const std::string& path, const std::string& where) {
+  if (!batches.is_array()) bad(path, where, "expected an array of batch entries, got " + batches.dump());
+  if (batches.empty()) bad(path, where, "expected at least one batch entry, found none");
+  ProfileTable table;
+  table.gpu_count = gpu_count;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const std::string at = where + "[" + std::to_string(i) + "].";
+    const json& b = batches[i];
+    ProfilePoint p;
+    const json& bs = need(b, "batch_size", path, at);
+    if (!bs.is_number_integer() || bs.get<int64_t>() < 1) {
+      bad(path, at + "batch_size", "expected an integer >= 1, got " + bs.dump());
+    }
+    p.batch_size = bs.get<int64_t>();
+    if (!table.points.empty() && p.batch_size <= table.points.back().batch_size) {
+      bad(path, at + "batch_size", "batch sizes must increase strictly; " + std::to_string(p.batch_size) +
+                                       " follows " + std::to_string(table.points.back().batch_size));
+    }
+    p.forward_s = need_positive(b, "forward_s", path, at);
+    p.backward_s = need_positive(b, "backward_s", path, at);
+    p.transfer_pageable_s = maybe_nonnegative(b, "transfer_pageable_s", path, at);
+    p.transfer_pinned_s = maybe_nonnegative(b, "transfer_pinned_s", path, at);
+    p.peak_bytes = maybe_nonnegative(b, "peak_bytes", path, at);
+    p.persistent_bytes = maybe_nonnegative(b, "persistent_bytes", path, at);
+    table.points.push_back(p);
+  }
+  return table;
+}
+
+double lerp(double x0, double y0, double x1, double y1, double x) {
+  return x1 == x0 ? y0 : y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+}
+
+std::optional<double> lerp_opt(const std::optional<double>& y0, const std::optional<double>& y1, double x0,
+                               double x1, double x) {
+  if (!y0 || !y1) return std::nullopt;
+  return std::max(0.0, lerp(x0, *y0, x1, *y1, x));
+}
+
+}  // namespace
+
+const ProfileTable* Profile::table(int gpu_count) const {
+  for (const auto& t : tables) {
+    if (t.gpu_count == gpu_count) return &t;
+  }
+  return nullptr;
+}
+
+Profile parse_profile(std::string_view text, const std::string& path) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    detail::throw_error(ErrorKind::kValue, "profile ", path, ": not valid JSON (", e.what(), ")");
+  }
+  if (!doc.is_object()) bad(path, "", "expected a JSON object at the top level");
+  Profile p;
+  p.path = path;
+  p.gpu = need_string(doc, "gpu", path, "");
+  p.model = need_string(doc, "model", path, "");
+  const json& prov = need(doc, "provenance", path, "");
+  for (const char* key : {"tool", "torch", "dtype", "date"}) need_string(prov, key, path, "provenance.");
+  p.source = need_string(prov, "source", path, "provenance.");
+  if (doc.contains("fingerprint") && !doc["fingerprint"].is_null()) {
+    const json& params = need(doc["fingerprint"], "parameters", path, "fingerprint.");
+    if (!params.is_number_integer() || params.get<int64_t>() < 1) {
+      bad(path, "fingerprint.parameters", "expected a positive integer, got " + params.dump());
+    }
+    p.parameters = params.get<int64_t>();
+  }
+  p.tables.push_back(parse_table(need(doc, "batches", path, ""), 1, path, "batches"));
+  if (doc.contains("data_parallel")) {
+    const json& dp = doc["data_parallel"];
+    if (!dp.is_array()) bad(path, "data_parallel", "expected an array, got " + dp.dump());
+    for (size_t i = 0; i < dp.size(); ++i) {
+      const std::string at = "data_parallel[" + std::to_string(i) + "].";
+      const json& count = need(dp[i], "gpu_count", path, at);
+      if (!count.is_number_integer() || count.get<int>() < 2) {
+        bad(path, at + "gpu_count", "expected an integer >= 2, got " + count.dump());
+      }
+      p.tables.push_back(parse_table(need(dp[i], "batches", path, at), count.get<int>(), path, at + "batches"));
+    }
+  }
+  return p;
+}
+
+Profile load_profile_file(const std::string& path) {
+  std::ifstream in(path);
+  EMUGPU_CHECK(in.good(), kValue, "cannot read profile ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_profile(text.str(), path);
+}
+
+ProfileLookup interpolate(const Profile& profile, const ProfileTable& table, int64_t batch_size) {
+  EMUGPU_CHECK(batch_size >= 1, kValue, "batch size must be >= 1 for a profile lookup, got ", batch_size,
+               " (profile ", profile.path, ")");
+  const auto& pts = table.points;
+  ProfileLookup out;
+  out.profile = &profile;
+  auto it = std::lower_bound(pts.begin(), pts.end(), batch_size,
+                             [](const ProfilePoint& p, int64_t b) { return p.batch_size < b; });
+  if (it != pts.end() && it->batch_size == batch_size) {
+    out.point = *it;
+    return out;
+  }
+  if (pts.size() == 1) {  // one point: scale proportionally
+    const double f = static_cast<double>(batch_size) / static_cast<double>(pts[0].batch_size);
+    out.kind = LookupKind::kExtrapolated;
+    out.point = pts[0];
+    out.point.batch_size = batch_size;
+    out.point.forward_s *= f;
+    out.point.backward_s *= f;
+    return out;
+  }
+  const ProfilePoint* a;
+  const ProfilePoint* b;
+  if (it == pts.begin()) {
+    a = &pts[0], b = &pts[1], out.kind = LookupKind::kExtrapolated;
+  } else if (it == pts.end()) {
+    a = &pts[pts.size() - 2], b = &pts.back(), out.kind = LookupKind::kExtrapolated;
+  } else {
+    a = &*(it - 1), b = &*it, out.kind = LookupKind::kInterpolated;
+  }
+  const double x0 = static_cast<double>(a->batch_size), x1 = static_cast<double>(b->batch_size);
+  const double x = static_cast<double>(batch_size);
+  ProfilePoint& p = out.point;
+  p.batch_size = batch_size;
+  // Never below a tenth of the nearest measurement: extrapolating down to
+  // tiny batches must not predict (near-)zero time.
+  const ProfilePoint& near = x < x0 ? *a : *b;
+  p.forward_s = std::max(lerp(x0, a->forward_s, x1, b->forward_s, x), 0.1 * near.forward_s);
+  p.backward_s = std::max(lerp(x0, a->backward_s, x1, b->backward_s, x), 0.1 * near.backward_s);
+  p.transfer_pageable_s = lerp_opt(a->transfer_pageable_s, b->transfer_pageable_s, x0, x1, x);
+  p.transfer_pinned_s = lerp_opt(a->transfer_pinned_s, b->transfer_pinned_s, x0, x1, x);
+  p.peak_bytes = lerp_opt(a->peak_bytes, b->peak_bytes, x0, x1, x);
+  p.persistent_bytes = lerp_opt(a->persistent_bytes, b->persistent_bytes, x0, x1, x);
+  return out;
+}
+
+void ProfileDb::scan(const std::vector<std::string>& directories) {
+  namespace fs = std::filesystem;
+  for (const auto& dir : directories) {
+    std::error_code ec;
+    if (dir.empty() || !fs::is_directory(dir, ec)) continue;
+    std::vector<std::string> files;
+    for (const auto& entry : fs::recursive_directory_iterator(dir, ec)) {
+      if (entry.is_regular_file() && entry.path().extension() == ".json" &&
+          entry.path().filename() != "gpus.json" && entry.path().filename() != "schema.json") {
+        files.push_back(entry.path().string());
+      }
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) add(load_profile_file(f));
+  }
+}
+
+void ProfileDb::add(Profile profile) {
+  for (const auto& p : profiles_) {
+    if (normalize_gpu_name(p.gpu) == normalize_gpu_name(profile.gpu) && p.model == profile.model) return;
+  }
+  profiles_.push_back(std::move(profile));
+}
+
+const Profile* ProfileDb::find(const Catalog& catalog, std::string_view gpu_name, std::string_view model) const {
+  const std::string& want = catalog.find(gpu_name).name;
+  for (const auto& p : profiles_) {
+    if (p.model != model) continue;
+    try {
+      if (catalog.find(p.gpu).name == want) return &p;
+    } catch (const Error&) {
+      // a profile for a GPU the catalog does not know cannot match
+    }
+  }
+  return nullptr;
+}
+
+const Profile* ProfileDb::find_by_fingerprint(const Catalog& catalog, std::string_view gpu_name,
+                                              int64_t parameters) const {
+  const std::string& want = catalog.find(gpu_name).name;
+  for (const auto& p : profiles_) {
+    if (!p.parameters || *p.parameters != parameters) continue;
+    try {
+      if (catalog.find(p.gpu).name == want) return &p;
+    } catch (const Error&) {
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace emugpu

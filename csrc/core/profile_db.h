@@ -1,0 +1,76 @@
+// Measured per-batch timings of (GPU, model) pairs, loaded from JSON profile
+// files (schema: profiles/README.md), with batch-size interpolation.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "catalog.h"
+
+namespace emugpu {
+
+struct ProfilePoint {
+  int64_t batch_size = 0;
+  double forward_s = 0;
+  double backward_s = 0;  // loss + zero_grad + backward + optimizer step
+  std::optional<double> transfer_pageable_s;
+  std::optional<double> transfer_pinned_s;
+  std::optional<double> peak_bytes;
+  std::optional<double> persistent_bytes;
+};
+
+struct ProfileTable {
+  int gpu_count = 1;
+  std::vector<ProfilePoint> points;  // strictly increasing batch sizes
+};
+
+struct Profile {
+  std::string path;
+  std::string gpu;    // as written in the file
+  std::string model;  // e.g. "resnet50"
+  std::optional<int64_t> parameters;  // structural fingerprint, when known
+  std::string source;                 // provenance.source
+  std::vector<ProfileTable> tables;   // one per GPU count, 1 first
+
+  const ProfileTable* table(int gpu_count) const;
+};
+
+enum class LookupKind { kExact, kInterpolated, kExtrapolated };
+
+struct ProfileLookup {
+  ProfilePoint point;  // at the requested batch size
+  LookupKind kind = LookupKind::kExact;
+  const Profile* profile = nullptr;
+};
+
+// Parses and validates one profile; errors (kValue) name the file and field.
+Profile parse_profile(std::string_view text, const std::string& path);
+Profile load_profile_file(const std::string& path);
+
+// Piecewise-linear in batch size between measured points; beyond the table,
+// linear from its last (or first) two points, never below zero.
+ProfileLookup interpolate(const Profile& profile, const ProfileTable& table, int64_t batch_size);
+
+class ProfileDb {
+ public:
+  // Loads every *.json profile below each directory (missing ones are
+  // skipped); earlier directories win for the same (GPU, model, count).
+  void scan(const std::vector<std::string>& directories);
+  void add(Profile profile);
+
+  // The profile for `gpu_name` (matched with the catalog's loose rules) and
+  // `model`, or nullptr.
+  const Profile* find(const Catalog& catalog, std::string_view gpu_name, std::string_view model) const;
+  // `model` may be empty: then any profile whose fingerprint equals `parameters`.
+  const Profile* find_by_fingerprint(const Catalog& catalog, std::string_view gpu_name,
+                                     int64_t parameters) const;
+  const std::vector<Profile>& profiles() const { return profiles_; }
+
+ private:
+  std::vector<Profile> profiles_;
+};
+
+}  // namespace emugpu

@@ -1,0 +1,112 @@
+#include "profile_db.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "error.h"
+
+namespace {
+
+using emugpu::LookupKind;
+
+const char* kProfile = R"({
+  "schema": "torch-emugpu profile v1",
+  "gpu": "Tesla_V100-PCIE-32GB", "model": "resnet50",
+  "fingerprint": {"parameters": 25557032},
+  "provenance": {"tool": "test", "torch": "2.14.1", "dtype": "float32", "date": "2026-11-22", "source": "unit test"},
+  "batches": [
+    {"batch_size": 1, "forward_s": 0.010, "backward_s": 0.020, "peak_bytes": 100, "persistent_bytes": 50},
+    {"batch_size": 16, "forward_s": 0.025, "backward_s": 0.050},
+    {"batch_size": 32, "forward_s": 0.040, "backward_s": 0.090}
+  ],
+  "data_parallel": [{"gpu_count": 2, "batches": [{"batch_size": 32, "forward_s": 0.041, "backward_s": 0.1}]}]
+})";
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  text.replace(text.find(from), from.size(), to);
+  return text;
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    emugpu::parse_profile(text, "p.json");
+  } catch (const emugpu::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ProfileDb, ParsesTablesFingerprintAndDataParallelEntries) {
+  const auto p = emugpu::parse_profile(kProfile, "p.json");
+  EXPECT_EQ(p.model, "resnet50");
+  EXPECT_EQ(*p.parameters, 25557032);
+  ASSERT_NE(p.table(1), nullptr);
+  EXPECT_EQ(p.table(1)->points.size(), 3u);
+  ASSERT_NE(p.table(2), nullptr);
+  EXPECT_EQ(p.table(4), nullptr);
+}
+
+TEST(ProfileDb, InterpolatesBetweenMeasuredBatchSizes) {
+  const auto p = emugpu::parse_profile(kProfile, "p.json");
+  const auto exact = emugpu::interpolate(p, *p.table(1), 16);
+  EXPECT_EQ(exact.kind, LookupKind::kExact);
+  EXPECT_DOUBLE_EQ(exact.point.forward_s, 0.025);
+  const auto mid = emugpu::interpolate(p, *p.table(1), 24);
+  EXPECT_EQ(mid.kind, LookupKind::kInterpolated);
+  EXPECT_NEAR(mid.point.forward_s, 0.0325, 1e-12);
+  EXPECT_NEAR(mid.point.backward_s, 0.070, 1e-12);
+  EXPECT_FALSE(mid.point.peak_bytes.has_value());  // not known at both neighbours
+}
+
+TEST(ProfileDb, ExtrapolatesLinearlyAndSaysSo) {
+  const auto p = emugpu::parse_profile(kProfile, "p.json");
+  const auto big = emugpu::interpolate(p, *p.table(1), 64);
+  EXPECT_EQ(big.kind, LookupKind::kExtrapolated);
+  EXPECT_NEAR(big.point.forward_s, 0.070, 1e-12);
+  EXPECT_THROW(emugpu::interpolate(p, *p.table(1), 0), emugpu::Error);
+}
+
+TEST(ProfileDb, MalformedFilesNameTheFileAndField) {
+  EXPECT_NE(error_of(replaced(kProfile, R"("model": "resnet50",)", "")).find("p.json: field 'model': missing"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced(kProfile, R"("forward_s": 0.025)", R"("forward_s": "fast")")).find("batches[1].forward_s"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced(kProfile, R"("batch_size": 16)", R"("batch_size": 64)")).find("increase strictly"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced(kProfile, R"("batch_size": 1,)", R"("batch_size": 0,)")).find("integer >= 1"),
+            std::string::npos);
+  const std::string empty = R"({"gpu": "t4", "model": "m", "provenance": {"tool": "t", "torch": "t",
+      "dtype": "f", "date": "d", "source": "s"}, "batches": []})";
+  EXPECT_NE(error_of(empty).find("at least one batch entry"), std::string::npos);
+  EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+}
+
+TEST(ProfileDb, FindsProfilesByLooseGpuNameModelAndFingerprint) {
+  const auto catalog = emugpu::Catalog::from_file(EMUGPU_CATALOG_PATH);
+  emugpu::ProfileDb db;
+  db.add(emugpu::parse_profile(kProfile, "p.json"));
+  EXPECT_NE(db.find(catalog, "Tesla V100-PCIE-32GB", "resnet50"), nullptr);
+  EXPECT_EQ(db.find(catalog, "v100", "resnet50"), nullptr);  // the SXM2 16GB part
+  EXPECT_EQ(db.find(catalog, "Tesla V100-PCIE-32GB", "resnet18"), nullptr);
+  EXPECT_NE(db.find_by_fingerprint(catalog, "V100-PCIE-32GB", 25557032), nullptr);
+  EXPECT_EQ(db.find_by_fingerprint(catalog, "V100-PCIE-32GB", 11689512), nullptr);
+}
+
+TEST(ProfileDb, ScansDirectoriesAndEarlierOnesWin) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / "emugpu_profile_db_test";
+  fs::remove_all(root);
+  fs::create_directories(root / "a");
+  fs::create_directories(root / "b");
+  std::ofstream(root / "a" / "x.json") << kProfile;
+  std::ofstream(root / "b" / "y.json") << replaced(kProfile, "\"forward_s\": 0.010", "\"forward_s\": 0.5");
+  emugpu::ProfileDb db;
+  db.scan({(root / "a").string(), (root / "missing").string(), (root / "b").string()});
+  ASSERT_EQ(db.profiles().size(), 1u);
+  EXPECT_DOUBLE_EQ(db.profiles()[0].table(1)->points[0].forward_s, 0.010);
+  fs::remove_all(root);
+}
+
+}  // namespace
