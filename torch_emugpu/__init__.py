@@ -16,7 +16,7 @@ from . import (
 )
 
 __version__ = "0.1.0"
-__all__ = ["configure", "config", "gpu_names", "__version__"]
+__all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "__version__"]
 
 _current: _config.Config | None = None
 
@@ -40,6 +40,9 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
     )
     _C._configure(cfg.catalog, cfg.gpu, cfg.device_count, cfg.mode)
     _current = cfg
+    from . import profiles
+
+    profiles.reload()
 
 
 def config() -> _config.Config:
@@ -58,6 +61,27 @@ def gpu_names() -> list[str]:
 def _ensure_configured() -> None:
     if _current is None:
         configure()
+
+
+def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:
+    """Names the measured profile `module` runs under, e.g. use_profile(net, "resnet50")."""
+    from . import profiles
+
+    return profiles.use_profile(module, model)
+
+
+def profiled_as(model: str):  # type: ignore[no-untyped-def]
+    """Context manager: root modules run inside use the profile named `model`."""
+    from . import profiles
+
+    return profiles.profiled_as(model)
+
+
+def region_report(device: int | None = None) -> list[dict]:
+    """Which source (profile file, exact/interpolated/extrapolated, or cost model) timed each region."""
+    from . import profiles
+
+    return profiles.region_report(device)
 
 
 def _register() -> None:

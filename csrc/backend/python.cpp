@@ -4,6 +4,8 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
+
 #include "backend/allocator.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
@@ -41,6 +43,27 @@ py::dict stat_dict(const StatArray& s) {
     out[pools[p]] = d;
   }
   return out;
+}
+
+py::object optional_number(const std::optional<double>& v) {
+  return v ? py::object(py::float_(*v)) : py::object(py::none());
+}
+
+py::dict profile_summary(const Profile& p) {
+  py::dict d;
+  d["path"] = p.path;
+  d["gpu"] = p.gpu;
+  d["model"] = p.model;
+  d["parameters"] = p.parameters ? py::object(py::int_(*p.parameters)) : py::object(py::none());
+  d["source"] = p.source;
+  py::list tables;
+  for (const auto& t : p.tables) {
+    py::list sizes;
+    for (const auto& pt : t.points) sizes.append(pt.batch_size);
+    tables.append(py::make_tuple(t.gpu_count, sizes));
+  }
+  d["tables"] = tables;
+  return d;
 }
 
 Mode parse_mode(const std::string& mode) {
@@ -147,6 +170,78 @@ PYBIND11_MODULE(_C, m) {
       const at::Generator& gen = at::globalContext().defaultGenerator(
           c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
       return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
+    });
+  });
+  m.def("_region_begin", [](int index, const std::string& key, double target_s) {
+    guarded([&] {
+      DeviceState& dev = Runtime::get().device(index);
+      const TimeNs pad = dev.regions.begin(key, static_cast<TimeNs>(target_s * 1e9));
+      if (pad > 0) charge(index, Engine::kCompute, pad);
+    });
+  });
+  m.def("_region_end", [](int index) {
+    guarded([&] {
+      DeviceState& dev = Runtime::get().device(index);
+      const TimeNs pad = dev.regions.end();
+      if (pad > 0) charge(index, Engine::kCompute, pad);
+    });
+  });
+  m.def("_region_report", [](int index) {
+    return guarded([&] {
+      py::list out;
+      for (const auto& r : Runtime::get().device(index).regions.report()) {
+        py::dict d;
+        d["key"] = r.key;
+        d["target_s"] = r.target / 1e9;
+        d["charged_s"] = r.charged / 1e9;
+        d["estimated_s"] = r.estimated / 1e9;
+        d["padded_s"] = r.padded / 1e9;
+        d["scale"] = r.scale;
+        d["occurrences"] = r.occurrences;
+        out.append(d);
+      }
+      return out;
+    });
+  });
+  m.def("_set_measured_transfer", [](int index, double latency_s, double rate, double pinned_rate) {
+    guarded([&] {
+      Runtime::get().device(index).cost.set_measured_transfer(static_cast<TimeNs>(latency_s * 1e9), rate,
+                                                              pinned_rate);
+    });
+  });
+  m.def("_load_profiles", [](const std::vector<std::string>& directories) {
+    return guarded([&] {
+      ProfileDb db;
+      db.scan(directories);
+      py::list out;
+      for (const auto& p : db.profiles()) out.append(profile_summary(p));
+      Runtime::get().set_profiles(std::move(db));
+      return out;
+    });
+  });
+  m.def("_profile_lookup", [](const std::string& gpu, const std::string& model, py::object parameters,
+                              int64_t batch_size, int gpu_count) {
+    return guarded([&]() -> py::object {
+      const ProfileDb* db = Runtime::get().profiles();
+      if (db == nullptr) return py::none();
+      const Catalog& catalog = Runtime::get().catalog();
+      const Profile* p = !model.empty() ? db->find(catalog, gpu, model)
+                         : parameters.is_none() ? nullptr
+                                                : db->find_by_fingerprint(catalog, gpu, parameters.cast<int64_t>());
+      if (p == nullptr) return py::none();
+      const ProfileTable* table = p->table(gpu_count);
+      if (table == nullptr) return py::none();
+      const ProfileLookup r = interpolate(*p, *table, batch_size);
+      py::dict d = profile_summary(*p);
+      d["kind"] = r.kind == LookupKind::kExact ? "exact" : r.kind == LookupKind::kInterpolated ? "interpolated"
+                                                                                                : "extrapolated";
+      d["forward_s"] = r.point.forward_s;
+      d["backward_s"] = r.point.backward_s;
+      d["transfer_pageable_s"] = optional_number(r.point.transfer_pageable_s);
+      d["transfer_pinned_s"] = optional_number(r.point.transfer_pinned_s);
+      d["peak_bytes"] = optional_number(r.point.peak_bytes);
+      d["persistent_bytes"] = optional_number(r.point.persistent_bytes);
+      return d;
     });
   });
   m.def("_shape_cache_stats", [] { return shape_cache_stats(); });

@@ -16,6 +16,7 @@
 #include "core/clock.h"
 #include "core/cost_model.h"
 #include "core/error.h"
+#include "core/profile_db.h"
 
 namespace emugpu {
 
@@ -32,6 +33,7 @@ struct DeviceState {
   CachingAllocator allocator;
   Timeline timeline;
   CostModel cost;
+  RegionCalibrator regions;
   std::atomic<int64_t> next_stream{1};
 };
 
@@ -56,6 +58,9 @@ class Runtime {
   bool compute_mode() const { return mode_.load(std::memory_order_relaxed) == Mode::kCompute; }
   void set_mode(Mode mode) { mode_.store(mode); config_.mode = mode; }
   const Catalog& catalog() const { return *catalog_; }
+  // Profiles are (re)loaded from Python, which owns the search path.
+  void set_profiles(ProfileDb db) { profiles_ = std::make_unique<ProfileDb>(std::move(db)); }
+  const ProfileDb* profiles() const { return profiles_.get(); }
   // Called once when a device is needed before configure() ran: the Python
   // package configures from the environment (EMUGPU_GPU, ...).
   void set_lazy_init(std::function<void()> init) { lazy_init_ = std::move(init); }
@@ -66,6 +71,7 @@ class Runtime {
   std::vector<std::unique_ptr<DeviceState>> devices_;
   std::atomic<Mode> mode_{Mode::kTiming};
   std::function<void()> lazy_init_;
+  std::unique_ptr<ProfileDb> profiles_;
   std::mutex lazy_init_mutex_;
 };
 

@@ -19,7 +19,18 @@ TimeNs CostModel::kernel(const OpCost& cost) const {
   return params_.launch_ns + static_cast<TimeNs>(std::max(compute_s, memory_s) * 1e9);
 }
 
+void CostModel::set_measured_transfer(TimeNs latency, double rate, double pinned_rate) {
+  EMUGPU_CHECK(latency >= 0 && rate >= 0 && pinned_rate >= 0, kValue,
+               "measured transfer latency and rates must be >= 0, got ", latency, " ns, ", rate, " and ",
+               pinned_rate, " B/s");
+  measured_latency_ = latency;
+  measured_rate_ = rate;
+  measured_pinned_rate_ = pinned_rate;
+}
+
 TimeNs CostModel::transfer(double bytes, bool pinned) const {
+  const double measured = pinned && measured_pinned_rate_ > 0 ? measured_pinned_rate_.load() : measured_rate_.load();
+  if (measured > 0) return measured_latency_ + static_cast<TimeNs>(bytes / measured * 1e9);
   const double rate = gpu_.pcie_bandwidth() * (pinned ? 1.0 : params_.pageable_copy_factor);
   return params_.copy_latency_ns + static_cast<TimeNs>(bytes / rate * 1e9);
 }
@@ -27,6 +38,57 @@ TimeNs CostModel::transfer(double bytes, bool pinned) const {
 TimeNs CostModel::device_copy(double bytes) const {
   return params_.launch_ns +
          static_cast<TimeNs>(2 * bytes / (gpu_.memory_bandwidth * params_.memory_efficiency) * 1e9);
+}
+
+TimeNs RegionCalibrator::begin(const std::string& key, TimeNs target) {
+  EMUGPU_CHECK(target >= 0, kValue, "region '", key, "': target must be >= 0 ns, got ", target);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const TimeNs pad = end_locked();
+  key_ = key;
+  target_ = target;
+  auto it = scales_.find(key);
+  scale_ = it == scales_.end() ? 1.0 : it->second;
+  charged_ = 0;
+  estimated_ = 0;
+  active_ = true;
+  return pad;
+}
+
+TimeNs RegionCalibrator::end() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return end_locked();
+}
+
+TimeNs RegionCalibrator::end_locked() {
+  if (!active_) return 0;
+  active_ = false;
+  const TimeNs charged = charged_, estimated = estimated_;
+  const TimeNs pad = std::max<TimeNs>(0, target_ - charged);
+  Report& r = reports_[key_];
+  r.key = key_;
+  r.target = target_;
+  r.charged = charged;
+  r.estimated = estimated;
+  r.padded = pad;
+  r.scale = scale_;
+  r.occurrences += 1;
+  if (estimated > 0) scales_[key_] = static_cast<double>(target_) / static_cast<double>(estimated);
+  return pad;
+}
+
+TimeNs RegionCalibrator::apply(TimeNs estimate) {
+  if (!active_.load(std::memory_order_relaxed)) return estimate;
+  const auto scaled = static_cast<TimeNs>(static_cast<double>(estimate) * scale_.load(std::memory_order_relaxed));
+  charged_.fetch_add(scaled, std::memory_order_relaxed);
+  estimated_.fetch_add(estimate, std::memory_order_relaxed);
+  return scaled;
+}
+
+std::vector<RegionCalibrator::Report> RegionCalibrator::report() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Report> out;
+  for (const auto& [key, r] : reports_) out.push_back(r);
+  return out;
 }
 
 }  // namespace emugpu

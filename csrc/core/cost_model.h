@@ -1,6 +1,12 @@
 // Per-op duration estimates: a roofline over the catalog's peak rates.
 #pragma once
 
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
 #include "catalog.h"
 #include "clock.h"
 
@@ -27,8 +33,13 @@ class CostModel {
   CostModel(const GpuSpec& gpu, CostModelParams params = {});
 
   TimeNs kernel(const OpCost& cost) const;
-  // Host<->device copy of `bytes`; pinned copies run at the link rate.
+  // Host<->device copy of `bytes`; pinned copies run at the link rate, or at
+  // the measured rate set by set_measured_transfer().
   TimeNs transfer(double bytes, bool pinned) const;
+  // Host-to-device copies from a profile: `latency` plus bytes at `rate`
+  // (bytes/s), for pageable copies; pinned ones at `pinned_rate` if > 0.
+  // A rate of 0 returns to the catalog's link.
+  void set_measured_transfer(TimeNs latency, double rate, double pinned_rate);
   // Device-to-device copy within one GPU (read + write).
   TimeNs device_copy(double bytes) const;
   const CostModelParams& params() const { return params_; }
@@ -36,6 +47,49 @@ class CostModel {
  private:
   const GpuSpec& gpu_;
   CostModelParams params_;
+  std::atomic<TimeNs> measured_latency_{0};
+  std::atomic<double> measured_rate_{0};
+  std::atomic<double> measured_pinned_rate_{0};
+};
+
+// Charges a code region (a model's forward, or its backward + update) a
+// measured total: ops inside it are scaled by target / (their estimates in
+// the region's previous occurrence), so the total matches while the time
+// stays spread over the ops in proportion to their estimates; what is still
+// owed when the region ends is returned as a pad for the caller to charge.
+class RegionCalibrator {
+ public:
+  struct Report {
+    std::string key;
+    TimeNs target = 0;      // of the last occurrence
+    TimeNs charged = 0;     // by its ops, scaled
+    TimeNs estimated = 0;   // by its ops, unscaled
+    TimeNs padded = 0;      // owed at its end
+    double scale = 1;       // applied during it
+    int64_t occurrences = 0;
+  };
+
+  // Ends the active region (returning its pad, >= 0) and starts `key`.
+  TimeNs begin(const std::string& key, TimeNs target);
+  // Ends the active region; returns its pad (0 when none is active).
+  TimeNs end();
+  // An op's duration inside the active region (unchanged outside one).
+  TimeNs apply(TimeNs estimate);
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+  std::vector<Report> report() const;
+
+ private:
+  TimeNs end_locked();
+
+  mutable std::mutex mutex_;
+  std::atomic<bool> active_{false};
+  std::atomic<double> scale_{1};
+  std::atomic<TimeNs> charged_{0};
+  std::atomic<TimeNs> estimated_{0};
+  std::string key_;
+  TimeNs target_ = 0;
+  std::map<std::string, double> scales_;
+  std::map<std::string, Report> reports_;
 };
 
 }  // namespace emugpu

@@ -51,3 +51,49 @@ TEST(CostModel, RejectsEfficienciesOutsideTheUnitInterval) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(RegionCalibrator, FirstOccurrenceIsPaddedThenOpsAreScaledToTheTarget) {
+  emugpu::RegionCalibrator r;
+  EXPECT_EQ(r.begin("fwd", 1000), 0);
+  EXPECT_EQ(r.apply(100), 100);  // no history yet: unscaled
+  EXPECT_EQ(r.apply(300), 300);
+  EXPECT_EQ(r.end(), 600);  // owed to reach the target
+  r.begin("fwd", 1000);
+  EXPECT_EQ(r.apply(100), 250);  // scaled by 1000 / 400
+  EXPECT_EQ(r.apply(300), 750);
+  EXPECT_EQ(r.end(), 0);
+  const auto rep = r.report();
+  ASSERT_EQ(rep.size(), 1u);
+  EXPECT_EQ(rep[0].occurrences, 2);
+  EXPECT_EQ(rep[0].charged, 1000);
+  EXPECT_DOUBLE_EQ(rep[0].scale, 2.5);
+}
+
+TEST(RegionCalibrator, BeginEndsThePreviousRegionAndOutsideOpsAreUnscaled) {
+  emugpu::RegionCalibrator r;
+  EXPECT_EQ(r.apply(42), 42);
+  r.begin("fwd", 500);
+  r.apply(100);
+  EXPECT_EQ(r.begin("bwd", 800), 400);
+  EXPECT_TRUE(r.active());
+  EXPECT_EQ(r.end(), 800);
+  EXPECT_FALSE(r.active());
+  EXPECT_EQ(r.end(), 0);
+  EXPECT_THROW(r.begin("x", -1), emugpu::Error);
+}
+
+TEST(CostModel, MeasuredTransferRatesReplaceTheLink) {
+  const auto g = gpu();
+  emugpu::CostModel m(g);
+  const auto link = m.transfer(1e9, false);
+  m.set_measured_transfer(1000, 2e9, 4e9);
+  EXPECT_EQ(m.transfer(1e9, false), 1000 + 500'000'000);
+  EXPECT_EQ(m.transfer(1e9, true), 1000 + 250'000'000);
+  m.set_measured_transfer(0, 0, 0);
+  EXPECT_EQ(m.transfer(1e9, false), link);
+  EXPECT_THROW(m.set_measured_transfer(0, -1, 0), emugpu::Error);
+}
+
+}  // namespace

@@ -794,7 +794,11 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   if (cached == nullptr && cacheable) {
     cache.entries.emplace(std::move(miss_key), ShapeResult{std::move(fresh_outs), duration});
   }
-  if (!info.metadata_only) translate_errors([&] { charge(device, Engine::kCompute, duration); });
+  if (!info.metadata_only) {
+    translate_errors([&] {
+      charge(device, Engine::kCompute, Runtime::get().device(device).regions.apply(duration));
+    });
+  }
 
   torch::jit::drop(*stack, num_args);
   for (auto& r : results) stack->push_back(std::move(r));
