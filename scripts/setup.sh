@@ -20,5 +20,5 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # torch and torchvision come from this machine's local wheel store at these versions.
 .venv/bin/pip install -q --disable-pip-version-check \
-  torch==2.14.1 torchvision==0.29.1 pytest ruff tqdm numpy cmake ninja setuptools wheel
+  torch==2.14.1 torchvision==0.29.1 pytest ruff tqdm numpy matplotlib cmake ninja setuptools wheel
 .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation -e .

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from . import (
-    _C,  # noqa: F401  (registers the PrivateUse1 kernels, guard and allocator)
-    _config,
-)
+from . import _config
+
+try:
+    from . import _C  # registers the PrivateUse1 kernels, guard and allocator
+except ImportError as _error:  # the profiler and importers work without it
+    _C = None  # type: ignore[assignment]
+    _C_ERROR: ImportError | None = _error
+else:
+    _C_ERROR = None
 
 __version__ = "0.1.0"
 __all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "__version__"]
@@ -28,6 +33,10 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
     that `mode` alone may change at any time.
     """
     global _current
+    if _C is None:
+        raise RuntimeError(f"torch-emugpu's compiled extension is not available ({_C_ERROR}); "
+                           "build it with `pip install --no-build-isolation .` (the profiler and importers "
+                           "work without it)")
     if gpu is None and device_count is None and mode is not None and _current is not None:
         _C._set_mode(_config.parse_mode(mode, "mode"))
         _current = _config.Config(_current.gpu, _current.device_count, mode, _current.catalog)
@@ -94,4 +103,5 @@ def _register() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 
 
-_register()
+if _C is not None:
+    _register()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 
 def _gpus(_: argparse.Namespace) -> int:
@@ -14,31 +16,123 @@ def _gpus(_: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _train(args: argparse.Namespace) -> int:
     from torch_emugpu import train
 
+    return train.main(args)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from torch_emugpu import profiler
+
+    return profiler.main(args)
+
+
+def _import(args: argparse.Namespace) -> int:
+    from torch_emugpu import importers, profiles
+
+    out = Path(args.out) if args.out else profiles.user_profile_dir()
+    written = importers.import_gpemu(args.src, out, progress=not args.no_progress,
+                                     on_skip=lambda why: print(f"skipped {why}", file=sys.stderr))
+    print(f"wrote {len(written)} profiles under {out}")
+    return 0
+
+
+def _profiles(args: argparse.Namespace) -> int:
+    from torch_emugpu import profiles
+
+    rows = profiles.available()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print("no profiles found; searched: " + ", ".join(str(p) for p in profiles.search_path()))
+        return 0
+    width = max(len(r["gpu"]) for r in rows)
+    print(f"{'GPU':{width}}  {'model':22} {'batch sizes':14} {'GPUs':5} source")
+    for r in sorted(rows, key=lambda r: (r["gpu"], r["model"])):
+        for count, sizes in r["tables"]:
+            span = f"{sizes[0]}-{sizes[-1]} ({len(sizes)})"
+            print(f"{r['gpu']:{width}}  {r['model']:22} {span:14} {count:<5} {r['path']}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from torch_emugpu import profiles
+
+    entry = profiles.find(args.gpu, args.model)
+    doc = json.loads(Path(entry["path"]).read_text())
+    print(f"{doc['model']} on {doc['gpu']}  ({entry['path']})")
+    print(f"source: {doc['provenance']['source']}; torch {doc['provenance']['torch']}, "
+          f"{doc['provenance']['dtype']}, {doc['provenance'].get('aggregation', '')}")
+
+    def ms(v: float | None) -> str:
+        return f"{v * 1e3:10.2f}" if v is not None else f"{'-':>10}"
+
+    def mib(v: float | None) -> str:
+        return f"{v / 2**20:10.1f}" if v is not None else f"{'-':>10}"
+
+    print(f"{'batch':>6} {'fwd ms':>10} {'bwd ms':>10} {'H2D ms':>10} {'peak MiB':>10} {'persist MiB':>11}")
+    for b in doc["batches"]:
+        print(f"{b['batch_size']:6d} {ms(b['forward_s'])} {ms(b['backward_s'])} "
+              f"{ms(b.get('transfer_pageable_s'))} {mib(b.get('peak_bytes'))} {mib(b.get('persistent_bytes')):>11}")
+    if args.plot:
+        profiles.plot(doc, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torch-emugpu",
         description="Run PyTorch training on an emulated GPU: real scripts, GPU timing and memory, no GPU.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from torch_emugpu import profiler, train
+
     p = sub.add_parser("train", help="run an emulated training job and print its summary",
                        description=train.__doc__)
     train.add_arguments(p)
-    p.set_defaults(func=train.main)
+    p.set_defaults(func=_train)
+
     g = sub.add_parser("gpus", help="list the GPUs that can be emulated")
     g.set_defaults(func=_gpus)
+
+    pr = sub.add_parser("profile", help="measure profiles on a real GPU (or the CPU) and write them",
+                        description=profiler.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    profiler.add_arguments(pr)
+    pr.set_defaults(func=_profile)
+
+    im = sub.add_parser("import", help="convert another profile database into torch-emugpu profiles")
+    im.add_argument("format", choices=["gpemu"], help="gpemu: GPEmu's published profiled_data/ layout")
+    im.add_argument("src", help="the directory to import (profiled_data/ or its parent)")
+    im.add_argument("--out", default=None, help="output directory (default: the user profile directory)")
+    im.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    im.set_defaults(func=_import)
+
+    ls = sub.add_parser("profiles", help="list the profiles on the search path (GPU x model x batch sizes)")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.set_defaults(func=_profiles)
+
+    sh = sub.add_parser("show", help="print (and plot) one profile: time and memory against batch size")
+    sh.add_argument("gpu", help="GPU name, matched loosely (e.g. v100-pcie-32gb)")
+    sh.add_argument("model", help="model name (e.g. resnet50)")
+    sh.add_argument("--plot", default=None, metavar="PNG", help="also write a PNG plot (needs matplotlib)")
+    sh.set_defaults(func=_show)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import torch
+
     try:
         return int(args.func(args))
-    except (ValueError, IndexError) as e:
+    except (ValueError, IndexError, FileNotFoundError) as e:
         print(f"torch-emugpu: error: {e}", file=sys.stderr)
         return 2
-    except __import__("torch").OutOfMemoryError as e:
+    except torch.OutOfMemoryError as e:
         print(f"torch-emugpu: {e}", file=sys.stderr)
         return 3
 

@@ -58,6 +58,8 @@ def reload() -> list[dict[str, Any]]:
     with _lock:
         _summaries = list(_C._load_profiles([str(p) for p in search_path()]))
         _plans.clear()
+        _sources.clear()
+        _warned.clear()
     if _summaries:
         _install_hooks()
     return _summaries
@@ -73,10 +75,62 @@ def lookup(model: str | None = None, batch_size: int = 1, gpu: str | None = None
     """The profile entry for (GPU, model) at `batch_size`, interpolated, or None."""
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    import torch_emugpu
+
+    torch_emugpu._ensure_configured()
     if _summaries is None:
         reload()
     gpu = gpu or torch.emugpu.get_device_name()
     return _C._profile_lookup(gpu, model or "", parameters, int(batch_size), int(gpu_count))
+
+
+def find(gpu: str, model: str) -> dict[str, Any]:
+    """The profile of `model` on `gpu` (loose GPU name); ValueError listing what exists otherwise."""
+    import torch_emugpu
+
+    torch_emugpu._ensure_configured()
+    rows = available()
+    for r in rows:
+        if r["model"] != model:
+            continue
+        smallest = r["tables"][0][1][0]
+        entry = _C._profile_lookup(gpu, model, None, smallest, 1)
+        if entry is not None:
+            return entry
+    have = sorted({f"{r['gpu']}/{r['model']}" for r in rows})
+    raise ValueError(f"no profile for model '{model}' on GPU '{gpu}'; available: {', '.join(have) or 'none'} "
+                     f"(searched {', '.join(str(p) for p in search_path())})")
+
+
+def plot(doc: dict[str, Any], path: str | Path) -> None:
+    """Writes a PNG of time and memory against batch size for one profile document."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("plotting needs matplotlib: pip install matplotlib") from None
+    batches = doc["batches"]
+    fig, (t_ax, m_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("forward_s", "forward"), ("backward_s", "backward + update"),
+                       ("transfer_pageable_s", "H2D copy (pageable)")):
+        points = [(b["batch_size"], b[key] * 1e3) for b in batches if b.get(key) is not None]
+        if points:
+            t_ax.plot(*zip(*points, strict=True), marker=".", label=label)
+    t_ax.set(xlabel="batch size", ylabel="time (ms)", title=f"{doc['model']} on {doc['gpu']}: time")
+    t_ax.legend()
+    for key, label in (("peak_bytes", "peak"), ("persistent_bytes", "persistent")):
+        points = [(b["batch_size"], b[key] / 2**20) for b in batches if b.get(key) is not None]
+        if points:
+            m_ax.plot(*zip(*points, strict=True), marker=".", label=label)
+    m_ax.set(xlabel="batch size", ylabel="memory (MiB)", title="memory")
+    if m_ax.lines:
+        m_ax.legend()
+    fig.suptitle(f"source: {doc['provenance']['source']}"[:120], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 # --- model-level regions ---------------------------------------------------------------
@@ -92,7 +146,8 @@ class _Plan:
     entry: dict[str, Any]
 
 
-_plans: dict[tuple[int, int, int], _Plan | None] = {}
+_plans: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, str | None], _Plan | None]] = (
+    weakref.WeakKeyDictionary())
 _module_info: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int] | None] = weakref.WeakKeyDictionary()
 _explicit: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 _scoped = threading.local()
@@ -148,9 +203,9 @@ def _plan_for(module: torch.nn.Module, args: tuple[Any, ...]) -> _Plan | None:
         return None
     device, parameters = info
     name = _explicit.get(module) or getattr(_scoped, "model", None)
-    key = (id(module), batch, hash(name))
-    if key in _plans:
-        return _plans[key]
+    cached = _plans.setdefault(module, {})
+    if (batch, name) in cached:
+        return cached[(batch, name)]
     entry = lookup(model=name, batch_size=batch, gpu=torch.emugpu.get_device_name(device),
                    parameters=None if name else parameters)
     plan = None
@@ -172,7 +227,7 @@ def _plan_for(module: torch.nn.Module, args: tuple[Any, ...]) -> _Plan | None:
                      entry["forward_s"], entry["backward_s"], entry)
         for region in (plan.forward_key, plan.backward_key):
             _sources[region] = {"source": entry["path"], "kind": entry["kind"], "batch_size": batch}
-    _plans[key] = plan
+    cached[(batch, name)] = plan
     return plan
 
 

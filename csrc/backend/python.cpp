@@ -224,6 +224,7 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&]() -> py::object {
       const ProfileDb* db = Runtime::get().profiles();
       if (db == nullptr) return py::none();
+      Runtime::get().device(0);  // configures from the environment if needed: the catalog must exist
       const Catalog& catalog = Runtime::get().catalog();
       const Profile* p = !model.empty() ? db->find(catalog, gpu, model)
                          : parameters.is_none() ? nullptr

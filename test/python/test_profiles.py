@@ -1,0 +1,230 @@
+"""Measured profiles drive the emulated clock (issue 3): format, search path,
+matching, region calibration, transfer times, import, listing and plotting."""
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from conftest import REPO, run_python
+
+import torch_emugpu
+from torch_emugpu import importers, profiles
+
+REFERENCE = Path(REPO).parent / "shared" / "reference" / "gpemu-profiled-data"
+RESNET18_PARAMS = 11689512
+
+
+def write_profile(directory: Path, gpu: str = "Tesla T4", model: str = "resnet18", batches=None,
+                  parameters: int | None = RESNET18_PARAMS, name: str | None = None) -> Path:
+    batches = batches or [
+        {"batch_size": 2, "forward_s": 0.020, "backward_s": 0.040, "transfer_pageable_s": 0.004},
+        {"batch_size": 4, "forward_s": 0.030, "backward_s": 0.060, "transfer_pageable_s": 0.008},
+    ]
+    doc = {
+        "schema": "torch-emugpu profile v1", "gpu": gpu, "model": model,
+        "fingerprint": {"parameters": parameters} if parameters else None,
+        "provenance": {"tool": "test", "torch": torch.__version__, "dtype": "float32", "date": "2026-11-22",
+                       "source": "synthetic test profile"},
+        "batches": batches,
+    }
+    path = directory / (name or f"{model}.json")
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture
+def profile_dir(tmp_path, monkeypatch):
+    """An EMUGPU_PROFILE_PATH directory and an empty user directory; the GPU is a T4."""
+    monkeypatch.setenv("EMUGPU_PROFILE_PATH", str(tmp_path / "env"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "env").mkdir()
+    torch_emugpu.configure(gpu="t4", device_count=1)
+    yield tmp_path / "env"
+    monkeypatch.delenv("EMUGPU_PROFILE_PATH")
+    profiles.reload()
+
+
+def train_iterations(model: torch.nn.Module, batch: int, iterations: int, warmup: int = 2) -> float:
+    """Median wall time per iteration of forward + loss + backward + SGD, synchronized."""
+    model = model.to("emugpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.empty(batch, 3, 64, 64, device="emugpu")
+    y = torch.zeros(batch, dtype=torch.long, device="emugpu")
+    times = []
+    for i in range(warmup + iterations):
+        torch.emugpu.synchronize()
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        torch.emugpu.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def test_search_path_puts_the_environment_first_then_user_then_package(profile_dir, tmp_path):
+    path = profiles.search_path()
+    assert path[0] == profile_dir
+    assert path[1] == tmp_path / "xdg" / "torch-emugpu" / "profiles"
+    assert path[-1].name == "profiles"
+
+
+def test_earlier_directories_win(profile_dir, tmp_path):
+    user = tmp_path / "xdg" / "torch-emugpu" / "profiles"
+    user.mkdir(parents=True)
+    write_profile(user, batches=[{"batch_size": 2, "forward_s": 1.0, "backward_s": 1.0}])
+    write_profile(profile_dir)
+    profiles.reload()
+    assert profiles.lookup("resnet18", 2)["forward_s"] == 0.020
+
+
+def test_lookup_interpolates_and_extrapolates(profile_dir):
+    write_profile(profile_dir)
+    profiles.reload()
+    assert profiles.lookup("resnet18", 4)["kind"] == "exact"
+    mid = profiles.lookup("resnet18", 3)
+    assert mid["kind"] == "interpolated" and mid["forward_s"] == pytest.approx(0.025)
+    far = profiles.lookup("resnet18", 8)
+    assert far["kind"] == "extrapolated" and far["backward_s"] == pytest.approx(0.100)
+    assert profiles.lookup("resnet50", 4) is None
+    with pytest.raises(ValueError, match="batch size must be >= 1"):
+        profiles.lookup("resnet18", 0)
+
+
+def test_a_matching_model_takes_the_profiled_iteration_time(profile_dir):
+    write_profile(profile_dir)
+    profiles.reload()
+    measured = train_iterations(torchvision.models.resnet18(), batch=4, iterations=5)
+    assert measured == pytest.approx(0.090, rel=0.02)
+    report = {r["key"]: r for r in torch_emugpu.region_report()}
+    assert report["resnet18@4:forward"]["kind"] == "exact"
+    assert report["resnet18@4:forward"]["charged_s"] == pytest.approx(0.030, rel=0.01)
+    assert report["resnet18@4:backward"]["source"].endswith("resnet18.json")
+
+
+def test_an_unprofiled_batch_size_is_interpolated(profile_dir):
+    write_profile(profile_dir)
+    profiles.reload()
+    measured = train_iterations(torchvision.models.resnet18(), batch=3, iterations=4)
+    assert measured == pytest.approx(0.075, rel=0.02)
+    assert {r["kind"] for r in torch_emugpu.region_report() if "@3:" in r["key"]} == {"interpolated"}
+
+
+def test_extrapolation_warns_once(profile_dir):
+    write_profile(profile_dir)
+    profiles.reload()
+    model = torchvision.models.resnet18().to("emugpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            model(torch.empty(6, 3, 32, 32, device="emugpu"))
+    messages = [str(w.message) for w in caught if "extrapolating" in str(w.message)]
+    assert len(messages) == 1 and "outside the profiled range 2-4" in messages[0]
+
+
+def test_models_without_a_profile_use_the_cost_model_and_are_reported(profile_dir):
+    write_profile(profile_dir)
+    profiles.reload()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8)).to("emugpu")
+    m(torch.empty(4, 8, device="emugpu"))
+    rows = [r for r in torch_emugpu.region_report() if r["source"] == "cost model"]
+    assert any("Sequential" in r["key"] for r in rows)
+
+
+def test_explicit_names_by_call_and_context_manager(profile_dir):
+    write_profile(profile_dir, model="my_net", parameters=None)
+    profiles.reload()
+    net = torchvision.models.resnet18()  # parameters do not identify "my_net"
+    torch_emugpu.use_profile(net, "my_net")
+    assert train_iterations(net, batch=2, iterations=3) == pytest.approx(0.060, rel=0.02)
+    other = torchvision.models.resnet18().to("emugpu")
+    with torch_emugpu.profiled_as("my_net"):
+        other(torch.empty(2, 3, 32, 32, device="emugpu"))
+    assert any(r["key"].startswith("my_net@2") for r in torch_emugpu.region_report())
+    with pytest.warns(UserWarning, match="no profile for model 'nope'"):
+        with torch_emugpu.profiled_as("nope"):
+            other(torch.empty(2, 3, 32, 32, device="emugpu"))
+
+
+def test_input_copies_take_the_profiled_transfer_time(profile_dir):
+    write_profile(profile_dir)
+    profiles.reload()
+    model = torchvision.models.resnet18().to("emugpu")
+    x_host = torch.empty(4, 3, 64, 64)
+    model(x_host.to("emugpu"))  # the first forward selects the profile
+    torch.emugpu.synchronize()
+    torch_emugpu._C._reset_engine_stats(0)
+    x_host.to("emugpu")
+    assert torch_emugpu._C._engine_stats(0)["h2d"][1] / 1e9 == pytest.approx(0.008, rel=0.01)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.pop("model"), "field 'model': missing"),
+    (lambda d: d["batches"][0].update(forward_s="fast"), "batches[0].forward_s"),
+    (lambda d: d.update(batches=[]), "at least one batch entry"),
+    (lambda d: d["batches"].reverse(), "increase strictly"),
+    (lambda d: d["batches"][0].update(batch_size=0), "integer >= 1"),
+    (lambda d: d["provenance"].pop("torch"), "provenance.torch"),
+])
+def test_malformed_profiles_name_the_file_and_field(profile_dir, edit, field):
+    path = write_profile(profile_dir)
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as e:
+        profiles.reload()
+    assert str(path) in str(e.value) and field in str(e.value)
+    path.unlink()
+
+
+def test_a_profile_for_an_unknown_gpu_never_matches(profile_dir):
+    write_profile(profile_dir, gpu="Voodoo 5 6000")
+    profiles.reload()
+    assert profiles.lookup("resnet18", 2) is None
+    with pytest.raises(ValueError, match="no profile for model 'resnet18' on GPU 't4'"):
+        profiles.find("t4", "resnet18")
+
+
+@pytest.mark.skipif(not REFERENCE.is_dir(), reason="GPEmu reference data (../shared/reference) is not present")
+def test_import_gpemu_reference(tmp_path):
+    written = importers.import_gpemu(REFERENCE, tmp_path, progress=False)
+    assert len(written) == 4 * 36
+    doc = json.loads((tmp_path / "Tesla_V100-PCIE-32GB" / "resnet50.json").read_text())
+    assert doc["fingerprint"]["parameters"] == 25557032
+    b64 = next(b for b in doc["batches"] if b["batch_size"] == 64)
+    assert b64["forward_s"] == pytest.approx(0.061156839, rel=1e-6)
+    assert b64["peak_bytes"] > b64["persistent_bytes"] > 0
+    assert len(doc["batches"]) == 256
+
+
+def test_import_of_a_wrong_layout_says_what_it_expected(tmp_path):
+    with pytest.raises(ValueError, match=r"expected the directory .*time/compute/forward"):
+        importers.import_gpemu(tmp_path, tmp_path / "out", progress=False)
+
+
+def test_import_list_and_show_commands(tmp_path):
+    src = tmp_path / "profiled_data"
+    for kind in ("forward", "backward"):
+        d = src / "time" / "compute" / kind / "Tesla_T4" / "resnet18"
+        d.mkdir(parents=True)
+        (d / "time_by_batch_size.csv").write_text("Batch_Size,Time_In_SECONDS\n1.0,0.01\n2.0,0.015\n")
+    out = tmp_path / "imported"
+    env = {"EMUGPU_PROFILE_PATH": str(out), "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    exe = os.path.join(os.path.dirname(os.sys.executable), "torch-emugpu")
+    code = (f"import subprocess, sys; exe = {exe!r}\n"
+            f"for args in (['import', 'gpemu', {str(tmp_path)!r}, '--out', {str(out)!r}, '--no-progress'],"
+            f" ['profiles'], ['show', 't4', 'resnet18', '--plot', {str(tmp_path / 'p.png')!r}]):\n"
+            "    r = subprocess.run([exe, *args], capture_output=True, text=True); print(r.returncode, r.stdout)")
+    r = run_python(code, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "0 wrote 1 profiles" in r.stdout
+    assert "Tesla T4" in r.stdout and "1-2 (2)" in r.stdout
+    assert "resnet18 on Tesla T4" in r.stdout and "10.00" in r.stdout
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
