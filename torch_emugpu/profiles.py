@@ -253,7 +253,7 @@ def _pre_hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         return
     _active[threading.get_ident()] = module
     _use_measured_transfer(plan, args)
-    _C._region_begin(plan.device, plan.forward_key, plan.forward_s)
+    _C._region_begin(plan.device, plan.forward_key, plan.forward_s, False)
 
 
 def _post_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -262,8 +262,9 @@ def _post_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> N
     del _active[threading.get_ident()]
     plan = _plan_for(module, args)
     if plan is not None:
-        # Loss, backward and the optimizer step run until the next forward.
-        _C._region_begin(plan.device, plan.backward_key, plan.backward_s)
+        # Loss, backward and the optimizer step run until the next forward,
+        # or until the loop waits for the device (synchronize, .item(), ...).
+        _C._region_begin(plan.device, plan.backward_key, plan.backward_s, True)
 
 
 def _install_hooks() -> None:

@@ -130,6 +130,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_synchronize", [](int index) {
     guarded([&] {
       Timeline& timeline = Runtime::get().device(index).timeline;
+      settle_regions(index);
       py::gil_scoped_release no_gil;  // errors above need the GIL; the wait does not
       timeline.wait_device();
     });
@@ -172,17 +173,18 @@ PYBIND11_MODULE(_C, m) {
       return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
     });
   });
-  m.def("_region_begin", [](int index, const std::string& key, double target_s) {
+  m.def("_region_begin", [](int index, const std::string& key, double target_s, bool ends_at_sync) {
     guarded([&] {
       DeviceState& dev = Runtime::get().device(index);
-      const TimeNs pad = dev.regions.begin(key, static_cast<TimeNs>(target_s * 1e9));
+      const TimeNs pad = dev.regions.begin(key, static_cast<TimeNs>(target_s * 1e9),
+                                           dev.timeline.engine_ready(Engine::kCompute), host_now(), ends_at_sync);
       if (pad > 0) charge(index, Engine::kCompute, pad);
     });
   });
   m.def("_region_end", [](int index) {
     guarded([&] {
       DeviceState& dev = Runtime::get().device(index);
-      const TimeNs pad = dev.regions.end();
+      const TimeNs pad = dev.regions.end(dev.timeline.engine_ready(Engine::kCompute));
       if (pad > 0) charge(index, Engine::kCompute, pad);
     });
   });
@@ -196,6 +198,7 @@ PYBIND11_MODULE(_C, m) {
         d["charged_s"] = r.charged / 1e9;
         d["estimated_s"] = r.estimated / 1e9;
         d["padded_s"] = r.padded / 1e9;
+        d["gaps_s"] = r.gaps / 1e9;
         d["scale"] = r.scale;
         d["occurrences"] = r.occurrences;
         out.append(d);

@@ -77,6 +77,11 @@ TimeNs Timeline::device_ready() const {
   return t;
 }
 
+TimeNs Timeline::engine_ready(Engine engine) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return engine_ready_[static_cast<int>(engine)];
+}
+
 void Timeline::stream_wait(int64_t stream, TimeNs t) {
   std::lock_guard<std::mutex> lock(mutex_);
   TimeNs& ready = stream_ready_[stream];

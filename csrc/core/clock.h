@@ -40,6 +40,8 @@ class Timeline {
   TimeNs stream_ready(int64_t stream) const;
   // Time at which all work enqueued so far on the device is done.
   TimeNs device_ready() const;
+  // Time at which all work enqueued so far on `engine` is done.
+  TimeNs engine_ready(Engine engine) const;
   // Makes later work on `stream` wait for `t` (Event.wait / stream.wait_event).
   void stream_wait(int64_t stream, TimeNs t);
 

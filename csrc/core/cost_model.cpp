@@ -40,12 +40,15 @@ TimeNs CostModel::device_copy(double bytes) const {
          static_cast<TimeNs>(2 * bytes / (gpu_.memory_bandwidth * params_.memory_efficiency) * 1e9);
 }
 
-TimeNs RegionCalibrator::begin(const std::string& key, TimeNs target) {
+TimeNs RegionCalibrator::begin(const std::string& key, TimeNs target, TimeNs finish, TimeNs now,
+                               bool ends_at_sync) {
   EMUGPU_CHECK(target >= 0, kValue, "region '", key, "': target must be >= 0 ns, got ", target);
   std::lock_guard<std::mutex> lock(mutex_);
-  const TimeNs pad = end_locked();
+  const TimeNs pad = end_locked(finish);
   key_ = key;
   target_ = target;
+  start_ = std::max(now, finish) + pad;
+  ends_at_sync_ = ends_at_sync;
   auto it = scales_.find(key);
   scale_ = it == scales_.end() ? 1.0 : it->second;
   charged_ = 0;
@@ -54,25 +57,39 @@ TimeNs RegionCalibrator::begin(const std::string& key, TimeNs target) {
   return pad;
 }
 
-TimeNs RegionCalibrator::end() {
+TimeNs RegionCalibrator::end(TimeNs finish) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return end_locked();
+  return end_locked(finish);
 }
 
-TimeNs RegionCalibrator::end_locked() {
+TimeNs RegionCalibrator::settle(TimeNs finish) {
+  if (!active_.load(std::memory_order_relaxed)) return 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ends_at_sync_ ? end_locked(finish) : 0;
+}
+
+TimeNs RegionCalibrator::end_locked(TimeNs finish) {
   if (!active_) return 0;
   active_ = false;
   const TimeNs charged = charged_, estimated = estimated_;
-  const TimeNs pad = std::max<TimeNs>(0, target_ - charged);
+  const TimeNs gaps = std::max<TimeNs>(0, (finish - start_) - charged);
+  const TimeNs pad = std::max<TimeNs>(0, start_ + target_ - std::max(finish, start_));
   Report& r = reports_[key_];
   r.key = key_;
   r.target = target_;
   r.charged = charged;
   r.estimated = estimated;
   r.padded = pad;
+  r.gaps = gaps;
   r.scale = scale_;
   r.occurrences += 1;
-  if (estimated > 0) scales_[key_] = static_cast<double>(target_) / static_cast<double>(estimated);
+  if (estimated > 0) {
+    // Next time, leave room for the gaps the host left this time (but never
+    // shrink the ops below a twentieth of the target: then the host is the
+    // bottleneck, as it would be on a real GPU).
+    const double room = std::max(static_cast<double>(target_ - gaps), 0.05 * static_cast<double>(target_));
+    scales_[key_] = room / static_cast<double>(estimated);
+  }
   return pad;
 }
 

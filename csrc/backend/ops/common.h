@@ -27,5 +27,7 @@ std::pair<int64_t, int64_t> shape_cache_stats();
 
 // Charges `duration` to the current stream of `device` on `engine`.
 TimeNs charge(int device, Engine engine, TimeNs duration);
+// At a host sync point: ends a profiled region that ends at syncs (charging its pad).
+void settle_regions(int device);
 
 }  // namespace emugpu

@@ -649,6 +649,13 @@ TimeNs charge(int device, Engine engine, TimeNs duration) {
   return dev.timeline.launch(current_stream_id(device), engine, duration);
 }
 
+void settle_regions(int device) {
+  DeviceState& dev = Runtime::get().device(device);
+  if (!dev.regions.active()) return;
+  const TimeNs pad = dev.regions.settle(dev.timeline.engine_ready(Engine::kCompute));
+  if (pad > 0) charge(device, Engine::kCompute, pad);
+}
+
 void invalidate_shape_caches() { g_cache_generation.fetch_add(1); }
 
 std::pair<int64_t, int64_t> shape_cache_stats() { return {g_cache_hits.load(), g_cache_misses.load()}; }

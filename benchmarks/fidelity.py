@@ -1,0 +1,192 @@
+"""Fidelity of profile-driven emulation against GPEmu's published measurements.
+
+Imports ../shared/reference/gpemu-profiled-data (or --reference) into a
+temporary profile directory, then, for every (GPU, model) pair and batch
+sizes 1, 16, 32, 64, 128, 256, trains the torchvision model on emugpu
+(forward + loss + backward + SGD step, inputs resident on the device) and
+compares the measured wall time per iteration with the profile's
+forward + backward. Phases:
+
+  time      profile-driven: median and p95 error (targets 1% and 3%),
+            plus interpolated batch sizes against the neighbours' interpolation
+  memory    max_memory_allocated in an iteration vs the reference peak, memory
+            allocated between iterations vs persistent (one GPU, batch 32 and 128)
+  roofline  no profiles: the cost model's iteration time vs the reference
+
+Workers run in parallel processes (emulation mostly sleeps).
+
+    python benchmarks/fidelity.py [--phases time,memory,roofline] [--workers 4] [--gpus ...] [--models ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BATCHES = (1, 16, 32, 64, 128, 256)
+INTERPOLATED = (24, 48, 96, 192)
+
+
+def read_csv(path: Path) -> dict[int, list[float]]:
+    rows = {}
+    for line in path.read_text().splitlines()[1:]:
+        parts = line.split(",")
+        rows[int(float(parts[0]))] = [float(x) for x in parts[1:]]
+    return rows
+
+
+def reference_time(ref: Path, gpu: str, model: str, bs: int) -> float | None:
+    root = ref / "time" / "compute"
+    f = read_csv(root / "forward" / gpu / model / "time_by_batch_size.csv")
+    b = read_csv(root / "backward" / gpu / model / "time_by_batch_size.csv")
+    return f[bs][0] + b[bs][0] if bs in f and bs in b else None
+
+
+def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[dict]:
+    phase, gpu, model, batches, profile_dir, warmup, iterations = task
+    if profile_dir:
+        os.environ["EMUGPU_PROFILE_PATH"] = profile_dir
+    else:
+        os.environ["EMUGPU_PROFILE_PATH"] = ""
+        os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp()  # no user profiles either
+    import torch
+    import torchvision
+
+    import torch_emugpu
+    from torch_emugpu import _C
+
+    torch_emugpu.configure(gpu=gpu.replace("_", " "))
+    if not profile_dir:
+        torch_emugpu.profiles.reload()
+    kwargs = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
+    net = torchvision.models.get_model(model, **kwargs).to("emugpu")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    size = 299 if model == "inception_v3" else 224
+    out = []
+    for bs in batches:
+        x = torch.empty(bs, 3, size, size, device="emugpu")
+        y = torch.zeros(bs, dtype=torch.long, device="emugpu")
+        torch.emugpu.synchronize()
+        torch.emugpu.reset_peak_memory_stats()
+        times, busy = [], []
+        try:
+            for i in range(warmup + iterations):
+                torch.emugpu.synchronize()
+                _C._reset_engine_stats(0)
+                t0 = time.perf_counter()
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                del loss
+                torch.emugpu.synchronize()
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+                    busy.append(_C._engine_stats(0)["compute"][1] / 1e9)
+        except torch.OutOfMemoryError:
+            out.append({"gpu": gpu, "model": model, "bs": bs, "oom": True})
+            opt.zero_grad(set_to_none=True)
+            del x, y
+            torch.emugpu.empty_cache()
+            continue
+        row = {"gpu": gpu, "model": model, "bs": bs, "wall": statistics.median(times),
+               "busy": statistics.median(busy), "peak": torch.emugpu.max_memory_allocated(),
+               "persistent": torch.emugpu.memory_allocated()}
+        if phase != "roofline":
+            entry = torch_emugpu.profiles.lookup(model, bs)
+            row["profile"] = entry["forward_s"] + entry["backward_s"] if entry else None
+            row["kind"] = entry["kind"] if entry else None
+        out.append(row)
+        del x, y
+        opt.zero_grad(set_to_none=True)
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reference", default=str(REPO.parent / "shared" / "reference" / "gpemu-profiled-data"))
+    parser.add_argument("--phases", default="time,memory,roofline")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--gpus", default=None, help="comma-separated GPU directory names (default: all)")
+    parser.add_argument("--models", default=None, help="comma-separated models (default: all)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iterations", type=int, default=2)
+    args = parser.parse_args()
+    ref = Path(args.reference)
+    if not (ref / "time" / "compute" / "forward").is_dir():
+        raise SystemExit(f"no GPEmu reference data at {ref}")
+    from tqdm import tqdm
+
+    from torch_emugpu.importers import import_gpemu
+
+    profile_dir = tempfile.mkdtemp(prefix="emugpu-fidelity-")
+    import_gpemu(ref, profile_dir, progress=False)
+    gpus = args.gpus.split(",") if args.gpus else sorted(p.name for p in (ref / "time/compute/forward").iterdir())
+    models = args.models.split(",") if args.models else sorted(
+        p.name for p in (ref / "time/compute/forward" / gpus[0]).iterdir())
+    phases = args.phases.split(",")
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(args.workers, maxtasksperchild=1) as pool:
+        if "time" in phases:
+            tasks = [("time", g, m, [*BATCHES, *INTERPOLATED], profile_dir, args.warmup, args.iterations)
+                     for g in gpus for m in models]
+            rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="time")
+                    for r in rs]
+            exact = [abs(r["wall"] / r["profile"] - 1) for r in rows if not r.get("oom") and r["bs"] in BATCHES]
+            inter = [abs(r["wall"] / r["profile"] - 1) for r in rows
+                     if not r.get("oom") and r["bs"] in INTERPOLATED]
+            ooms = sum(1 for r in rows if r.get("oom"))
+            print(f"time (profiles): {len(exact)} configs, median error {statistics.median(exact):.3%}, "
+                  f"p95 {pct(exact, 0.95):.3%}, max {max(exact):.3%}; {ooms} did not fit in memory")
+            print(f"time (interpolated batch sizes {INTERPOLATED}): {len(inter)} configs, median error "
+                  f"{statistics.median(inter):.3%}, p95 {pct(inter, 0.95):.3%}")
+            worst = sorted((r for r in rows if not r.get("oom")), key=lambda r: -abs(r["wall"] / r["profile"] - 1))[:5]
+            for r in worst:
+                print(f"   worst: {r['gpu']} {r['model']} bs {r['bs']}: wall {r['wall'] * 1e3:.2f} ms vs "
+                      f"profile {r['profile'] * 1e3:.2f} ms (emulated busy {r['busy'] * 1e3:.2f} ms)")
+        if "memory" in phases:
+            gpu = "Tesla_V100-PCIE-32GB" if "Tesla_V100-PCIE-32GB" in gpus else gpus[0]
+            tasks = [("memory", gpu, m, [32, 128], profile_dir, 1, 1) for m in models]
+            rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="memory")
+                    for r in rs if not r.get("oom")]
+            peak_err, pers_err = [], []
+            for r in rows:
+                mem = read_csv(ref / "memory" / gpu / r["model"] / "memory.csv").get(r["bs"])
+                if not mem:
+                    continue
+                peak_err.append(abs(r["peak"] / (mem[0] * 2**20) - 1))
+                pers_err.append(abs(r["persistent"] / (mem[1] * 2**20) - 1))
+            print(f"memory on {gpu} (batch 32, 128): {len(peak_err)} configs; peak: median error "
+                  f"{statistics.median(peak_err):.2%}, p95 {pct(peak_err, 0.95):.2%}; persistent: median "
+                  f"{statistics.median(pers_err):.2%}, p95 {pct(pers_err, 0.95):.2%}")
+        if "roofline" in phases:
+            tasks = [("roofline", g, m, list(BATCHES), None, 1, 1) for g in gpus for m in models]
+            rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="roofline")
+                    for r in rs if not r.get("oom")]
+            for g in gpus:
+                errs = []
+                for r in rows:
+                    if r["gpu"] != g:
+                        continue
+                    t = reference_time(ref, g, r["model"], r["bs"])
+                    if t:
+                        errs.append(r["busy"] / t - 1)
+                if errs:
+                    mag = [abs(e) for e in errs]
+                    print(f"roofline only, {g}: {len(errs)} configs, median |error| {statistics.median(mag):.1%}, "
+                          f"p95 {pct(mag, 0.95):.1%}, median signed {statistics.median(errs):+.1%}")
+
+
+if __name__ == "__main__":
+    main()
