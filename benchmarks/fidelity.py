@@ -69,13 +69,13 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     size = 299 if model == "inception_v3" else 224
     out = []
-    for bs in batches:
-        x = torch.empty(bs, 3, size, size, device="emugpu")
-        y = torch.zeros(bs, dtype=torch.long, device="emugpu")
-        torch.emugpu.synchronize()
-        torch.emugpu.reset_peak_memory_stats()
+    for bs in sorted(batches):
         times, busy = [], []
         try:
+            x = torch.empty(bs, 3, size, size, device="emugpu")
+            y = torch.zeros(bs, dtype=torch.long, device="emugpu")
+            torch.emugpu.synchronize()
+            torch.emugpu.reset_peak_memory_stats()
             for i in range(warmup + iterations):
                 torch.emugpu.synchronize()
                 _C._reset_engine_stats(0)
@@ -90,11 +90,9 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
                     times.append(time.perf_counter() - t0)
                     busy.append(_C._engine_stats(0)["compute"][1] / 1e9)
         except torch.OutOfMemoryError:
-            out.append({"gpu": gpu, "model": model, "bs": bs, "oom": True})
-            opt.zero_grad(set_to_none=True)
-            del x, y
-            torch.emugpu.empty_cache()
-            continue
+            # Larger batches do not fit either.
+            out.extend({"gpu": gpu, "model": model, "bs": b, "oom": True} for b in batches if b >= bs)
+            break
         row = {"gpu": gpu, "model": model, "bs": bs, "wall": statistics.median(times),
                "busy": statistics.median(busy), "peak": torch.emugpu.max_memory_allocated(),
                "persistent": torch.emugpu.memory_allocated()}

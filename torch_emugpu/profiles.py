@@ -48,13 +48,16 @@ def search_path() -> list[Path]:
     return [*env, user_profile_dir(), packaged_profile_dir()]
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _summaries: list[dict[str, Any]] | None = None
 
 
 def reload() -> list[dict[str, Any]]:
     """(Re)reads every profile on the search path; a malformed file raises ValueError naming it."""
     global _summaries
+    import torch_emugpu
+
+    torch_emugpu._ensure_configured()  # GPU names are checked against the catalog (configure() reloads too)
     with _lock:
         _summaries = list(_C._load_profiles([str(p) for p in search_path()]))
         _plans.clear()

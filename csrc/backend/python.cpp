@@ -216,6 +216,15 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&] {
       ProfileDb db;
       db.scan(directories);
+      Runtime::get().device(0);  // the catalog, to check the profiles' GPU names
+      for (const auto& p : db.profiles()) {
+        if (p.gpu.rfind("CPU", 0) == 0) continue;  // the profiler's CPU stand-in: never matches a GPU
+        try {
+          Runtime::get().catalog().find(p.gpu);
+        } catch (const Error& e) {
+          detail::throw_error(ErrorKind::kValue, "profile ", p.path, ": field 'gpu': ", e.what());
+        }
+      }
       py::list out;
       for (const auto& p : db.profiles()) out.append(profile_summary(p));
       Runtime::get().set_profiles(std::move(db));

@@ -184,11 +184,15 @@ def test_malformed_profiles_name_the_file_and_field(profile_dir, edit, field):
     path.unlink()
 
 
-def test_a_profile_for_an_unknown_gpu_never_matches(profile_dir):
-    write_profile(profile_dir, gpu="Voodoo 5 6000")
+def test_a_profile_for_an_unknown_gpu_is_rejected(profile_dir):
+    path = write_profile(profile_dir, gpu="Voodoo 5 6000")
+    with pytest.raises(ValueError) as e:
+        profiles.reload()
+    assert f"profile {path}: field 'gpu': unknown GPU 'Voodoo 5 6000'" in str(e.value)
+    path.unlink()
+    write_profile(profile_dir, gpu="Tesla K80")
     profiles.reload()
-    assert profiles.lookup("resnet18", 2) is None
-    with pytest.raises(ValueError, match="no profile for model 'resnet18' on GPU 't4'"):
+    with pytest.raises(ValueError, match="no profile for model 'resnet18' on GPU 't4'; available: Tesla K80/resnet18"):
         profiles.find("t4", "resnet18")
 
 
