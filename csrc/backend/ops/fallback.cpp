@@ -2,8 +2,6 @@
 // data-dependent shape rule), outputs on the emulated allocator, time from
 // the cost model, values from the CPU kernel in compute mode.
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/native/CPUFallback.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
 #include <atomic>
@@ -380,33 +378,53 @@ void encode_tensor(const at::Tensor& t, Key& key) {
 // Appends what determines an argument's effect on output shapes; false for
 // argument kinds that cannot be keyed (the call then runs uncached).
 bool encode(const c10::IValue& v, Key& key) {
-  key.push_back(static_cast<int64_t>(v.tagKind().size()) * 131 + static_cast<int64_t>(v.isTensor()));
-  if (v.isTensor()) encode_tensor(v.toTensor(), key);
-  else if (v.isNone() || v.isGenerator()) key.push_back(0);
-  else if (v.isInt()) key.push_back(v.toInt());
-  else if (v.isBool()) key.push_back(v.toBool() ? 1 : 0);
-  else if (v.isDouble()) key.push_back(std::bit_cast<int64_t>(v.toDouble()));
-  else if (v.isComplexDouble()) {
+  // Each kind pushes its own tag first, so different kinds never collide.
+  if (v.isTensor()) {
+    key.push_back(1);
+    encode_tensor(v.toTensor(), key);
+  } else if (v.isNone() || v.isGenerator()) {
+    key.push_back(2);
+  } else if (v.isInt()) {
+    key.push_back(3);
+    key.push_back(v.toInt());
+  } else if (v.isBool()) {
+    key.push_back(v.toBool() ? 4 : 5);
+  } else if (v.isDouble()) {
+    key.push_back(6);
+    key.push_back(std::bit_cast<int64_t>(v.toDouble()));
+  } else if (v.isComplexDouble()) {
     const auto c = v.toComplexDouble();
+    key.push_back(7);
     key.push_back(std::bit_cast<int64_t>(c.real()));
     key.push_back(std::bit_cast<int64_t>(c.imag()));
-  } else if (v.isString()) key.push_back(static_cast<int64_t>(std::hash<std::string_view>{}(v.toStringView())));
-  else if (v.isDevice()) key.push_back(static_cast<int64_t>(v.toDevice().type()) * 256 + v.toDevice().index());
-  else if (v.isTensorList()) {
+  } else if (v.isString()) {
+    key.push_back(8);
+    key.push_back(static_cast<int64_t>(std::hash<std::string_view>{}(v.toStringView())));
+  } else if (v.isDevice()) {
+    key.push_back(9);
+    key.push_back(static_cast<int64_t>(v.toDevice().type()) * 256 + v.toDevice().index());
+  } else if (v.isTensorList()) {
+    key.push_back(10);
     key.push_back(static_cast<int64_t>(v.toTensorList().size()));
     for (const at::Tensor& t : v.toTensorList()) encode_tensor(t, key);
   } else if (v.isIntList()) {
+    key.push_back(11);
     key.push_back(static_cast<int64_t>(v.toIntList().size()));
     for (int64_t x : v.toIntList()) key.push_back(x);
   } else if (v.isBoolList()) {
+    key.push_back(12);
     key.push_back(static_cast<int64_t>(v.toBoolList().size()));
     for (bool x : v.toBoolList()) key.push_back(x ? 1 : 0);
   } else if (v.isDoubleList()) {
+    key.push_back(13);
     key.push_back(static_cast<int64_t>(v.toDoubleList().size()));
     for (double x : v.toDoubleList()) key.push_back(std::bit_cast<int64_t>(x));
   } else if (v.isList()) {
+    key.push_back(14);
     key.push_back(static_cast<int64_t>(v.toList().size()));
-    for (const c10::IValue& e : v.toList()) if (!encode(e, key)) return false;
+    for (const c10::IValue& e : v.toList()) {
+      if (!encode(e, key)) return false;
+    }
   } else {
     return false;
   }
