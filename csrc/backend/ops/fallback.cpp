@@ -53,6 +53,7 @@ struct OpInfo {
   std::string name;
   Family family = Family::kElementwise;
   DataDependent data_dependent = DataDependent::kNone;
+  bool value_dependent = false;  // output sizes depend on input values
   std::vector<ReturnInfo> returns;
   std::vector<bool> writes;  // per argument: mutated by the op
   std::vector<bool> reads;   // per argument: read by the op (all but out= arguments)
@@ -120,6 +121,7 @@ OpInfo analyze(const c10::OperatorHandle& op) {
   info.name = schema.name();
   info.family = family_of(info.name);
   info.data_dependent = data_dependent_of(info.name);
+  info.value_dependent = depends_on_values(info.data_dependent, info.name);
   const auto& args = schema.arguments();
   info.writes.resize(args.size());
   info.reads.resize(args.size());
@@ -688,7 +690,7 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   // Outputs whose shape depends on values are computed on the host when the
   // values are real: always in compute mode, in timing mode when every input
   // holds copied-in bytes (then the outputs do too).
-  if (depends_on_values(info.data_dependent, info.name) && (compute || all_materialized(args))) {
+  if (info.value_dependent && (compute || all_materialized(args))) {
     torch::jit::Stack host;
     compute_on_host(op, args, host);
     torch::jit::drop(*stack, num_args);
