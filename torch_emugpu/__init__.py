@@ -21,34 +21,35 @@ else:
     _C_ERROR = None
 
 __version__ = "0.1.0"
-__all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "__version__"]
+__all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
+           "__version__"]
 
-_current: _config.Config | None = None
+_BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
+               "the profiler and importers work without it")
+
+
+def _require_extension() -> None:
+    if _C is None:
+        raise RuntimeError(f"torch-emugpu's compiled extension torch_emugpu._C is missing ({_C_ERROR}); {_BUILD_HINT}")
 
 
 def configure(gpu: str | None = None, device_count: int | None = None, mode: str | None = None) -> None:
-    """(Re)configure the emulated GPUs; arguments left out come from the environment.
+    """(Re)configure the emulated GPUs; arguments left out keep their current
+    value, or come from the environment before the first configuration.
 
     Must run before emugpu tensors exist (or after they are all freed), except
     that `mode` alone may change at any time.
     """
-    global _current
-    if _C is None:
-        raise RuntimeError(f"torch-emugpu's compiled extension is not available ({_C_ERROR}); "
-                           "build it with `pip install --no-build-isolation .` (the profiler and importers "
-                           "work without it)")
-    if gpu is None and device_count is None and mode is not None and _current is not None:
-        _C._set_mode(_config.parse_mode(mode, "mode"))
-        _current = _config.Config(_current.gpu, _current.device_count, mode, _current.catalog)
+    _require_extension()
+    if gpu is None and device_count is None and mode is not None and _C._configured():
+        _C._set_mode(mode)
         return
-    base = _current
-    cfg = _config.from_environment(
-        gpu=gpu if gpu is not None else (base.gpu if base else None),
-        device_count=device_count if device_count is not None else (base.device_count if base else None),
-        mode=mode if mode is not None else (base.mode if base else None),
-    )
-    _C._configure(cfg.catalog, cfg.gpu, cfg.device_count, cfg.mode)
-    _current = cfg
+    if _C._configured():
+        current = config()
+        gpu = current.gpu if gpu is None else gpu
+        device_count = current.device_count if device_count is None else device_count
+        mode = current.mode if mode is None else mode
+    _C._configure(gpu, None if device_count is None else int(device_count), mode)
     from . import profiles
 
     profiles.reload()
@@ -56,20 +57,24 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
 
 def config() -> _config.Config:
     """The configuration in force (configuring from the environment if needed)."""
-    _ensure_configured()
-    assert _current is not None
-    return _current
+    _require_extension()
+    return _config.Config(**_C._config())
 
 
 def gpu_names() -> list[str]:
     """Names of every GPU in the catalog."""
-    _ensure_configured()
+    _require_extension()
     return list(_C._gpu_names())
 
 
 def _ensure_configured() -> None:
-    if _current is None:
-        configure()
+    _require_extension()
+    _C._ensure_configured()
+
+
+def utilization(device: int | None = None) -> int:
+    """Percent of the last second the emulated GPU's compute engine was busy (torch.cuda.utilization)."""
+    return torch.emugpu.utilization(device)
 
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:
@@ -101,7 +106,19 @@ def _register() -> None:
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    from . import _ties, profiles
+
+    _ties.install()
+    profiles._planner.install()  # profiles load lazily, at the first forward on emugpu
 
 
 if _C is not None:
     _register()
+else:
+    # Let "emugpu" parse as a device name so that the error a user meets says what is missing.
+    if torch._C._get_privateuse1_backend_name() == "privateuseone":
+        torch.utils.rename_privateuse1_backend("emugpu")
+    import warnings
+
+    warnings.warn(f"torch-emugpu: the compiled extension torch_emugpu._C is missing ({_C_ERROR}), so the emugpu "
+                  f"device is not available; {_BUILD_HINT}", RuntimeWarning, stacklevel=2)

@@ -31,7 +31,7 @@ __all__ = [
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache", "mem_get_info",
     "memory_stats", "memory_summary", "manual_seed", "manual_seed_all", "seed", "seed_all",
     "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
-    "get_amp_supported_dtype", "is_bf16_supported",
+    "get_amp_supported_dtype", "is_bf16_supported", "utilization", "engine_stats", "reset_engine_stats",
 ]
 
 _DeviceLike = torch.device | str | int | None
@@ -43,8 +43,8 @@ def _lazy_init() -> None:
 
 
 def _is_in_bad_fork() -> bool:
-    """Emulated devices hold no driver state, so a forked child may use them."""
-    return False
+    """True in a fork()ed child of a process that used emugpu: like CUDA, it may not use the devices."""
+    return bool(_C._in_bad_fork())
 
 
 def is_initialized() -> bool:
@@ -153,6 +153,29 @@ def get_device_name(device: _DeviceLike = None) -> str:
 def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
     p = get_device_properties(device)
     return p.major, p.minor
+
+
+def utilization(device: _DeviceLike = None) -> int:
+    """Percent of the last second (host time) during which the emulated GPU's
+    compute engine was busy, as torch.cuda.utilization() reports it from NVML."""
+    return int(_C._utilization(_index(device)))
+
+
+def engine_stats(device: _DeviceLike = None) -> dict[str, float | int]:
+    """Emulated busy time (seconds) and launches per engine (compute, h2d, d2h)
+    since the last reset_engine_stats(), and the host's time blocked waiting."""
+    raw = _C._engine_stats(_index(device))
+    out: dict[str, float | int] = {}
+    for engine in ("compute", "h2d", "d2h"):
+        launches, busy_ns = raw[engine]
+        out[f"{engine}_launches"] = int(launches)
+        out[f"{engine}_busy_s"] = busy_ns / 1e9
+    out["host_blocked_s"] = raw["host_blocked_ns"] / 1e9
+    return out
+
+
+def reset_engine_stats(device: _DeviceLike = None) -> None:
+    _C._reset_engine_stats(_index(device))
 
 
 # --- streams and events ------------------------------------------------------

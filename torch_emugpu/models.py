@@ -69,13 +69,6 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.width, cfg.vocab_size, bias=False)
         self.head.weight = self.tok.weight
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
-        # Module.to() to an out-of-tree device replaces each parameter per
-        # module, which unties shared ones; tie them again afterwards.
-        super()._apply(fn, recurse)
-        self.head.weight = self.tok.weight
-        return self
-
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         if t > self.cfg.context:

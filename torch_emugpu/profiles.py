@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -60,11 +61,8 @@ def reload() -> list[dict[str, Any]]:
     torch_emugpu._ensure_configured()  # GPU names are checked against the catalog (configure() reloads too)
     with _lock:
         _summaries = list(_C._load_profiles([str(p) for p in search_path()]))
-        _plans.clear()
-        _sources.clear()
-        _warned.clear()
-    if _summaries:
-        _install_hooks()
+        _planner.forget()
+    _planner.install()  # models without a profile are reported too
     return _summaries
 
 
@@ -142,6 +140,7 @@ def plot(doc: dict[str, Any], path: str | Path) -> None:
 @dataclass
 class _Plan:
     device: int
+    label: str
     forward_key: str
     backward_key: str
     forward_s: float
@@ -149,45 +148,198 @@ class _Plan:
     entry: dict[str, Any]
 
 
-_plans: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, str | None], _Plan | None]] = (
-    weakref.WeakKeyDictionary())
-_module_info: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int] | None] = weakref.WeakKeyDictionary()
-_explicit: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
-_scoped = threading.local()
-_active: dict[int, torch.nn.Module] = {}  # thread id -> root module inside its forward
-_sources: dict[str, dict[str, Any]] = {}
-_warned: set[str] = set()
-_hooks_installed = False
+def _grad_tensors(output: Any, limit: int = 16) -> list[torch.Tensor]:
+    """Tensors of a module's output that autograd will flow back through."""
+    found: list[torch.Tensor] = []
+    stack = [output]
+    while stack and len(found) < limit:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.requires_grad:
+                found.append(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif hasattr(item, "values") and callable(item.values):  # e.g. transformers' ModelOutput
+            stack.extend(item.values())
+    return found
+
+
+_INTERNAL = (os.path.dirname(torch.nn.modules.module.__file__), os.path.dirname(os.path.abspath(__file__)))
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel, seen from the caller, of the first frame outside torch.nn and this package."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class _Planner:
+    """Owns the model-level regions: which root module runs under which
+    profile, and the forward / backward + update regions it opens on its
+    device (csrc/core/device.h decides their timing)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.plans: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, str | None], _Plan | None]] = (
+            weakref.WeakKeyDictionary())
+        self.module_info: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int] | None] = (
+            weakref.WeakKeyDictionary())
+        self.explicit: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self.scoped = threading.local()
+        # thread -> the root module inside its forward, and its plan (None: cost model)
+        self.active: dict[int, tuple[torch.nn.Module, _Plan | None]] = {}
+        self.sources: dict[str, dict[str, Any]] = {}
+        self.warned: set[str] = set()
+        self.hooks_installed = False
+
+    def forget(self) -> None:
+        with self.lock:
+            self.plans.clear()
+            self.module_info.clear()
+            self.sources.clear()
+            self.warned.clear()
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            warnings.warn(message, stacklevel=_user_stacklevel())
+
+    def device_and_parameters(self, module: torch.nn.Module) -> tuple[int, int] | None:
+        if module in self.module_info:
+            return self.module_info[module]
+        info = None
+        params = list(module.parameters())
+        if params and params[0].device.type == "emugpu":
+            info = (params[0].device.index or 0, sum(p.numel() for p in params))
+        self.module_info[module] = info
+        return info
+
+    def plan_for(self, module: torch.nn.Module, args: tuple[Any, ...]) -> _Plan | None:
+        info = self.device_and_parameters(module)
+        if info is None:
+            return None
+        batch = _batch_size(args)
+        if batch is None or batch < 1:
+            return None
+        device, parameters = info
+        name = self.explicit.get(module) or getattr(self.scoped, "model", None)
+        cached = self.plans.setdefault(module, {})
+        if (batch, name) in cached:
+            return cached[(batch, name)]
+        gpu = torch.emugpu.get_device_name(device)
+        entry = lookup(model=name, batch_size=batch, gpu=gpu, parameters=None if name else parameters)
+        plan = None
+        label = name or f"{type(module).__name__}({parameters} parameters)"
+        if entry is None:
+            self.sources[label] = {"source": "cost model", "batch_size": batch}
+            why = (f"no profile for model '{name}'" if name else
+                   f"no profile matched {label} (by parameter count)")
+            self.warn_once(f"cost model:{label}:{gpu}",
+                           f"emugpu: {why} on {gpu}; its time comes from the uncalibrated cost model. "
+                           f"Name its profile with torch_emugpu.use_profile(model, NAME), or measure one with "
+                           f"`torch-emugpu profile` (`torch-emugpu profiles` lists what exists)")
+        else:
+            model = entry["model"]
+            if entry["kind"] == "extrapolated":
+                sizes = entry["tables"][0][1]
+                self.warn_once(f"extrapolated:{entry['path']}",
+                               f"emugpu: batch size {batch} lies outside the profiled range {sizes[0]}-{sizes[-1]} "
+                               f"of {entry['path']}; extrapolating linearly")
+            plan = _Plan(device, label, f"{model}@{batch}:forward", f"{model}@{batch}:backward",
+                         entry["forward_s"], entry["backward_s"], entry)
+            for region in (plan.forward_key, plan.backward_key):
+                self.sources[region] = {"source": entry["path"], "kind": entry["kind"], "batch_size": batch}
+        cached[(batch, name)] = plan
+        return plan
+
+    def pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        thread = threading.get_ident()
+        running = self.active.get(thread)
+        if running is not None:
+            if running[0] is not module:
+                return  # a submodule of the running root
+            if running[1] is not None:  # its last forward never returned (KeyboardInterrupt)
+                _C._region_abort(running[1].device)
+        if self.device_and_parameters(module) is None:
+            return  # not on emugpu
+        plan = self.plan_for(module, args)
+        self.active[thread] = (module, plan)  # submodules return at once
+        if plan is None:
+            return
+        _use_measured_transfer(plan, args)
+        if _C._forward_begin(plan.device, plan.forward_key, plan.forward_s) > 0:
+            self.warn_once("host-bound", "emugpu: the host launched a profiled region's work later than the "
+                           "profiled time allows (host-bound), so that region took longer than its profile; "
+                           "torch_emugpu.region_report() lists which ('host_bound')")
+
+    def post_hook(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        thread = threading.get_ident()
+        running = self.active.get(thread)
+        if running is None or running[0] is not module:
+            return
+        del self.active[thread]
+        plan = running[1]
+        if plan is None:
+            return
+        if sys.exc_info()[0] is not None:  # the forward raised (e.g. out of memory): close, charge nothing more
+            _C._region_abort(plan.device)
+            return
+        # Loss, backward and the optimizer step run until the next forward, or
+        # until the loop waits for the device; only if autograd will run.
+        outputs = _grad_tensors(output) if torch.is_grad_enabled() else []
+        _C._forward_end(plan.device, plan.backward_key, plan.backward_s, bool(outputs))
+        if outputs:
+            reached = _BackwardReached(plan)
+            for t in outputs:
+                t.register_hook(reached)
+
+    def install(self) -> None:
+        with self.lock:
+            if self.hooks_installed:
+                return
+            torch.nn.modules.module.register_module_forward_pre_hook(self.pre_hook)
+            torch.nn.modules.module.register_module_forward_hook(self.post_hook, always_call=True)
+            self.hooks_installed = True
+
+
+class _BackwardReached:
+    """Gradient hook on a root module's outputs: autograd reached the model,
+    so its backward + update region is under way (once per backward pass)."""
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+        self.fired = False
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        if not self.fired:
+            self.fired = True
+            _C._backward_reached(self.plan.device, self.plan.backward_key, self.plan.backward_s)
+
+
+_planner = _Planner()
 
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:
     """Names the profile `module` runs under (e.g. "resnet50"); returns `module`."""
-    _explicit[module] = model
-    _install_hooks()
+    _planner.explicit[module] = model
+    _planner.install()
     return module
 
 
 @contextlib.contextmanager
 def profiled_as(model: str) -> Iterator[None]:
     """Root modules run inside the block use the profile named `model`."""
-    previous = getattr(_scoped, "model", None)
-    _scoped.model = model
-    _install_hooks()
+    previous = getattr(_planner.scoped, "model", None)
+    _planner.scoped.model = model
+    _planner.install()
     try:
         yield
     finally:
-        _scoped.model = previous
-
-
-def _device_and_parameters(module: torch.nn.Module) -> tuple[int, int] | None:
-    if module in _module_info:
-        return _module_info[module]
-    info = None
-    params = list(module.parameters())
-    if params and params[0].device.type == "emugpu":
-        info = (params[0].device.index or 0, sum(p.numel() for p in params))
-    _module_info[module] = info
-    return info
+        _planner.scoped.model = previous
 
 
 def _batch_size(args: tuple[Any, ...]) -> int | None:
@@ -195,43 +347,6 @@ def _batch_size(args: tuple[Any, ...]) -> int | None:
         if isinstance(a, torch.Tensor):
             return int(a.shape[0]) if a.dim() > 0 else None
     return None
-
-
-def _plan_for(module: torch.nn.Module, args: tuple[Any, ...]) -> _Plan | None:
-    info = _device_and_parameters(module)
-    if info is None:
-        return None
-    batch = _batch_size(args)
-    if batch is None or batch < 1:
-        return None
-    device, parameters = info
-    name = _explicit.get(module) or getattr(_scoped, "model", None)
-    cached = _plans.setdefault(module, {})
-    if (batch, name) in cached:
-        return cached[(batch, name)]
-    entry = lookup(model=name, batch_size=batch, gpu=torch.emugpu.get_device_name(device),
-                   parameters=None if name else parameters)
-    plan = None
-    label = name or f"{type(module).__name__}({parameters} parameters)"
-    if entry is None:
-        _sources[label] = {"source": "cost model", "batch_size": batch}
-        if name:
-            warnings.warn(f"emugpu: no profile for model '{name}' on {torch.emugpu.get_device_name(device)}; "
-                          f"its time comes from the cost model (torch-emugpu profiles lists what exists)",
-                          stacklevel=3)
-    else:
-        model = entry["model"]
-        if entry["kind"] == "extrapolated" and entry["path"] not in _warned:
-            _warned.add(entry["path"])
-            sizes = entry["tables"][0][1]
-            warnings.warn(f"emugpu: batch size {batch} lies outside the profiled range {sizes[0]}-{sizes[-1]} of "
-                          f"{entry['path']}; extrapolating linearly", stacklevel=3)
-        plan = _Plan(device, f"{model}@{batch}:forward", f"{model}@{batch}:backward",
-                     entry["forward_s"], entry["backward_s"], entry)
-        for region in (plan.forward_key, plan.backward_key):
-            _sources[region] = {"source": entry["path"], "kind": entry["kind"], "batch_size": batch}
-    cached[(batch, name)] = plan
-    return plan
 
 
 def _use_measured_transfer(plan: _Plan, args: tuple[Any, ...]) -> None:
@@ -247,47 +362,17 @@ def _use_measured_transfer(plan: _Plan, args: tuple[Any, ...]) -> None:
     _C._set_measured_transfer(plan.device, 0.0, nbytes / pageable, nbytes / pinned if pinned else 0.0)
 
 
-def _pre_hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-    root = _active.get(threading.get_ident())
-    if root is not None and root is not module:
-        return  # a submodule of the running root
-    plan = _plan_for(module, args)
-    if plan is None:
-        return
-    _active[threading.get_ident()] = module
-    _use_measured_transfer(plan, args)
-    _C._region_begin(plan.device, plan.forward_key, plan.forward_s, False)
-
-
-def _post_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-    if _active.get(threading.get_ident()) is not module:
-        return
-    del _active[threading.get_ident()]
-    plan = _plan_for(module, args)
-    if plan is not None:
-        # Loss, backward and the optimizer step run until the next forward,
-        # or until the loop waits for the device (synchronize, .item(), ...).
-        _C._region_begin(plan.device, plan.backward_key, plan.backward_s, True)
-
-
-def _install_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    torch.nn.modules.module.register_module_forward_pre_hook(_pre_hook)
-    torch.nn.modules.module.register_module_forward_hook(_post_hook)
-    _hooks_installed = True
-
-
 def region_report(device: int | None = None) -> list[dict[str, Any]]:
     """Per region: its source (profile file and whether exact, interpolated or
-    extrapolated), the profiled target, the time charged and the scale applied;
-    models that matched no profile are listed with source "cost model"."""
+    extrapolated), the profiled target, the device time of its last complete
+    occurrence, how often it was host-bound (took longer because the host
+    launched its work too late), cancelled or aborted; models that matched no
+    profile are listed with source "cost model"."""
     index = torch.emugpu.current_device() if device is None else device
     rows = []
     for r in _C._region_report(index):
-        rows.append({**r, **_sources.get(r["key"], {"source": "unknown"})})
-    for label, info in _sources.items():
+        rows.append({**r, **_planner.sources.get(r["key"], {"source": "unknown"})})
+    for label, info in _planner.sources.items():
         if info["source"] == "cost model":
             rows.append({"key": label, **info})
     return rows

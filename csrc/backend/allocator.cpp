@@ -32,7 +32,7 @@ c10::DataPtr EmuDeviceAllocator::allocate(size_t nbytes) {
 c10::DataPtr EmuDeviceAllocator::allocate_on(int device, size_t nbytes) {
   const c10::Device where(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
   if (nbytes == 0) return {nullptr, nullptr, &delete_block, where};
-  Block* block = translate_errors([&] { return Runtime::get().device(device).allocator.allocate(nbytes); });
+  Block* block = translate_errors([&] { return Runtime::get().device(device).allocator().allocate(nbytes); });
   if (Runtime::get().compute_mode()) block->materialized = true;
   return {block->ptr, block, &delete_block, where};
 }
@@ -46,8 +46,9 @@ void EmuDeviceAllocator::copy_data(void* dest, const void* src, std::size_t coun
 bool EmuDeviceAllocator::initialized() { return Runtime::get().configured(); }
 
 void EmuDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
+  if (!Runtime::get().configured()) return;
   for (int i = 0; i < Runtime::get().device_count(); ++i) {
-    Runtime::get().device(i).allocator.empty_cache();
+    Runtime::get().device(i).allocator().empty_cache();
   }
 }
 
@@ -58,7 +59,7 @@ void EmuDeviceAllocator::recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /
 
 c10::CachingDeviceAllocator::DeviceStats EmuDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
   const AllocatorStats s =
-      translate_errors([&] { return Runtime::get().device(device).allocator.stats(); });
+      translate_errors([&] { return Runtime::get().device(device).allocator().stats(); });
   c10::CachingDeviceAllocator::DeviceStats out;
   copy_stats(s.allocation, out.allocation);
   copy_stats(s.segment, out.segment);
@@ -77,18 +78,18 @@ c10::CachingDeviceAllocator::DeviceStats EmuDeviceAllocator::getDeviceStats(c10:
 }
 
 void EmuDeviceAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
-  translate_errors([&] { Runtime::get().device(device).allocator.reset_accumulated_stats(); });
+  translate_errors([&] { Runtime::get().device(device).allocator().reset_accumulated_stats(); });
 }
 
 void EmuDeviceAllocator::resetPeakStats(c10::DeviceIndex device) {
-  translate_errors([&] { Runtime::get().device(device).allocator.reset_peak_stats(); });
+  translate_errors([&] { Runtime::get().device(device).allocator().reset_peak_stats(); });
 }
 
 std::pair<size_t, size_t> EmuDeviceAllocator::getMemoryInfo(c10::DeviceIndex device) {
   return translate_errors([&] {
-    DeviceState& d = Runtime::get().device(device);
-    const uint64_t total = d.gpu.memory_bytes;
-    const uint64_t used = d.allocator.reserved() + kCudaContextBytes;
+    Device& d = Runtime::get().device(device);
+    const uint64_t total = d.gpu().memory_bytes;
+    const uint64_t used = d.allocator().reserved() + kCudaContextBytes;
     return std::pair<size_t, size_t>(total > used ? total - used : 0, total);
   });
 }

@@ -2,6 +2,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "backend/runtime.h"
 
@@ -10,11 +11,30 @@ namespace {
 
 constexpr auto kType = c10::DeviceType::PrivateUse1;
 
+// Events may be recorded on one thread and queried or waited on by another.
 struct EmuEvent {
+  std::mutex mutex;
   int device = 0;
   TimeNs time = 0;
   bool recorded = false;
 };
+
+struct EventPoint {
+  bool recorded = false;
+  int device = 0;
+  TimeNs time = 0;
+};
+
+EventPoint read(void* event) {
+  auto* e = static_cast<EmuEvent*>(event);
+  if (e == nullptr) return {};
+  std::lock_guard<std::mutex> lock(e->mutex);
+  return {e->recorded, e->device, e->time};
+}
+
+Device& device_at(c10::DeviceIndex index) {
+  return translate_errors([&]() -> Device& { return Runtime::get().device(index < 0 ? current_device() : index); });
+}
 
 c10::Stream make_stream(c10::DeviceIndex device, int64_t id) {
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, device), id);
@@ -51,68 +71,72 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   // The calling thread's current stream on `d`.
+  // The calling thread's current stream on `d`; IndexError for a bad index.
   c10::Stream getStream(c10::Device d) const override {
-    return make_stream(d.index(), current_stream_id(d.index()));
+    const auto index = device_at(d.index()).index();
+    return make_stream(static_cast<c10::DeviceIndex>(index), current_stream_id(index));
   }
 
   // Stream 0 is every device's default stream.
-  c10::Stream getDefaultStream(c10::Device d) const override { return make_stream(d.index(), 0); }
-
-  // Pool streams are fresh timeline streams; they cost nothing to create.
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*high_priority*/) const override {
-    return getNewStream(d, 0);
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return make_stream(static_cast<c10::DeviceIndex>(device_at(d.index()).index()), 0);
   }
 
-  // A new stream on `d` with its own position on the device's timeline.
-  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
-    const auto index = d.index() < 0 ? current_device() : d.index();
-    auto& dev = translate_errors([&]() -> DeviceState& { return Runtime::get().device(index); });
-    return make_stream(static_cast<c10::DeviceIndex>(index), dev.next_stream.fetch_add(1));
+  // The next stream of the device's fixed pool, as CUDA's getStreamFromPool.
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    auto& dev = device_at(d.index());
+    return make_stream(static_cast<c10::DeviceIndex>(dev.index()), dev.pool_stream(high_priority));
+  }
+
+  // CUDA hands out pool streams here too (negative priorities are high).
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return getStreamFromGlobalPool(d, priority < 0);
   }
 
   // Makes `s` current on its device; returns the stream it replaces.
   c10::Stream exchangeStream(c10::Stream s) const override {
     const auto old = getStream(s.device());
-    set_current_stream_id(s.device_index(), s.id());
+    translate_errors([&] { set_current_stream_id(s.device_index(), s.id()); });
     return old;
   }
 
-  // Number of emulated devices; never throws.
+  // Number of emulated devices (configuring from the environment); never throws.
   c10::DeviceIndex deviceCount() const noexcept override {
-    return static_cast<c10::DeviceIndex>(Runtime::get().device_count());
+    return static_cast<c10::DeviceIndex>(Runtime::get().device_count_or_default());
   }
 
-  // Records the point the stream's timeline has reached (or now, if idle).
+  // Records where the stream's timeline will be (now, if idle).
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag /*flag*/) const override {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
                 "emugpu: event device index ", static_cast<int>(device_index),
                 " does not match the stream's device ", stream.device());
+    auto& dev = device_at(stream.device_index());
+    const TimeNs time = dev.record(stream.id());
     auto*& e = *reinterpret_cast<EmuEvent**>(event);
     if (e == nullptr) e = new EmuEvent;
-    auto& dev = translate_errors([&]() -> DeviceState& { return Runtime::get().device(stream.device_index()); });
-    e->device = stream.device_index();
-    e->time = std::max(dev.timeline.stream_ready(stream.id()), host_now());
+    std::lock_guard<std::mutex> lock(e->mutex);
+    e->device = dev.index();
+    e->time = time;
     e->recorded = true;
   }
 
   // Later work on `stream` starts after the event's time.
   void block(void* event, const c10::Stream& stream) const override {
-    auto* e = static_cast<EmuEvent*>(event);
-    if (e == nullptr || !e->recorded) return;
-    Runtime::get().device(stream.device_index()).timeline.stream_wait(stream.id(), e->time);
+    const EventPoint p = read(event);
+    if (p.recorded) device_at(stream.device_index()).stream_wait(stream.id(), p.time);
   }
 
   // True once host time has passed the event's time (or it was never recorded).
   bool queryEvent(void* event) const override {
-    auto* e = static_cast<EmuEvent*>(event);
-    return e == nullptr || !e->recorded || host_now() >= e->time;
+    const EventPoint p = read(event);
+    return !p.recorded || device_at(static_cast<c10::DeviceIndex>(p.device)).reached(p.time);
   }
 
   // Blocks the host until the event's time.
   void synchronizeEvent(void* event) const override {
-    auto* e = static_cast<EmuEvent*>(event);
-    if (e != nullptr && e->recorded) Runtime::get().device(e->device).timeline.wait_until(e->time);
+    const EventPoint p = read(event);
+    if (p.recorded) translate_errors([&] { device_at(static_cast<c10::DeviceIndex>(p.device)).wait_until(p.time); });
   }
 
   // Frees the event handle.
@@ -122,27 +146,26 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // Milliseconds between two recorded events, on the emulated timeline.
   double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
-    auto* a = static_cast<EmuEvent*>(start);
-    auto* b = static_cast<EmuEvent*>(end);
-    TORCH_CHECK(a != nullptr && b != nullptr && a->recorded && b->recorded,
+    const EventPoint a = read(start), b = read(end);
+    TORCH_CHECK(a.recorded && b.recorded,
                 "emugpu: elapsed_time needs both events recorded first; call record() on each");
-    return static_cast<double>(b->time - a->time) / 1e6;
+    return static_cast<double>(b.time - a.time) / 1e6;
   }
 
   // True when all work enqueued on `stream` is done.
   bool queryStream(const c10::Stream& stream) const override {
-    return host_now() >= Runtime::get().device(stream.device_index()).timeline.stream_ready(stream.id());
+    auto& dev = device_at(stream.device_index());
+    return dev.reached(dev.stream_ready(stream.id()));
   }
 
-  // Blocks the host until `stream` is done.
+  // Blocks the host until `stream` is done (a sync point).
   void synchronizeStream(const c10::Stream& stream) const override {
-    Runtime::get().device(stream.device_index()).timeline.wait_stream(stream.id());
+    translate_errors([&] { device_at(stream.device_index()).synchronize_stream(stream.id()); });
   }
 
-  // Blocks the host until all work on the device is done.
+  // Blocks the host until all work on the device is done (a sync point).
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
-    const int index = device_index < 0 ? current_device() : device_index;
-    translate_errors([&] { Runtime::get().device(index).timeline.wait_device(); });
+    translate_errors([&] { device_at(device_index).synchronize(); });
   }
 
   // See EmuDeviceAllocator::recordStream: nothing to defer.

@@ -28,7 +28,7 @@ struct EmuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
 
   // Emulated devices are always available once configured.
-  bool isAvailable() const override { return Runtime::get().device_count() > 0; }
+  bool isAvailable() const override { return Runtime::get().device_count_or_default() > 0; }
 
   // One lazily created, process-lifetime generator per device.
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
@@ -63,7 +63,7 @@ struct EmuHooks final : public at::PrivateUse1HooksInterface {
   bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }
 
   c10::DeviceIndex deviceCount() const override {
-    return static_cast<c10::DeviceIndex>(Runtime::get().device_count());
+    return static_cast<c10::DeviceIndex>(Runtime::get().device_count_or_default());
   }
   void setCurrentDevice(c10::DeviceIndex device) const override {
     translate_errors([&] { set_current_device(device); });

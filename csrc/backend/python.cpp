@@ -66,10 +66,33 @@ py::dict profile_summary(const Profile& p) {
   return d;
 }
 
-Mode parse_mode(const std::string& mode) {
-  if (mode == "timing") return Mode::kTiming;
-  if (mode == "compute") return Mode::kCompute;
-  detail::throw_error(ErrorKind::kValue, "mode must be 'timing' or 'compute', got '", mode, "'");
+// Long host waits give Python a chance to run its signal handlers, so that
+// Ctrl-C interrupts them as it does CUDA's; the KeyboardInterrupt propagates.
+void check_python_signals() {
+  if (!Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
+py::dict region_dict(const RegionReport& r) {
+  py::dict d;
+  d["key"] = r.key;
+  d["kind"] = r.kind == RegionKind::kForward ? "forward" : "backward";
+  d["target_s"] = r.target / 1e9;
+  d["last_s"] = r.last_time / 1e9;
+  d["charged_s"] = r.charged / 1e9;
+  d["estimated_s"] = r.estimated / 1e9;
+  d["padded_s"] = r.padded / 1e9;
+  d["worst_excess_s"] = r.worst_excess / 1e9;
+  d["occurrences"] = r.occurrences;
+  d["host_bound"] = r.host_bound;
+  d["cancelled"] = r.cancelled;
+  d["aborted"] = r.aborted;
+  return d;
+}
+
+std::optional<std::string> optional_string(const py::object& o) {
+  return o.is_none() ? std::nullopt : std::optional<std::string>(o.cast<std::string>());
 }
 
 }  // namespace
@@ -77,39 +100,48 @@ Mode parse_mode(const std::string& mode) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-emugpu's compiled core: emulated GPU devices for PyTorch";
   register_hooks();  // before any use: pin_memory() may come before the first emugpu tensor
-  Runtime::get().set_lazy_init([] {
-    py::gil_scoped_acquire gil;
-    try {
-      py::module_::import("torch_emugpu").attr("_ensure_configured")();
-    } catch (py::error_already_set& e) {
-      const ErrorKind kind = e.matches(PyExc_ValueError) ? ErrorKind::kValue : ErrorKind::kRuntime;
-      const std::string message = py::str(e.value());
-      throw Error(kind, message);
-    }
-  });
+  set_wait_interrupt_check(&check_python_signals);
 
-  m.def("_configure", [](const std::string& catalog, const std::string& gpu, int count, const std::string& mode) {
+  // Arguments left as None come from the environment (core/config.h).
+  m.def("_configure", [](py::object gpu, py::object count, py::object mode) {
     guarded([&] {
-      Runtime::get().configure({catalog, gpu, count, parse_mode(mode)});
+      ConfigRequest request{optional_string(gpu),
+                            count.is_none() ? std::nullopt : std::optional<int>(count.cast<int>()),
+                            optional_string(mode)};
+      Runtime::get().configure(request);
       invalidate_shape_caches();
     });
   });
+  m.def("_ensure_configured", [] { guarded([&] { Runtime::get().ensure_configured(); }); });
   m.def("_configured", [] { return Runtime::get().configured(); });
-  m.def("_set_mode", [](const std::string& mode) { guarded([&] { Runtime::get().set_mode(parse_mode(mode)); }); });
+  m.def("_config", [] {
+    return guarded([&] {
+      const Config c = Runtime::get().config();
+      py::dict d;
+      d["gpu"] = Runtime::get().device(0).gpu().name;
+      d["device_count"] = c.device_count;
+      d["mode"] = mode_name(c.mode);
+      d["catalog"] = c.catalog_path;
+      return d;
+    });
+  });
+  m.def("_set_mode", [](const std::string& mode) {
+    guarded([&] { Runtime::get().set_mode(parse_mode(mode, "mode")); });
+  });
   m.def("_mode", [] { return Runtime::get().compute_mode() ? "compute" : "timing"; });
-  m.def("_device_count", [] { return Runtime::get().device_count(); });
+  m.def("_device_count", [] { return guarded([&] { return Runtime::get().device_count(); }); });
   m.def("_current_device", [] { return current_device(); });
   m.def("_set_device", [](int index) { guarded([&] { set_current_device(index); }); });
   m.def("_gpu_names", [] {
     py::list names;
-    if (Runtime::get().configured()) {
+    guarded([&] {
       for (const auto& g : Runtime::get().catalog().gpus()) names.append(g.name);
-    }
+    });
     return names;
   });
   m.def("_device_properties", [](int index) {
     return guarded([&] {
-      const GpuSpec& g = Runtime::get().device(index).gpu;
+      const GpuSpec& g = Runtime::get().device(index).gpu();
       py::dict d;
       d["name"] = g.name;
       d["total_memory"] = g.memory_bytes;
@@ -129,15 +161,14 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_synchronize", [](int index) {
     guarded([&] {
-      Timeline& timeline = Runtime::get().device(index).timeline;
-      settle_regions(index);
-      py::gil_scoped_release no_gil;  // errors above need the GIL; the wait does not
-      timeline.wait_device();
+      Device& dev = Runtime::get().device(index);
+      py::gil_scoped_release no_gil;  // the wait checks for signals with the GIL
+      dev.synchronize();
     });
   });
   m.def("_memory_stats", [](int index) {
     return guarded([&] {
-      const AllocatorStats s = Runtime::get().device(index).allocator.stats();
+      const AllocatorStats s = Runtime::get().device(index).allocator().stats();
       py::dict d;
       d["allocation"] = stat_dict(s.allocation);
       d["segment"] = stat_dict(s.segment);
@@ -156,10 +187,10 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   m.def("_reset_peak_memory_stats", [](int index) {
-    guarded([&] { Runtime::get().device(index).allocator.reset_peak_stats(); });
+    guarded([&] { Runtime::get().device(index).allocator().reset_peak_stats(); });
   });
   m.def("_reset_accumulated_memory_stats", [](int index) {
-    guarded([&] { Runtime::get().device(index).allocator.reset_accumulated_stats(); });
+    guarded([&] { Runtime::get().device(index).allocator().reset_accumulated_stats(); });
   });
   m.def("_empty_cache", [] { guarded([&] { device_allocator().emptyCache({0, 0}); }); });
   m.def("_mem_get_info", [](int index) {
@@ -173,50 +204,41 @@ PYBIND11_MODULE(_C, m) {
       return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
     });
   });
-  m.def("_region_begin", [](int index, const std::string& key, double target_s, bool ends_at_sync) {
-    guarded([&] {
-      DeviceState& dev = Runtime::get().device(index);
-      const TimeNs pad = dev.regions.begin(key, static_cast<TimeNs>(target_s * 1e9),
-                                           dev.timeline.engine_ready(Engine::kCompute), host_now(), ends_at_sync);
-      if (pad > 0) charge(index, Engine::kCompute, pad);
+  // The model-level planner (torch_emugpu/profiles.py) drives the regions.
+  m.def("_forward_begin", [](int index, const std::string& key, double target_s) {
+    return guarded([&] {
+      return Runtime::get().device(index).forward_begin(current_stream_id(index), key, seconds_to_ns(target_s));
     });
   });
-  m.def("_region_end", [](int index) {
+  m.def("_forward_end", [](int index, const std::string& backward_key, double backward_s, bool expects_backward) {
     guarded([&] {
-      DeviceState& dev = Runtime::get().device(index);
-      const TimeNs pad = dev.regions.end(dev.timeline.engine_ready(Engine::kCompute));
-      if (pad > 0) charge(index, Engine::kCompute, pad);
+      Runtime::get().device(index).forward_end(current_stream_id(index), backward_key, seconds_to_ns(backward_s),
+                                               expects_backward);
     });
   });
+  m.def("_backward_reached", [](int index, const std::string& backward_key, double backward_s) {
+    guarded([&] {
+      Runtime::get().device(index).backward_reached(current_stream_id(index), backward_key,
+                                                    seconds_to_ns(backward_s));
+    });
+  });
+  m.def("_region_abort", [](int index) { guarded([&] { Runtime::get().device(index).region_abort(); }); });
   m.def("_region_report", [](int index) {
     return guarded([&] {
       py::list out;
-      for (const auto& r : Runtime::get().device(index).regions.report()) {
-        py::dict d;
-        d["key"] = r.key;
-        d["target_s"] = r.target / 1e9;
-        d["charged_s"] = r.charged / 1e9;
-        d["estimated_s"] = r.estimated / 1e9;
-        d["padded_s"] = r.padded / 1e9;
-        d["gaps_s"] = r.gaps / 1e9;
-        d["scale"] = r.scale;
-        d["occurrences"] = r.occurrences;
-        out.append(d);
-      }
+      for (const auto& r : Runtime::get().device(index).region_report()) out.append(region_dict(r));
       return out;
     });
   });
   m.def("_set_measured_transfer", [](int index, double latency_s, double rate, double pinned_rate) {
     guarded([&] {
-      Runtime::get().device(index).cost.set_measured_transfer(static_cast<TimeNs>(latency_s * 1e9), rate,
-                                                              pinned_rate);
+      Runtime::get().device(index).cost().set_measured_transfer(seconds_to_ns(latency_s), rate, pinned_rate);
     });
   });
   m.def("_load_profiles", [](const std::vector<std::string>& directories) {
     return guarded([&] {
       ProfileDb db;
       db.scan(directories);
-      Runtime::get().device(0);  // the catalog, to check the profiles' GPU names
       for (const auto& p : db.profiles()) {
         if (p.gpu.rfind("CPU", 0) == 0) continue;  // the profiler's CPU stand-in: never matches a GPU
         try {
@@ -234,9 +256,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_profile_lookup", [](const std::string& gpu, const std::string& model, py::object parameters,
                               int64_t batch_size, int gpu_count) {
     return guarded([&]() -> py::object {
-      const ProfileDb* db = Runtime::get().profiles();
+      const auto db = Runtime::get().profiles();
       if (db == nullptr) return py::none();
-      Runtime::get().device(0);  // configures from the environment if needed: the catalog must exist
       const Catalog& catalog = Runtime::get().catalog();
       const Profile* p = !model.empty() ? db->find(catalog, gpu, model)
                          : parameters.is_none() ? nullptr
@@ -257,32 +278,36 @@ PYBIND11_MODULE(_C, m) {
       return d;
     });
   });
+  m.def("_in_bad_fork", [] { return Runtime::get().in_bad_fork(); });
   m.def("_shape_cache_stats", [] { return shape_cache_stats(); });
   m.def("_host_now_ns", [] { return host_now(); });
   m.def("_device_ready_ns", [](int index) {
-    return guarded([&] { return Runtime::get().device(index).timeline.device_ready(); });
+    return guarded([&] { return Runtime::get().device(index).device_ready(); });
   });
   m.def("_engine_stats", [](int index) {
     return guarded([&] {
       py::dict d;
       const char* names[] = {"compute", "h2d", "d2h"};
       for (int e = 0; e < kEngineCount; ++e) {
-        const EngineStats s = Runtime::get().device(index).timeline.engine_stats(static_cast<Engine>(e));
+        const EngineStats s = Runtime::get().device(index).engine_stats(static_cast<Engine>(e));
         d[names[e]] = py::make_tuple(s.launches, s.busy_ns);
       }
-      d["host_blocked_ns"] = Runtime::get().device(index).timeline.host_blocked_ns();
+      d["host_blocked_ns"] = Runtime::get().device(index).host_blocked_ns();
       return d;
     });
   });
   m.def("_reset_engine_stats", [](int index) {
-    guarded([&] { Runtime::get().device(index).timeline.reset_stats(); });
+    guarded([&] { Runtime::get().device(index).reset_stats(); });
+  });
+  m.def("_utilization", [](int index) {
+    return guarded([&] { return Runtime::get().device(index).utilization(); });
   });
   m.def("_emulate_kernel", [](int index, double seconds) {
     return guarded([&] {
-      EMUGPU_CHECK(seconds >= 0, kValue, "kernel duration must be >= 0 s, got ", seconds);
+      const TimeNs duration = seconds_to_ns(seconds);
       Runtime::get().device(index);
       py::gil_scoped_release no_gil;  // a full launch queue blocks
-      return charge(index, Engine::kCompute, static_cast<TimeNs>(seconds * 1e9));
+      return charge(index, Engine::kCompute, duration);
     });
   });
 }

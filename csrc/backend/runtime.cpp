@@ -1,61 +1,126 @@
 #include "backend/runtime.h"
 
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
+#include <pthread.h>
 
 #include <array>
+#include <filesystem>
 
 namespace emugpu {
+namespace {
 
-DeviceState::DeviceState(int index_, const GpuSpec& gpu_)
-    : index(index_),
-      gpu(gpu_),
-      allocator(index_, gpu_.name,
-                gpu_.memory_bytes > kCudaContextBytes ? gpu_.memory_bytes - kCudaContextBytes
-                                                      : gpu_.memory_bytes,
-                gpu_.memory_bytes),
-      cost(gpu_) {}
+// profiles/gpus.json beside the compiled module (installed) or one level up
+// (a source checkout).
+std::string default_catalog() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&default_catalog), &info) == 0 || info.dli_fname == nullptr) {
+    return "profiles/gpus.json";
+  }
+  const auto here = std::filesystem::path(info.dli_fname).parent_path();
+  for (const auto& candidate : {here / "profiles" / "gpus.json", here.parent_path() / "profiles" / "gpus.json"}) {
+    if (std::filesystem::is_regular_file(candidate)) return candidate.string();
+  }
+  return (here / "profiles" / "gpus.json").string();
+}
+
+void on_fork_child() { Runtime::get().mark_forked_child(); }
+
+}  // namespace
 
 Runtime& Runtime::get() {
-  static Runtime* runtime = new Runtime();  // leaked: tensors may outlive static destruction
+  static Runtime* runtime = [] {
+    auto* r = new Runtime();  // leaked: tensors may outlive static destruction
+    pthread_atfork(nullptr, nullptr, &on_fork_child);
+    return r;
+  }();
   return *runtime;
 }
 
-void Runtime::configure(const Config& config) {
-  EMUGPU_CHECK(config.device_count >= 1 && config.device_count <= kMaxDevices, kValue,
-               "device_count must be between 1 and ", kMaxDevices, ", got ", config.device_count);
-  for (const auto& d : devices_) {
-    const auto in_use = d->allocator.stats().allocated_bytes[kAggregate].current;
-    EMUGPU_CHECK(in_use == 0, kRuntime, "cannot reconfigure torch-emugpu: emulated device ",
-                 d->index, " still holds ", format_bytes(static_cast<double>(in_use)),
-                 " of tensors; call configure() before creating emugpu tensors");
-  }
-  auto catalog = std::make_unique<Catalog>(Catalog::from_file(config.catalog_path));
-  const GpuSpec& gpu = catalog->find(config.gpu);
-  std::vector<std::unique_ptr<DeviceState>> devices;
-  for (int i = 0; i < config.device_count; ++i) {
-    devices.push_back(std::make_unique<DeviceState>(i, gpu));
-  }
-  // Old device states are leaked on purpose: guards on other threads may
-  // still hold references, and they own no memory (nothing is allocated).
-  for (auto& d : devices_) d.release();
-  catalog_.release();
-  catalog_ = std::move(catalog);
-  devices_ = std::move(devices);
-  config_ = config;
-  mode_.store(config.mode);
+void Runtime::mark_forked_child() {
+  // Only a child of a parent that used the devices is refused; DataLoader
+  // workers forked before the first emugpu op stay free to use them.
+  if (state_.load(std::memory_order_acquire) != nullptr) bad_fork_.store(true);
 }
 
-DeviceState& Runtime::device(int index) {
-  if (devices_.empty() && lazy_init_) {
-    std::lock_guard<std::mutex> lock(lazy_init_mutex_);
-    if (devices_.empty()) lazy_init_();
+void Runtime::configure(const ConfigRequest& request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Config config = resolve_config(request, default_catalog());
+  if (const State* old = state_.load(std::memory_order_acquire)) {
+    for (const auto& d : old->devices) {
+      const auto in_use = d->allocator().stats().allocated_bytes[kAggregate].current;
+      EMUGPU_CHECK(in_use == 0, kRuntime, "cannot reconfigure torch-emugpu: emulated device ", d->index(),
+                   " still holds ", format_bytes(static_cast<double>(in_use)),
+                   " of tensors; call configure() before creating emugpu tensors");
+    }
   }
-  EMUGPU_CHECK(!devices_.empty(), kRuntime,
-               "torch-emugpu is not configured; call torch_emugpu.configure() first");
-  EMUGPU_CHECK(index >= 0 && index < static_cast<int>(devices_.size()), kIndex,
-               "emugpu device index out of range: expected 0 <= index < ", devices_.size(),
-               ", got ", index, "; set EMUGPU_DEVICE_COUNT for more devices");
-  return *devices_[index];
+  auto state = std::make_unique<State>();
+  state->config = config;
+  state->catalog = std::make_unique<Catalog>(Catalog::from_file(config.catalog_path));
+  const GpuSpec& gpu = state->catalog->find(config.gpu);
+  for (int i = 0; i < config.device_count; ++i) state->devices.push_back(std::make_unique<Device>(i, gpu));
+  mode_.store(config.mode);
+  state_.store(state.release(), std::memory_order_release);  // the old state is leaked on purpose
+}
+
+void Runtime::ensure_configured() {
+  if (configured()) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (configured()) return;
+  lock.unlock();
+  try {
+    configure({});
+  } catch (const Error&) {
+    if (!configured()) throw;  // another thread configured meanwhile: fine
+  }
+}
+
+const Runtime::State& Runtime::state() {
+  EMUGPU_CHECK(!bad_fork_.load(std::memory_order_relaxed), kRuntime,
+               "Cannot re-initialize emugpu in forked subprocess: the parent used the emulated devices. "
+               "To use emugpu with multiprocessing, use the 'spawn' start method "
+               "(torch.multiprocessing.set_start_method('spawn'))");
+  ensure_configured();
+  return *state_.load(std::memory_order_acquire);
+}
+
+Config Runtime::config() {
+  Config c = state().config;
+  c.mode = mode_.load();
+  return c;
+}
+
+int Runtime::device_count() { return static_cast<int>(state().devices.size()); }
+
+int Runtime::device_count_or_default() noexcept {
+  try {
+    return device_count();
+  } catch (...) {
+    return 1;
+  }
+}
+
+Device& Runtime::device(int index) {
+  const State& s = state();
+  EMUGPU_CHECK(index >= 0 && index < static_cast<int>(s.devices.size()), kIndex,
+               "emugpu device index out of range: expected 0 <= index < ", s.devices.size(), ", got ", index,
+               "; set EMUGPU_DEVICE_COUNT for more devices");
+  return *s.devices[index];
+}
+
+void Runtime::set_mode(Mode mode) { mode_.store(mode); }
+
+const Catalog& Runtime::catalog() { return *state().catalog; }
+
+void Runtime::set_profiles(ProfileDb db) {
+  auto next = std::make_shared<const ProfileDb>(std::move(db));
+  std::lock_guard<std::mutex> lock(mutex_);
+  profiles_ = std::move(next);
+}
+
+std::shared_ptr<const ProfileDb> Runtime::profiles() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return profiles_;
 }
 
 namespace {
@@ -70,9 +135,16 @@ void set_current_device(int index) {
   tls_device = index;
 }
 
-int64_t current_stream_id(int device) { return tls_streams[device]; }
+int64_t current_stream_id(int device) {
+  EMUGPU_CHECK(device >= 0 && device < kMaxDevices, kIndex, "emugpu device index out of range: expected 0 <= index < ",
+               kMaxDevices, ", got ", device);
+  return tls_streams[device];
+}
 
-void set_current_stream_id(int device, int64_t stream) { tls_streams[device] = stream; }
+void set_current_stream_id(int device, int64_t stream) {
+  Runtime::get().device(device);  // range check
+  tls_streams[device] = stream;
+}
 
 void rethrow_as_c10(const Error& error) {
   switch (error.kind()) {

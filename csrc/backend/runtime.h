@@ -5,74 +5,64 @@
 #include <c10/core/Stream.h>
 
 #include <atomic>
-#include <functional>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include "core/caching_allocator.h"
 #include "core/catalog.h"
-#include "core/clock.h"
-#include "core/cost_model.h"
+#include "core/config.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/profile_db.h"
 
 namespace emugpu {
 
-enum class Mode { kTiming, kCompute };
-
-constexpr int kMaxDevices = 64;
-// Context overhead CUDA keeps out of cudaMalloc's reach on every GPU.
-constexpr uint64_t kCudaContextBytes = 300ull << 20;
-
-struct DeviceState {
-  DeviceState(int index, const GpuSpec& gpu);
-  int index;
-  const GpuSpec& gpu;
-  CachingAllocator allocator;
-  Timeline timeline;
-  CostModel cost;
-  RegionCalibrator regions;
-  std::atomic<int64_t> next_stream{1};
-};
-
-struct Config {
-  std::string catalog_path;
-  std::string gpu;
-  int device_count = 1;
-  Mode mode = Mode::kTiming;
-};
-
 class Runtime {
  public:
   static Runtime& get();
 
-  // (Re)creates the devices; refused while device memory is allocated.
-  void configure(const Config& config);
-  bool configured() const { return !devices_.empty(); }
-  const Config& config() const { return config_; }
+  // (Re)creates the devices; what `request` leaves out comes from the
+  // environment. Refused while device memory is allocated.
+  void configure(const ConfigRequest& request);
+  // Configures from the environment unless already configured.
+  void ensure_configured();
+  bool configured() const { return state_.load(std::memory_order_acquire) != nullptr; }
+  Config config();
 
-  int device_count() const { return static_cast<int>(devices_.size()); }
-  DeviceState& device(int index);
+  // Configures on first use, so the count is right from the first question
+  // (autograd sizes its per-device queues at its first backward).
+  int device_count();
+  // For noexcept callers: the count, or 1 when the configuration is broken
+  // (the error surfaces at the first real use).
+  int device_count_or_default() noexcept;
+  Device& device(int index);
   bool compute_mode() const { return mode_.load(std::memory_order_relaxed) == Mode::kCompute; }
-  void set_mode(Mode mode) { mode_.store(mode); config_.mode = mode; }
-  const Catalog& catalog() const { return *catalog_; }
+  void set_mode(Mode mode);  // the only setting that may change with tensors alive
+  const Catalog& catalog();
   // Profiles are (re)loaded from Python, which owns the search path.
-  void set_profiles(ProfileDb db) { profiles_ = std::make_unique<ProfileDb>(std::move(db)); }
-  const ProfileDb* profiles() const { return profiles_.get(); }
-  // Called once when a device is needed before configure() ran: the Python
-  // package configures from the environment (EMUGPU_GPU, ...).
-  void set_lazy_init(std::function<void()> init) { lazy_init_ = std::move(init); }
+  void set_profiles(ProfileDb db);
+  std::shared_ptr<const ProfileDb> profiles() const;
+
+  // A fork()ed child may not use the devices its parent used (as CUDA).
+  void mark_forked_child();
+  bool in_bad_fork() const { return bad_fork_.load(); }
 
  private:
-  Config config_;
-  std::unique_ptr<Catalog> catalog_;
-  std::vector<std::unique_ptr<DeviceState>> devices_;
+  // One immutable configuration: swapped whole, never freed (guards and
+  // tensors on other threads may still refer to its devices).
+  struct State {
+    Config config;
+    std::unique_ptr<Catalog> catalog;
+    std::vector<std::unique_ptr<Device>> devices;
+  };
+  const State& state();
+
+  mutable std::mutex mutex_;  // serialises configuration and profile swaps
+  std::atomic<const State*> state_{nullptr};
   std::atomic<Mode> mode_{Mode::kTiming};
-  std::function<void()> lazy_init_;
-  std::unique_ptr<ProfileDb> profiles_;
-  std::mutex lazy_init_mutex_;
+  std::shared_ptr<const ProfileDb> profiles_;
+  std::atomic<bool> bad_fork_{false};
 };
 
 // Thread-local current device and, per device, current stream (as CUDA).

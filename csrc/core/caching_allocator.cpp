@@ -10,12 +10,16 @@ namespace emugpu {
 
 size_t round_allocation_size(size_t size) {
   if (size < kMinBlockSize) return kMinBlockSize;
+  EMUGPU_CHECK(size <= kMaxCapacity, kOutOfMemory, "cannot round an allocation of ", size,
+               " bytes: expected at most 2^60 bytes, far beyond any GPU; request less memory");
   return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
 }
 
 size_t segment_size_for(size_t rounded) {
   if (rounded <= kSmallSize) return kSmallBuffer;
   if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  EMUGPU_CHECK(rounded <= kMaxCapacity, kOutOfMemory, "cannot size a segment for ", rounded,
+               " bytes: expected at most 2^60 bytes, far beyond any GPU; request less memory");
   return kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
 }
 
@@ -37,7 +41,9 @@ std::string format_bytes(double bytes) {
 
 CachingAllocator::CachingAllocator(int device, std::string gpu_name, uint64_t capacity, uint64_t total)
     : device_(device), gpu_name_(std::move(gpu_name)), capacity_(capacity), total_(total ? total : capacity) {
-  EMUGPU_CHECK(capacity > 0, kValue, "emulated GPU capacity must be positive, got 0 bytes");
+  EMUGPU_CHECK(capacity > 0 && capacity <= kMaxCapacity, kValue,
+               "emulated GPU capacity: expected 1 byte to 2^60 bytes, got ", capacity,
+               " bytes; check the GPU's memory_gib in the catalog");
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -88,7 +94,7 @@ Block* CachingAllocator::take_free_block(FreeSet& pool, size_t size) {
 }
 
 Block* CachingAllocator::new_segment(size_t size, bool small) {
-  if (reserved() + size > capacity_) return nullptr;
+  if (reserved_locked() + size > capacity_) return nullptr;
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   EMUGPU_CHECK(base != MAP_FAILED, kRuntime, "could not reserve ", format_bytes(size),
@@ -122,12 +128,20 @@ void CachingAllocator::release_cached_segments() {
   }
 }
 
-uint64_t CachingAllocator::reserved() const {
+uint64_t CachingAllocator::reserved_locked() const {
   return static_cast<uint64_t>(stats_.reserved_bytes[kAggregate].current);
+}
+
+uint64_t CachingAllocator::reserved() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reserved_locked();
 }
 
 Block* CachingAllocator::allocate(size_t requested) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Before any arithmetic (rounding SIZE_MAX would wrap to a tiny block);
+  // smaller oversized requests take CUDA's path: free the cache, retry, fail.
+  if (requested > kMaxCapacity) throw_oom(requested, requested);
   const size_t size = round_allocation_size(requested);
   const bool small = size <= kSmallSize;
   Block* block = take_free_block(small ? small_free_ : large_free_, size);
@@ -230,7 +244,7 @@ void CachingAllocator::reset_accumulated_stats() {
 
 void CachingAllocator::throw_oom(size_t requested, size_t segment) {
   stats_.num_ooms += 1;
-  const uint64_t reserved_now = reserved();
+  const uint64_t reserved_now = reserved_locked();
   const auto allocated = static_cast<uint64_t>(stats_.allocated_bytes[kAggregate].current);
   const uint64_t free_bytes = capacity_ > reserved_now ? capacity_ - reserved_now : 0;
   detail::throw_error(

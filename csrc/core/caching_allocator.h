@@ -21,6 +21,8 @@ constexpr size_t kSmallBuffer = 2 << 20;      // small-pool segment size
 constexpr size_t kLargeBuffer = 20 << 20;     // segment for requests under kMinLargeAlloc
 constexpr size_t kMinLargeAlloc = 10 << 20;
 constexpr size_t kRoundLarge = 2 << 20;
+// Far above any GPU; keeps sizes and their int64 statistics from overflowing.
+constexpr uint64_t kMaxCapacity = uint64_t{1} << 60;
 
 size_t round_allocation_size(size_t size);
 size_t segment_size_for(size_t rounded);
@@ -77,7 +79,8 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // Throws kOutOfMemory, with a CUDA-style message, when it cannot fit.
+  // Throws kOutOfMemory, with a CUDA-style message, when it cannot fit
+  // (requests beyond the capacity included, however large).
   Block* allocate(size_t size);
   void free(Block* block);
   void empty_cache();
@@ -100,6 +103,7 @@ class CachingAllocator {
   Block* take_free_block(FreeSet& pool, size_t size);
   Block* new_segment(size_t size, bool small);
   void release_cached_segments();
+  uint64_t reserved_locked() const;
   void insert_free(Block* block);
   void erase_free(Block* block);
   void update(StatArray& stat, bool small, int64_t amount);

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -63,53 +63,213 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 namespace {
 
-template <typename T>
-T required(const nlohmann::json& entry, const char* field, const std::string& where) {
+using nlohmann::json;
+
+constexpr size_t kDescribeLimit = 80;
+
+// Cuts at most `limit` bytes without splitting a UTF-8 sequence: messages
+// reach Python, which refuses invalid UTF-8.
+std::string truncated(std::string text, size_t limit) {
+  if (text.size() <= limit) return text;
+  size_t n = limit - 3;
+  while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  text.resize(n);
+  return text + "...";
+}
+
+std::string scalar_text(const json& v) {
+  if (v.is_number_float() && !std::isfinite(v.get<double>())) {
+    const double d = v.get<double>();
+    return std::isnan(d) ? "nan" : d > 0 ? "infinity" : "-infinity";
+  }
+  if (v.is_string() && v.get_ref<const std::string&>().size() > kDescribeLimit) {
+    return truncated(json(v.get_ref<const std::string&>().substr(0, kDescribeLimit))
+                         .dump(-1, ' ', false, json::error_handler_t::replace),
+                     kDescribeLimit);
+  }
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Prints bounds as people write them: 16384, not 16384.0 or 1.6384e+04.
+std::string plain(double x) {
+  if (x == std::floor(x) && std::fabs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
+template <typename Int>
+Int integer_field(const json& v, int64_t lo, int64_t hi, const std::string& where, const char* field) {
+  const auto n = json_integer_in(v, lo, hi);
+  if (!n) {
+    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected an integer from ", lo,
+                        " to ", hi, ", found ", describe_json(v), "; correct the GPU entry");
+  }
+  return static_cast<Int>(*n);
+}
+
+const json& required_field(const json& entry, const char* field, const std::string& where) {
   EMUGPU_CHECK(entry.contains(field), kValue, where, ": expected field '", field,
                "', found none; add it to the GPU entry");
-  try {
-    return entry.at(field).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    detail::throw_error(ErrorKind::kValue, where, ": field '", field,
-                        "' has the wrong type (found ", entry.at(field).dump(), ")");
+  return entry.at(field);
+}
+
+// A finite number in (0, max], or [0, max] for optional fields, where an
+// absent or null field reads as 0 ("not published").
+double number_field(const json& entry, const char* field, const std::string& where, bool required,
+                    double max, const char* unit) {
+  if (!required && (!entry.contains(field) || entry.at(field).is_null())) return 0;
+  const json& v = required ? required_field(entry, field, where) : entry.at(field);
+  const bool ok = v.is_number() && std::isfinite(v.get<double>()) &&
+                  (required ? v.get<double>() > 0 : v.get<double>() >= 0) && v.get<double>() <= max;
+  if (!ok) {
+    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected a number ",
+                        required ? "> 0" : ">= 0", " and <= ", plain(max), " (", unit, "), found ",
+                        describe_json(v), "; correct the GPU entry");
   }
+  return v.get<double>();
+}
+
+std::string string_field(const json& entry, const char* field, const std::string& where) {
+  const json& v = required_field(entry, field, where);
+  if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected a non-empty string, found ",
+                        describe_json(v), "; correct the GPU entry");
+  }
+  return v.get<std::string>();
+}
+
+// "MAJOR.MINOR", each 0..99; stricter than sscanf, whose %d overflows on long
+// digit runs and which ignores trailing junk.
+bool parse_compute_capability(const std::string& text, int& major, int& minor) {
+  const size_t dot = text.find('.');
+  if (dot == std::string::npos) return false;
+  auto part = [](std::string_view digits, int& out) {
+    if (digits.empty() || digits.size() > 2) return false;
+    out = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + (c - '0');
+    }
+    return true;
+  };
+  const std::string_view all(text);
+  return part(all.substr(0, dot), major) && part(all.substr(dot + 1), minor);
 }
 
 }  // namespace
 
-Catalog Catalog::from_json_text(std::string_view text, const std::string& origin) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    detail::throw_error(ErrorKind::kValue, origin, ": not valid JSON (", e.what(), ")");
+std::string describe_json(const json& value) {
+  if (!value.is_array() && !value.is_object()) return truncated(scalar_text(value), kDescribeLimit);
+  // One level only, built in a loop: the value may be nested arbitrarily deep.
+  const bool array = value.is_array();
+  std::string out = array ? "[" : "{";
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (out.size() > kDescribeLimit) break;
+    if (it != value.begin()) out += ", ";
+    if (!array) out += scalar_text(json(it.key())) + ": ";
+    const json& e = it.value();
+    if (e.is_array()) out += e.empty() ? "[]" : "[...]";
+    else if (e.is_object()) out += e.empty() ? "{}" : "{...}";
+    else out += scalar_text(e);
   }
-  EMUGPU_CHECK(doc.is_object() && doc.contains("gpus") && doc["gpus"].is_array(), kValue,
+  out += array ? "]" : "}";
+  if (out.size() <= kDescribeLimit) return out;
+  return truncated(out, kDescribeLimit) + " (" + (array ? "an array of " : "an object with ") +
+         std::to_string(value.size()) + (array ? " elements)" : " keys)");
+}
+
+std::optional<int64_t> json_integer_in(const json& value, int64_t lo, int64_t hi) {
+  int64_t n = 0;
+  if (value.is_number_unsigned()) {
+    const auto u = value.get<uint64_t>();
+    if (hi < 0 || u > static_cast<uint64_t>(hi)) return std::nullopt;
+    n = static_cast<int64_t>(u);
+  } else if (value.is_number_integer()) {
+    n = value.get<int64_t>();
+  } else if (value.is_number_float()) {
+    // Range before the cast: casting an out-of-range double is undefined.
+    const double d = value.get<double>();
+    constexpr double kExact = 9007199254740992.0;  // 2^53
+    if (!std::isfinite(d) || d != std::floor(d) || d < -kExact || d > kExact) return std::nullopt;
+    n = static_cast<int64_t>(d);
+  } else {
+    return std::nullopt;
+  }
+  if (n < lo || n > hi) return std::nullopt;
+  return n;
+}
+
+json parse_json_document(std::string_view text, const std::string& origin) {
+  // Refused on the opening bracket, before the nested value exists: building
+  // (and destroying) a 100000-deep value would exhaust the stack.
+  const json::parser_callback_t refuse_deep = [&origin](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth) {
+      detail::throw_error(ErrorKind::kValue, origin, ": JSON nested deeper than ", kMaxJsonDepth,
+                          " levels; expected a flat document (catalogs and profiles need 5 at most), so "
+                          "the file is corrupt or not a torch-emugpu file");
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, refuse_deep);
+  } catch (const json::exception& e) {
+    // Also number overflow (1e400), which nlohmann reports as out_of_range.
+    detail::throw_error(ErrorKind::kValue, origin, ": not valid JSON (", truncated(e.what(), 240),
+                        "); fix the file or remove it");
+  }
+}
+
+Catalog Catalog::from_json_text(std::string_view text, const std::string& origin) {
+  const json doc = parse_json_document(text, origin);
+  EMUGPU_CHECK(doc.is_object() && doc.contains("gpus") && doc.at("gpus").is_array(), kValue,
                origin, ": expected an object with a 'gpus' array");
+  const json& gpus = doc.at("gpus");
   Catalog catalog;
-  for (size_t i = 0; i < doc["gpus"].size(); ++i) {
-    const auto& e = doc["gpus"][i];
-    const std::string where = origin + ": gpus[" + std::to_string(i) + "]";
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    const json& e = gpus[i];
+    std::string where = origin + ": gpus[" + std::to_string(i) + "]";
+    EMUGPU_CHECK(e.is_object(), kValue, where, ": expected an object describing one GPU, found ",
+                 describe_json(e));
     GpuSpec g;
-    g.name = required<std::string>(e, "name", where);
-    g.aliases = e.value("aliases", std::vector<std::string>{});
-    g.memory_bytes = static_cast<uint64_t>(required<double>(e, "memory_gib", where) * (1ull << 30));
-    g.sm_count = required<int>(e, "sm_count", where);
-    const auto cc = required<std::string>(e, "compute_capability", where);
-    EMUGPU_CHECK(std::sscanf(cc.c_str(), "%d.%d", &g.major, &g.minor) == 2, kValue, where,
-                 ": compute_capability: expected 'MAJOR.MINOR', found '", cc, "'");
-    g.fp32_flops = required<double>(e, "fp32_tflops", where) * 1e12;
-    g.tf32_flops = e.value("tf32_tflops", 0.0) * 1e12;
-    g.fp16_flops = e.value("fp16_tflops", 0.0) * 1e12;
-    g.bf16_flops = e.value("bf16_tflops", 0.0) * 1e12;
-    g.fp64_flops = e.value("fp64_tflops", 0.0) * 1e12;
-    g.memory_bandwidth = required<double>(e, "memory_bandwidth_gbps", where) * 1e9;
-    g.pcie_generation = required<int>(e, "pcie_generation", where);
-    g.pcie_width = required<int>(e, "pcie_width", where);
-    g.nvlink_bandwidth = e.value("nvlink_gbps", 0.0) * 1e9;
-    EMUGPU_CHECK(g.memory_bytes > 0 && g.sm_count > 0 && g.fp32_flops > 0 && g.memory_bandwidth > 0,
-                 kValue, where, " (", g.name,
-                 "): memory, SM count, FP32 rate and bandwidth must be positive");
+    g.name = string_field(e, "name", where);
+    where += " (" + describe_json(e.at("name")) + ")";
+    if (e.contains("aliases") && !e.at("aliases").is_null()) {
+      const json& aliases = e.at("aliases");
+      EMUGPU_CHECK(aliases.is_array(), kValue, where, ": field 'aliases': expected an array of names, found ",
+                   describe_json(aliases), "; correct the GPU entry");
+      for (size_t k = 0; k < aliases.size(); ++k) {
+        EMUGPU_CHECK(aliases[k].is_string(), kValue, where, ": field 'aliases[", k,
+                     "]': expected a string, found ", describe_json(aliases[k]), "; correct the GPU entry");
+        g.aliases.push_back(aliases[k].get<std::string>());
+      }
+    }
+    // Bounds far above any real GPU: they catch unit mix-ups (MiB for GiB)
+    // and keep the cast to uint64 in range.
+    g.memory_bytes = static_cast<uint64_t>(number_field(e, "memory_gib", where, true, 16384, "GiB") *
+                                           static_cast<double>(1ull << 30));
+    g.sm_count = integer_field<int>(required_field(e, "sm_count", where), 1, 10000, where, "sm_count");
+    const json& cc = required_field(e, "compute_capability", where);
+    EMUGPU_CHECK(cc.is_string() && parse_compute_capability(cc.get<std::string>(), g.major, g.minor), kValue,
+                 where, ": field 'compute_capability': expected 'MAJOR.MINOR' with each part an integer "
+                 "0..99, found ", describe_json(cc), "; correct the GPU entry");
+    constexpr double kMaxTflops = 1e6;  // 1e18 FLOP/s
+    const char* tflops = "TFLOP/s; that is 1e18 FLOP/s";
+    g.fp32_flops = number_field(e, "fp32_tflops", where, true, kMaxTflops, tflops) * 1e12;
+    g.tf32_flops = number_field(e, "tf32_tflops", where, false, kMaxTflops, tflops) * 1e12;
+    g.fp16_flops = number_field(e, "fp16_tflops", where, false, kMaxTflops, tflops) * 1e12;
+    g.bf16_flops = number_field(e, "bf16_tflops", where, false, kMaxTflops, tflops) * 1e12;
+    g.fp64_flops = number_field(e, "fp64_tflops", where, false, kMaxTflops, tflops) * 1e12;
+    constexpr double kMaxGbps = 1e6;  // 1e15 B/s
+    const char* gbps = "GB/s; that is 1e15 bytes/s";
+    g.memory_bandwidth = number_field(e, "memory_bandwidth_gbps", where, true, kMaxGbps, gbps) * 1e9;
+    g.pcie_generation =
+        integer_field<int>(required_field(e, "pcie_generation", where), 1, 6, where, "pcie_generation");
+    g.pcie_width = integer_field<int>(required_field(e, "pcie_width", where), 1, 32, where, "pcie_width");
+    g.nvlink_bandwidth = number_field(e, "nvlink_gbps", where, false, kMaxGbps, gbps) * 1e9;
+    EMUGPU_CHECK(g.memory_bytes > 0, kValue, where, ": field 'memory_gib': expected at least one byte, found ",
+                 describe_json(e.at("memory_gib")), "; correct the GPU entry");
     catalog.gpus_.push_back(std::move(g));
   }
   EMUGPU_CHECK(!catalog.gpus_.empty(), kValue, origin, ": expected at least one GPU, found none");

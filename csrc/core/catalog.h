@@ -2,9 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace emugpu {
 
@@ -50,5 +53,22 @@ class Catalog {
 // and "v100 pcie 32gb" both become "v100pcie32gb".
 std::string normalize_gpu_name(std::string_view name);
 size_t edit_distance(std::string_view a, std::string_view b);
+
+// Catalog and profile files are edited by hand and may be hostile: parsing
+// and error messages must stay bounded whatever the input.
+constexpr int kMaxJsonDepth = 64;
+
+// Parses `text`; throws kValue starting with `origin` for invalid JSON or for
+// arrays/objects nested deeper than kMaxJsonDepth (refused while parsing, so
+// a deep document is never built).
+nlohmann::json parse_json_document(std::string_view text, const std::string& origin);
+
+// `value` for an error message: at most about 80 characters, looking one
+// level into arrays and objects and no deeper.
+std::string describe_json(const nlohmann::json& value);
+
+// The integer `value` holds, when it holds one in [lo, hi]: integral floats
+// such as 64.0 count, 1.5 does not; nothing out of range is ever cast.
+std::optional<int64_t> json_integer_in(const nlohmann::json& value, int64_t lo, int64_t hi);
 
 }  // namespace emugpu

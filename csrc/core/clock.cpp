@@ -2,11 +2,29 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
+#include <mutex>
 #include <thread>
 
 #include "error.h"
 
 namespace emugpu {
+namespace {
+
+std::mutex g_interrupt_mutex;
+std::function<void()> g_interrupt_check;
+
+void check_interrupt() {
+  std::function<void()> check;
+  {
+    std::lock_guard<std::mutex> lock(g_interrupt_mutex);
+    check = g_interrupt_check;
+  }
+  if (check) check();
+}
+
+}  // namespace
 
 TimeNs host_now() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -14,89 +32,94 @@ TimeNs host_now() {
       .count();
 }
 
-void sleep_until(TimeNs deadline) {
-  // The kernel's timer slack and wake-up latency are tens of microseconds;
-  // sleep short of the deadline and spin the rest to stay accurate.
+TimeNs SteadyClock::now() const { return host_now(); }
+
+void SteadyClock::sleep_until(TimeNs deadline) {
+  // The kernel's timer slack and wake-up latency are tens of microseconds:
+  // sleep short of the deadline and spin the rest. Long sleeps wake up every
+  // kSlice to let the host interrupt them.
   constexpr TimeNs kSpin = 200'000;
+  constexpr TimeNs kSlice = 50'000'000;
+  auto sleep_to = [](TimeNs t) {
+    std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::nanoseconds(t)));
+  };
   TimeNs now = host_now();
-  if (deadline - now > kSpin) {
-    std::this_thread::sleep_until(std::chrono::steady_clock::time_point(
-        std::chrono::nanoseconds(deadline - kSpin)));
+  while (deadline - now > kSpin + kSlice) {
+    sleep_to(now + kSlice);
+    check_interrupt();
+    now = host_now();
   }
-  while (host_now() < deadline) {
-    std::this_thread::yield();
+  if (deadline - now > kSpin) sleep_to(deadline - kSpin);
+  while (host_now() < deadline) std::this_thread::yield();
+}
+
+void ManualClock::sleep_until(TimeNs deadline) {
+  TimeNs now = now_.load();
+  while (now < deadline && !now_.compare_exchange_weak(now, deadline)) {
   }
+}
+
+Clock& steady_clock() {
+  static SteadyClock clock;
+  return clock;
+}
+
+void set_wait_interrupt_check(std::function<void()> check) {
+  std::lock_guard<std::mutex> lock(g_interrupt_mutex);
+  g_interrupt_check = std::move(check);
+}
+
+TimeNs seconds_to_ns(double seconds) {
+  // A century is far beyond any wait worth emulating and far below overflow.
+  constexpr double kMax = 100.0 * 365 * 24 * 3600 * 1e9;
+  EMUGPU_CHECK(std::isfinite(seconds) && seconds >= 0, kValue, "expected a duration >= 0 s, got ", seconds);
+  return static_cast<TimeNs>(std::min(seconds * 1e9, kMax));
 }
 
 Timeline::Timeline(size_t queue_depth) : queue_depth_(queue_depth) {
   EMUGPU_CHECK(queue_depth > 0, kValue, "launch queue depth must be positive, got 0");
 }
 
-TimeNs Timeline::launch(int64_t stream, Engine engine, TimeNs duration) {
+TimeNs Timeline::start_of(int64_t stream, Engine engine, TimeNs now) const {
+  auto it = stream_ready_.find(stream);
+  const TimeNs ready = it == stream_ready_.end() ? 0 : it->second;
+  return std::max({now, ready, engine_ready_[static_cast<int>(engine)]});
+}
+
+TimeNs Timeline::place(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now) {
   EMUGPU_CHECK(duration >= 0, kValue, "operation duration must be >= 0 ns, got ", duration);
   const int e = static_cast<int>(engine);
-  TimeNs wait_for = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const TimeNs now = host_now();
-    while (!pending_.empty() && pending_.front() <= now) pending_.pop_front();
-    if (pending_.size() >= queue_depth_) wait_for = pending_[pending_.size() - queue_depth_];
-  }
-  if (wait_for > 0) wait_until(wait_for);
-
-  std::lock_guard<std::mutex> lock(mutex_);
-  const TimeNs now = host_now();
-  TimeNs& ready = stream_ready_[stream];
-  const TimeNs start = std::max({now, ready, engine_ready_[e]});
   const TimeNs end = start + duration;
-  ready = end;
-  engine_ready_[e] = end;
+  TimeNs& ready = stream_ready_[stream];
+  ready = std::max(ready, end);
+  engine_ready_[e] = std::max(engine_ready_[e], end);
   stats_[e].launches += 1;
   stats_[e].busy_ns += duration;
   if (end > now) pending_.push_back(end);
   return end;
 }
 
-void Timeline::wait_until(TimeNs t) {
-  const TimeNs start = host_now();
-  if (t <= start) return;
-  sleep_until(t);
-  blocked_ns_.fetch_add(host_now() - start, std::memory_order_relaxed);
+TimeNs Timeline::queue_wait(TimeNs now) {
+  while (!pending_.empty() && pending_.front() <= now) pending_.pop_front();
+  return pending_.size() >= queue_depth_ ? pending_[pending_.size() - queue_depth_] : 0;
 }
 
 TimeNs Timeline::stream_ready(int64_t stream) const {
-  std::lock_guard<std::mutex> lock(mutex_);
   auto it = stream_ready_.find(stream);
   return it == stream_ready_.end() ? 0 : it->second;
 }
 
 TimeNs Timeline::device_ready() const {
-  std::lock_guard<std::mutex> lock(mutex_);
   TimeNs t = *std::max_element(engine_ready_.begin(), engine_ready_.end());
   for (const auto& [id, ready] : stream_ready_) t = std::max(t, ready);
   return t;
 }
 
-TimeNs Timeline::engine_ready(Engine engine) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return engine_ready_[static_cast<int>(engine)];
-}
+TimeNs Timeline::engine_ready(Engine engine) const { return engine_ready_[static_cast<int>(engine)]; }
 
 void Timeline::stream_wait(int64_t stream, TimeNs t) {
-  std::lock_guard<std::mutex> lock(mutex_);
   TimeNs& ready = stream_ready_[stream];
   ready = std::max(ready, t);
-}
-
-EngineStats Timeline::engine_stats(Engine engine) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_[static_cast<int>(engine)];
-}
-
-void Timeline::reset_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  stats_ = {};
-  blocked_ns_.store(0);
 }
 
 }  // namespace emugpu

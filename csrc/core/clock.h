@@ -1,15 +1,16 @@
-// The emulated GPU timeline: engines, streams and events over host time.
+// Time sources and the emulated GPU's timeline of engines and streams.
 //
-// Times are nanoseconds on the host's steady clock. Launching work only moves
-// the timeline forward; the host blocks only in the wait_* calls (and when the
-// launch queue is full, as with CUDA).
+// Times are nanoseconds on a Clock. The real one is the host's steady clock;
+// tests inject a ManualClock so that timeline behaviour never depends on how
+// busy the host is. Timeline itself is a plain data structure without locks
+// or waits: Device (device.h) owns one, locks it and decides when to block.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <mutex>
+#include <functional>
 #include <unordered_map>
 
 namespace emugpu {
@@ -19,9 +20,46 @@ using TimeNs = int64_t;
 enum class Engine : int { kCompute = 0, kHostToDevice = 1, kDeviceToHost = 2 };
 constexpr int kEngineCount = 3;
 
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual TimeNs now() const = 0;
+  // Blocks the calling thread until now() >= deadline. May throw when the
+  // wait is interrupted (see set_wait_interrupt_check).
+  virtual void sleep_until(TimeNs deadline) = 0;
+};
+
+// The host's steady clock: an absolute sleep to just before the deadline,
+// then a short spin, checking for interrupts during long sleeps.
+class SteadyClock final : public Clock {
+ public:
+  TimeNs now() const override;
+  void sleep_until(TimeNs deadline) override;
+};
+
+// A clock that moves only when told to (tests): sleeping jumps to the deadline.
+class ManualClock final : public Clock {
+ public:
+  explicit ManualClock(TimeNs start = 1'000'000'000) : now_(start) {}
+  TimeNs now() const override { return now_.load(); }
+  void sleep_until(TimeNs deadline) override;
+  void advance(TimeNs by) { now_.fetch_add(by); }
+
+ private:
+  std::atomic<TimeNs> now_;
+};
+
+// The process-wide steady clock.
+Clock& steady_clock();
 TimeNs host_now();
-// Sleeps until `deadline`: an absolute sleep to just before it, then a spin.
-void sleep_until(TimeNs deadline);
+
+// Installs a function that long host waits call every few tens of
+// milliseconds; it may throw to abandon the wait (Ctrl-C in Python). Waits
+// shorter than that never call it, so short waits stay accurate.
+void set_wait_interrupt_check(std::function<void()> check);
+
+// Clamps a duration in seconds to nanoseconds without overflowing.
+TimeNs seconds_to_ns(double seconds);
 
 struct EngineStats {
   int64_t launches = 0;
@@ -34,34 +72,28 @@ class Timeline {
   // run ahead of the device before a launch blocks (CUDA's is about 1024).
   explicit Timeline(size_t queue_depth = 1024);
 
-  // Enqueues `duration` of work on `stream` and `engine`; returns its end time.
-  TimeNs launch(int64_t stream, Engine engine, TimeNs duration);
-  // Time at which all work enqueued so far on `stream` is done.
+  // When work launched now on `stream` and `engine` could start.
+  TimeNs start_of(int64_t stream, Engine engine, TimeNs now) const;
+  // Puts `duration` of work at `start` (from start_of); returns its end.
+  TimeNs place(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
+  // The time a launch at `now` must wait for (0 when the queue has room).
+  TimeNs queue_wait(TimeNs now);
+
   TimeNs stream_ready(int64_t stream) const;
-  // Time at which all work enqueued so far on the device is done.
   TimeNs device_ready() const;
-  // Time at which all work enqueued so far on `engine` is done.
   TimeNs engine_ready(Engine engine) const;
   // Makes later work on `stream` wait for `t` (Event.wait / stream.wait_event).
   void stream_wait(int64_t stream, TimeNs t);
 
-  // Host blocking points; the time spent in them is counted (host_blocked_ns).
-  void wait_until(TimeNs t);
-  void wait_stream(int64_t stream) { wait_until(stream_ready(stream)); }
-  void wait_device() { wait_until(device_ready()); }
-  TimeNs host_blocked_ns() const { return blocked_ns_.load(std::memory_order_relaxed); }
-
-  EngineStats engine_stats(Engine engine) const;
-  void reset_stats();
+  EngineStats engine_stats(Engine engine) const { return stats_[static_cast<int>(engine)]; }
+  void reset_stats() { stats_ = {}; }
 
  private:
-  mutable std::mutex mutex_;
   size_t queue_depth_;
   std::unordered_map<int64_t, TimeNs> stream_ready_;
   std::array<TimeNs, kEngineCount> engine_ready_{};
   std::array<EngineStats, kEngineCount> stats_{};
   std::deque<TimeNs> pending_;  // end times of launched work, in launch order
-  std::atomic<TimeNs> blocked_ns_{0};
 };
 
 }  // namespace emugpu

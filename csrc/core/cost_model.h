@@ -2,10 +2,6 @@
 #pragma once
 
 #include <atomic>
-#include <map>
-#include <mutex>
-#include <string>
-#include <vector>
 
 #include "catalog.h"
 #include "clock.h"
@@ -50,57 +46,6 @@ class CostModel {
   std::atomic<TimeNs> measured_latency_{0};
   std::atomic<double> measured_rate_{0};
   std::atomic<double> measured_pinned_rate_{0};
-};
-
-// Charges a code region (a model's forward, or its backward + update) a
-// measured total: the region must finish `target` after it started on the
-// device. Ops inside it are scaled so that their time plus the idle gaps the
-// host left in the region's previous occurrence add up to the target (the
-// time stays spread over the ops in proportion to their estimates); what is
-// still missing when the region ends is returned as a pad for the caller.
-class RegionCalibrator {
- public:
-  struct Report {
-    std::string key;
-    TimeNs target = 0;      // of the last occurrence
-    TimeNs charged = 0;     // by its ops, scaled
-    TimeNs estimated = 0;   // by its ops, unscaled
-    TimeNs padded = 0;      // owed at its end
-    TimeNs gaps = 0;        // device idle time inside it (host-bound stretches)
-    double scale = 1;       // applied during it
-    int64_t occurrences = 0;
-  };
-
-  // Ends the active region, whose ops finish at `finish` on the device
-  // (returning its pad, >= 0), and starts `key` at host time `now`: its work
-  // starts on the device after that and after the pad.
-  // With `ends_at_sync`, the region also ends at the next host sync point
-  // (settle()): a backward + update region ends where the loop waits.
-  TimeNs begin(const std::string& key, TimeNs target, TimeNs finish, TimeNs now, bool ends_at_sync = false);
-  // At a host sync point: ends the active region if it ends at syncs; returns its pad.
-  TimeNs settle(TimeNs finish);
-  // Ends the active region, whose ops finish at `finish` on the device;
-  // returns its pad (0 when none is active).
-  TimeNs end(TimeNs finish);
-  // An op's duration inside the active region (unchanged outside one).
-  TimeNs apply(TimeNs estimate);
-  bool active() const { return active_.load(std::memory_order_relaxed); }
-  std::vector<Report> report() const;
-
- private:
-  TimeNs end_locked(TimeNs finish);
-
-  mutable std::mutex mutex_;
-  std::atomic<bool> active_{false};
-  std::atomic<double> scale_{1};
-  std::atomic<TimeNs> charged_{0};
-  std::atomic<TimeNs> estimated_{0};
-  std::string key_;
-  TimeNs target_ = 0;
-  TimeNs start_ = 0;
-  bool ends_at_sync_ = false;
-  std::map<std::string, double> scales_;
-  std::map<std::string, Report> reports_;
 };
 
 }  // namespace emugpu

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <bit>
 
 #include "error.h"
@@ -23,6 +24,8 @@ void HostAllocator::release(char* ptr, const Block& block) {
 
 void* HostAllocator::allocate(size_t size) {
   EMUGPU_CHECK(size > 0, kValue, "pinned host allocation of 0 bytes");
+  EMUGPU_CHECK(size <= kMaxHostBlock, kOutOfMemory, "pinned host allocation of ", size,
+               " bytes: expected at most 2^48 bytes (256 TiB); request less memory");
   const size_t rounded = std::bit_ceil(std::max(size, kMinHostBlock));
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.allocations += 1;
@@ -79,6 +82,11 @@ void HostAllocator::empty_cache() {
     stats_.cached_bytes -= static_cast<int64_t>(size);
   }
   cached_.clear();
+}
+
+bool HostAllocator::lock_refused() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lock_refused_;
 }
 
 HostAllocatorStats HostAllocator::stats() const {

@@ -10,6 +10,10 @@
 
 namespace emugpu {
 
+// 256 TiB: more than any host has, and small enough that rounding up to a
+// power of two cannot overflow.
+constexpr size_t kMaxHostBlock = size_t{1} << 48;
+
 struct HostAllocatorStats {
   int64_t allocated_bytes = 0;  // in blocks handed out
   int64_t cached_bytes = 0;     // in free blocks kept for reuse
@@ -26,7 +30,8 @@ class HostAllocator {
   HostAllocator& operator=(const HostAllocator&) = delete;
 
   // Returns at least `size` bytes; sizes round up to a power of two (>= 4 KiB)
-  // so freed blocks fit later requests. Never returns nullptr for size > 0.
+  // so freed blocks fit later requests. Never returns nullptr for size > 0;
+  // throws kOutOfMemory beyond kMaxHostBlock.
   void* allocate(size_t size);
   void free(void* ptr);
   // True if `ptr` points into a block of this allocator (allocated or cached).
@@ -36,7 +41,7 @@ class HostAllocator {
   HostAllocatorStats stats() const;
   // Whether the last mlock failed (no privilege or RLIMIT_MEMLOCK); the
   // memory is then ordinary, and the caller should say so once.
-  bool lock_refused() const { return lock_refused_; }
+  bool lock_refused() const;
 
  private:
   struct Block {

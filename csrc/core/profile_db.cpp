@@ -1,6 +1,7 @@
 #include "profile_db.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -26,26 +27,59 @@ const json& need(const json& obj, const char* key, const std::string& path, cons
 
 std::string need_string(const json& obj, const char* key, const std::string& path, const std::string& where) {
   const json& v = need(obj, key, path, where);
-  if (!v.is_string() || v.get<std::string>().empty()) bad(path, where + key, "expected a non-empty string, got " + v.dump());
+  if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+    bad(path, where + key, "expected a non-empty string, got " + describe_json(v));
+  }
   return v.get<std::string>();
 }
 
-double need_positive(const json& obj, const char* key, const std::string& path, const std::string& where) {
+int64_t need_integer(const json& v, int64_t lo, int64_t hi, const std::string& path, const std::string& field) {
+  const auto n = json_integer_in(v, lo, hi);
+  if (!n) {
+    bad(path, field, "expected an integer >= " + std::to_string(lo) + " and <= " + std::to_string(hi) +
+                         ", got " + describe_json(v));
+  }
+  return *n;
+}
+
+// Bounds far beyond any real measurement: they catch unit mix-ups (ms for s)
+// and keep interpolated values finite.
+constexpr double kMaxSeconds = 3600;                  // one iteration
+constexpr double kMaxBytes = 1152921504606846976.0;  // 2^60
+
+double need_seconds(const json& obj, const char* key, const std::string& path, const std::string& where) {
   const json& v = need(obj, key, path, where);
-  if (!v.is_number() || v.get<double>() <= 0) bad(path, where + key, "expected a positive number, got " + v.dump());
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0 || v.get<double>() > kMaxSeconds) {
+    bad(path, where + key, "expected a number of seconds > 0 and <= 3600 (one iteration), got " + describe_json(v));
+  }
   return v.get<double>();
 }
 
-std::optional<double> maybe_nonnegative(const json& obj, const char* key, const std::string& path,
-                                        const std::string& where) {
+// Absent or null, or a finite number from 0 to `max` (`max` itself only when `max_included`).
+std::optional<double> maybe_in(const json& obj, const char* key, double max, bool max_included,
+                               const char* expected, const std::string& path, const std::string& where) {
   if (!obj.contains(key) || obj.at(key).is_null()) return std::nullopt;
   const json& v = obj.at(key);
-  if (!v.is_number() || v.get<double>() < 0) bad(path, where + key, "expected a number >= 0 or null, got " + v.dump());
+  const bool in_range = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 &&
+                        (max_included ? v.get<double>() <= max : v.get<double>() < max);
+  if (!in_range) {
+    bad(path, where + key, std::string(expected) + " or null, got " + describe_json(v));
+  }
   return v.get<double>();
+}
+
+std::optional<double> maybe_seconds(const json& obj, const char* key, const std::string& path,
+                                    const std::string& where) {
+  return maybe_in(obj, key, kMaxSeconds, true, "expected a number of seconds >= 0 and <= 3600", path, where);
+}
+
+std::optional<double> maybe_bytes(const json& obj, const char* key, const std::string& path,
+                                  const std::string& where) {
+  return maybe_in(obj, key, kMaxBytes, false, "expected a number of bytes >= 0 and < 2^60", path, where);
 }
 
 ProfileTable parse_table(const json& batches, int gpu_count, const std::string& path, const std::string& where) {
-  if (!batches.is_array()) bad(path, where, "expected an array of batch entries, got " + batches.dump());
+  if (!batches.is_array()) bad(path, where, "expected an array of batch entries, got " + describe_json(batches));
   if (batches.empty()) bad(path, where, "expected at least one batch entry, found none");
   ProfileTable table;
   table.gpu_count = gpu_count;
@@ -53,21 +87,17 @@ ProfileTable parse_table(const json& batches, int gpu_count, const std::string& 
     const std::string at = where + "[" + std::to_string(i) + "].";
     const json& b = batches[i];
     ProfilePoint p;
-    const json& bs = need(b, "batch_size", path, at);
-    if (!bs.is_number_integer() || bs.get<int64_t>() < 1) {
-      bad(path, at + "batch_size", "expected an integer >= 1, got " + bs.dump());
-    }
-    p.batch_size = bs.get<int64_t>();
+    p.batch_size = need_integer(need(b, "batch_size", path, at), 1, int64_t{1} << 31, path, at + "batch_size");
     if (!table.points.empty() && p.batch_size <= table.points.back().batch_size) {
       bad(path, at + "batch_size", "batch sizes must increase strictly; " + std::to_string(p.batch_size) +
                                        " follows " + std::to_string(table.points.back().batch_size));
     }
-    p.forward_s = need_positive(b, "forward_s", path, at);
-    p.backward_s = need_positive(b, "backward_s", path, at);
-    p.transfer_pageable_s = maybe_nonnegative(b, "transfer_pageable_s", path, at);
-    p.transfer_pinned_s = maybe_nonnegative(b, "transfer_pinned_s", path, at);
-    p.peak_bytes = maybe_nonnegative(b, "peak_bytes", path, at);
-    p.persistent_bytes = maybe_nonnegative(b, "persistent_bytes", path, at);
+    p.forward_s = need_seconds(b, "forward_s", path, at);
+    p.backward_s = need_seconds(b, "backward_s", path, at);
+    p.transfer_pageable_s = maybe_seconds(b, "transfer_pageable_s", path, at);
+    p.transfer_pinned_s = maybe_seconds(b, "transfer_pinned_s", path, at);
+    p.peak_bytes = maybe_bytes(b, "peak_bytes", path, at);
+    p.persistent_bytes = maybe_bytes(b, "persistent_bytes", path, at);
     table.points.push_back(p);
   }
   return table;
@@ -93,12 +123,7 @@ const ProfileTable* Profile::table(int gpu_count) const {
 }
 
 Profile parse_profile(std::string_view text, const std::string& path) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    detail::throw_error(ErrorKind::kValue, "profile ", path, ": not valid JSON (", e.what(), ")");
-  }
+  const json doc = parse_json_document(text, "profile " + path);
   if (!doc.is_object()) bad(path, "", "expected a JSON object at the top level");
   Profile p;
   p.path = path;
@@ -107,24 +132,21 @@ Profile parse_profile(std::string_view text, const std::string& path) {
   const json& prov = need(doc, "provenance", path, "");
   for (const char* key : {"tool", "torch", "dtype", "date"}) need_string(prov, key, path, "provenance.");
   p.source = need_string(prov, "source", path, "provenance.");
-  if (doc.contains("fingerprint") && !doc["fingerprint"].is_null()) {
-    const json& params = need(doc["fingerprint"], "parameters", path, "fingerprint.");
-    if (!params.is_number_integer() || params.get<int64_t>() < 1) {
-      bad(path, "fingerprint.parameters", "expected a positive integer, got " + params.dump());
-    }
-    p.parameters = params.get<int64_t>();
+  if (doc.contains("fingerprint") && !doc.at("fingerprint").is_null()) {
+    // Beyond any model that exists (10^15 parameters) and exact as a double.
+    constexpr int64_t kMaxParameters = 1'000'000'000'000'000;
+    p.parameters = need_integer(need(doc.at("fingerprint"), "parameters", path, "fingerprint."), 1,
+                                kMaxParameters, path, "fingerprint.parameters");
   }
   p.tables.push_back(parse_table(need(doc, "batches", path, ""), 1, path, "batches"));
   if (doc.contains("data_parallel")) {
-    const json& dp = doc["data_parallel"];
-    if (!dp.is_array()) bad(path, "data_parallel", "expected an array, got " + dp.dump());
+    const json& dp = doc.at("data_parallel");
+    if (!dp.is_array()) bad(path, "data_parallel", "expected an array, got " + describe_json(dp));
     for (size_t i = 0; i < dp.size(); ++i) {
       const std::string at = "data_parallel[" + std::to_string(i) + "].";
-      const json& count = need(dp[i], "gpu_count", path, at);
-      if (!count.is_number_integer() || count.get<int>() < 2) {
-        bad(path, at + "gpu_count", "expected an integer >= 2, got " + count.dump());
-      }
-      p.tables.push_back(parse_table(need(dp[i], "batches", path, at), count.get<int>(), path, at + "batches"));
+      const auto count =
+          static_cast<int>(need_integer(need(dp[i], "gpu_count", path, at), 2, 4096, path, at + "gpu_count"));
+      p.tables.push_back(parse_table(need(dp[i], "batches", path, at), count, path, at + "batches"));
     }
   }
   return p;

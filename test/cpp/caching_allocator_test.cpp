@@ -2,9 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "error.h"
 
@@ -99,6 +103,55 @@ TEST(CachingAllocator, OutOfMemoryFreesTheCacheBeforeGivingUp) {
   auto* y = a.allocate(700 * MiB);  // fits only once the cached 600 MiB is released
   EXPECT_EQ(a.stats().num_alloc_retries, 1);
   a.free(y);
+}
+
+TEST(CachingAllocator, ReservedIsReadSafelyWhileThreadsAllocate) {
+  // Run under ThreadSanitizer (scripts/sanitize.sh) this also proves reserved()
+  // takes the allocator's lock.
+  CachingAllocator a(0, "test", GiB);
+  std::atomic<bool> done{false};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&a, t] {
+      for (int i = 0; i < 200; ++i) {
+        auto* small = a.allocate(1000 + t);
+        auto* large = a.allocate((3 + t) * MiB);
+        a.free(small);
+        a.free(large);
+        if (i % 50 == 0) a.empty_cache();
+      }
+    });
+  }
+  std::thread reader([&] {
+    while (!done.load()) {
+      const uint64_t r = a.reserved();
+      EXPECT_LE(r, GiB);
+      EXPECT_EQ(r % (2 * MiB), 0u) << r;  // whole segments only
+    }
+  });
+  for (auto& w : workers) w.join();
+  done = true;
+  reader.join();
+  EXPECT_EQ(a.reserved(), static_cast<uint64_t>(a.stats().reserved_bytes[kAggregate].current));
+  EXPECT_EQ(a.stats().allocation[kAggregate].allocated, 4 * 200 * 2);
+  EXPECT_EQ(a.stats().allocated_bytes[kAggregate].current, 0);
+}
+
+TEST(CachingAllocator, HugeRequestsAreOutOfMemoryInsteadOfWrapping) {
+  CachingAllocator a(0, "test", GiB);
+  for (size_t size : {SIZE_MAX, SIZE_MAX - 100, SIZE_MAX / 2 + 1, size_t{GiB} + 1}) {
+    try {
+      a.allocate(size);
+      FAIL() << "expected out of memory for " << size;
+    } catch (const emugpu::Error& e) {
+      EXPECT_EQ(e.kind(), emugpu::ErrorKind::kOutOfMemory) << e.what();
+    }
+  }
+  EXPECT_EQ(a.stats().allocation[kAggregate].allocated, 0);
+  EXPECT_EQ(a.reserved(), 0u);
+  EXPECT_THROW(emugpu::round_allocation_size(SIZE_MAX), emugpu::Error);
+  EXPECT_THROW(emugpu::segment_size_for(SIZE_MAX), emugpu::Error);
+  EXPECT_THROW(CachingAllocator(0, "test", UINT64_MAX), emugpu::Error);
 }
 
 long resident_kib() {

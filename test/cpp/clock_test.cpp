@@ -2,8 +2,9 @@
 
 #include <gtest/gtest.h>
 
-#include <thread>
-#include <vector>
+#include <stdexcept>
+
+#include "error.h"
 
 namespace {
 
@@ -11,83 +12,98 @@ using emugpu::Engine;
 using emugpu::host_now;
 using emugpu::Timeline;
 
-TEST(Clock, LaunchDoesNotBlockTheHost) {
-  Timeline t;
-  const auto before = host_now();
-  const auto end = t.launch(0, Engine::kCompute, 50'000'000);
-  EXPECT_LT(host_now() - before, 5'000'000);
-  EXPECT_GE(end - before, 50'000'000);
+TEST(SteadyClock, SleepsUntilTheDeadlineAndNotMuchLonger) {
+  emugpu::SteadyClock clock;
+  const auto start = clock.now();
+  clock.sleep_until(start + 20'000'000);
+  const auto slept = clock.now() - start;
+  EXPECT_GE(slept, 20'000'000);
+  EXPECT_LT(slept, 25'000'000);
 }
 
-TEST(Clock, WorkOnOneStreamIsSerialized) {
-  Timeline t;
-  const auto first = t.launch(0, Engine::kCompute, 1'000'000);
-  const auto second = t.launch(0, Engine::kCompute, 1'000'000);
-  EXPECT_GE(second - first, 1'000'000);
-  EXPECT_EQ(t.stream_ready(0), second);
+TEST(SteadyClock, LongWaitsCanBeInterrupted) {
+  emugpu::SteadyClock clock;
+  int checks = 0;
+  emugpu::set_wait_interrupt_check([&] {
+    if (++checks == 2) throw std::runtime_error("interrupted");
+  });
+  const auto start = clock.now();
+  EXPECT_THROW(clock.sleep_until(start + 10'000'000'000), std::runtime_error);
+  emugpu::set_wait_interrupt_check(nullptr);
+  EXPECT_LT(clock.now() - start, 1'000'000'000);
+  EXPECT_EQ(checks, 2);
 }
 
-TEST(Clock, CopyEngineOverlapsCompute) {
-  Timeline t;
-  const auto start = host_now();
-  const auto compute = t.launch(0, Engine::kCompute, 10'000'000);
-  const auto copy = t.launch(1, Engine::kHostToDevice, 10'000'000);
-  EXPECT_LT(copy - start, 15'000'000);  // did not queue behind compute
-  EXPECT_LT(compute - start, 15'000'000);
+TEST(SteadyClock, ShortWaitsNeverCallTheInterruptCheck) {
+  emugpu::SteadyClock clock;
+  int checks = 0;
+  emugpu::set_wait_interrupt_check([&] { ++checks; });
+  clock.sleep_until(clock.now() + 5'000'000);
+  emugpu::set_wait_interrupt_check(nullptr);
+  EXPECT_EQ(checks, 0);
 }
 
-TEST(Clock, StreamWaitOrdersAfterAnEvent) {
+TEST(ManualClock, SleepingJumpsToTheDeadline) {
+  emugpu::ManualClock clock(100);
+  clock.sleep_until(50);  // in the past: no change
+  EXPECT_EQ(clock.now(), 100);
+  clock.sleep_until(1000);
+  EXPECT_EQ(clock.now(), 1000);
+  clock.advance(5);
+  EXPECT_EQ(clock.now(), 1005);
+}
+
+TEST(Timeline, WorkOnOneStreamIsSerialized) {
   Timeline t;
-  const auto event = t.launch(1, Engine::kHostToDevice, 5'000'000);
+  const auto first = t.place(0, Engine::kCompute, t.start_of(0, Engine::kCompute, 100), 1000, 100);
+  const auto second = t.place(0, Engine::kCompute, t.start_of(0, Engine::kCompute, 100), 1000, 100);
+  EXPECT_EQ(first, 1100);
+  EXPECT_EQ(second, 2100);
+  EXPECT_EQ(t.stream_ready(0), 2100);
+}
+
+TEST(Timeline, TheComputeEngineSerializesStreamsButCopyEnginesOverlapIt) {
+  Timeline t;
+  t.place(0, Engine::kCompute, t.start_of(0, Engine::kCompute, 0), 1000, 0);
+  EXPECT_EQ(t.start_of(1, Engine::kCompute, 0), 1000);
+  EXPECT_EQ(t.start_of(1, Engine::kHostToDevice, 0), 0);
+}
+
+TEST(Timeline, StreamWaitOrdersAfterAnEvent) {
+  Timeline t;
+  const auto event = t.place(1, Engine::kHostToDevice, 0, 5000, 0);
   t.stream_wait(0, event);
-  const auto after = t.launch(0, Engine::kCompute, 1'000);
-  EXPECT_GE(after, event + 1'000);
+  EXPECT_EQ(t.start_of(0, Engine::kCompute, 0), 5000);
+  EXPECT_EQ(t.device_ready(), 5000);
 }
 
-TEST(Clock, SynchronizeWaitsUntilTheTimelineIsDone) {
+TEST(Timeline, AFullLaunchQueueNamesTheTimeToWaitFor) {
+  Timeline t(2);
+  for (int i = 1; i <= 3; ++i) t.place(0, Engine::kCompute, t.start_of(0, Engine::kCompute, 0), 100, 0);
+  EXPECT_EQ(t.queue_wait(0), 200);  // the second of three pending must finish first
+  EXPECT_EQ(t.queue_wait(250), 0);
+}
+
+TEST(Timeline, StatsCountLaunchesAndBusyTime) {
   Timeline t;
-  const auto start = host_now();
-  t.launch(0, Engine::kCompute, 20'000'000);
-  t.wait_device();
-  const auto waited = host_now() - start;
-  EXPECT_GE(waited, 20'000'000);
-  EXPECT_LT(waited, 25'000'000);
-}
-
-TEST(Clock, FullLaunchQueueBlocksTheHost) {
-  Timeline t(4);
-  const auto start = host_now();
-  for (int i = 0; i < 8; ++i) t.launch(0, Engine::kCompute, 5'000'000);
-  // Launch 5..8 waited for launches 1..4 to finish.
-  EXPECT_GE(host_now() - start, 20'000'000);
-}
-
-TEST(Clock, StatsCountLaunchesAndBusyTime) {
-  Timeline t;
-  t.launch(0, Engine::kCompute, 1000);
-  t.launch(0, Engine::kCompute, 2000);
+  t.place(0, Engine::kCompute, 0, 1000, 0);
+  t.place(0, Engine::kCompute, 1000, 2000, 0);
   EXPECT_EQ(t.engine_stats(Engine::kCompute).launches, 2);
   EXPECT_EQ(t.engine_stats(Engine::kCompute).busy_ns, 3000);
   t.reset_stats();
   EXPECT_EQ(t.engine_stats(Engine::kCompute).launches, 0);
 }
 
-TEST(Clock, ConcurrentLaunchesFromManyThreadsAreAllCharged) {
+TEST(Timeline, RejectsNegativeDurations) {
   Timeline t;
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&t] {
-      for (int j = 0; j < 1000; ++j) t.launch(0, Engine::kCompute, 1000);
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(t.engine_stats(Engine::kCompute).launches, 4000);
-  EXPECT_EQ(t.engine_stats(Engine::kCompute).busy_ns, 4'000'000);
+  EXPECT_THROW(t.place(0, Engine::kCompute, 0, -1, 0), emugpu::Error);
 }
 
-TEST(Clock, RejectsNegativeDurations) {
-  Timeline t;
-  EXPECT_ANY_THROW(t.launch(0, Engine::kCompute, -1));
+TEST(Clock, SecondsToNanosecondsIsRangeChecked) {
+  EXPECT_EQ(emugpu::seconds_to_ns(1.5), 1'500'000'000);
+  EXPECT_THROW(emugpu::seconds_to_ns(-1), emugpu::Error);
+  EXPECT_THROW(emugpu::seconds_to_ns(std::numeric_limits<double>::quiet_NaN()), emugpu::Error);
+  EXPECT_GT(emugpu::seconds_to_ns(1e300), 0);  // clamped, not overflowed
 }
 
 }  // namespace

@@ -54,47 +54,6 @@ TEST(CostModel, RejectsEfficienciesOutsideTheUnitInterval) {
 
 namespace {
 
-TEST(RegionCalibrator, FirstOccurrenceIsPaddedThenOpsAreScaledToTheTarget) {
-  emugpu::RegionCalibrator r;
-  EXPECT_EQ(r.begin("fwd", 1000, 0, 0), 0);
-  EXPECT_EQ(r.apply(100), 100);  // no history yet: unscaled
-  EXPECT_EQ(r.apply(300), 300);
-  EXPECT_EQ(r.end(400), 600);  // ops finished at 400; the region must last 1000
-  r.begin("fwd", 1000, 5000, 5000);
-  EXPECT_EQ(r.apply(100), 250);  // scaled by 1000 / 400
-  EXPECT_EQ(r.apply(300), 750);
-  EXPECT_EQ(r.end(6000), 0);
-  const auto rep = r.report();
-  ASSERT_EQ(rep.size(), 1u);
-  EXPECT_EQ(rep[0].occurrences, 2);
-  EXPECT_EQ(rep[0].charged, 1000);
-  EXPECT_DOUBLE_EQ(rep[0].scale, 2.5);
-}
-
-TEST(RegionCalibrator, HostGapsAreLeftRoomForNextTime) {
-  emugpu::RegionCalibrator r;
-  r.begin("bwd", 1000, 0, 0);
-  r.apply(500);
-  EXPECT_EQ(r.end(800), 200);  // 500 of work plus 300 idle: 200 short
-  r.begin("bwd", 1000, 2000, 2000);
-  EXPECT_EQ(r.apply(500), 700);  // (1000 - 300 gaps) / 500
-  EXPECT_EQ(r.end(3000), 0);     // 700 of work plus the same 300 idle
-  EXPECT_EQ(r.report()[0].gaps, 300);
-}
-
-TEST(RegionCalibrator, BeginEndsThePreviousRegionAndOutsideOpsAreUnscaled) {
-  emugpu::RegionCalibrator r;
-  EXPECT_EQ(r.apply(42), 42);
-  r.begin("fwd", 500, 0, 0);
-  r.apply(100);
-  EXPECT_EQ(r.begin("bwd", 800, 100, 100), 400);
-  EXPECT_TRUE(r.active());
-  EXPECT_EQ(r.end(500), 800);  // bwd began after the 400 pad, at 500, and did no work
-  EXPECT_FALSE(r.active());
-  EXPECT_EQ(r.end(0), 0);
-  EXPECT_THROW(r.begin("x", -1, 0, 0), emugpu::Error);
-}
-
 TEST(CostModel, MeasuredTransferRatesReplaceTheLink) {
   const auto g = gpu();
   emugpu::CostModel m(g);
@@ -105,21 +64,6 @@ TEST(CostModel, MeasuredTransferRatesReplaceTheLink) {
   m.set_measured_transfer(0, 0, 0);
   EXPECT_EQ(m.transfer(1e9, false), link);
   EXPECT_THROW(m.set_measured_transfer(0, -1, 0), emugpu::Error);
-}
-
-}  // namespace
-
-namespace {
-
-TEST(RegionCalibrator, RegionsThatEndAtSyncsAreSettledThere) {
-  emugpu::RegionCalibrator r;
-  r.begin("fwd", 100, 0, 0);
-  EXPECT_EQ(r.settle(50), 0);  // forward regions run on through syncs
-  EXPECT_TRUE(r.active());
-  r.begin("bwd", 300, 50, 50, /*ends_at_sync=*/true);
-  r.apply(100);
-  EXPECT_EQ(r.settle(200), 200);  // started at 100 (after the fwd pad), must end at 400
-  EXPECT_FALSE(r.active());
 }
 
 }  // namespace

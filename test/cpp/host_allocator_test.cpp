@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "error.h"
 
@@ -50,6 +54,40 @@ TEST(HostAllocator, ReportsWhetherPagesAreLocked) {
   void* p = a.allocate(4096);
   EXPECT_EQ(a.stats().locked, !a.lock_refused());
   a.free(p);
+}
+
+TEST(HostAllocator, HugeRequestsThrowInsteadOfOverflowingTheRounding) {
+  HostAllocator a;
+  for (size_t size : {SIZE_MAX, SIZE_MAX / 2 + 2, emugpu::kMaxHostBlock + 1}) {
+    try {
+      a.allocate(size);
+      FAIL() << "expected an error for " << size;
+    } catch (const emugpu::Error& e) {
+      EXPECT_EQ(e.kind(), emugpu::ErrorKind::kOutOfMemory) << e.what();
+    }
+  }
+  EXPECT_EQ(a.stats().allocations, 0);
+}
+
+TEST(HostAllocator, LockStateIsReadSafelyWhileThreadsAllocate) {
+  // Under ThreadSanitizer this checks lock_refused() takes the lock.
+  HostAllocator a;
+  std::atomic<bool> done{false};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&a] {
+      for (int i = 0; i < 100; ++i) a.free(a.allocate(4096 * (1 + i % 3)));
+    });
+  }
+  std::thread reader([&] {
+    while (!done.load()) (void)a.lock_refused();
+  });
+  for (auto& w : workers) w.join();
+  done = true;
+  reader.join();
+  EXPECT_EQ(a.stats().allocations, 400);
+  EXPECT_EQ(a.stats().allocated_bytes, 0);
+  EXPECT_EQ(a.stats().locked, !a.lock_refused());
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "error.h"
 
@@ -81,6 +84,85 @@ TEST(ProfileDb, MalformedFilesNameTheFileAndField) {
       "dtype": "f", "date": "d", "source": "s"}, "batches": []})";
   EXPECT_NE(error_of(empty).find("at least one batch entry"), std::string::npos);
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+}
+
+TEST(ProfileLimits, DeeplyNestedDocumentsAreRefusedNamingTheFile) {
+  const std::string deep(100000, '[');
+  std::string deep_objects;
+  for (int i = 0; i < 100000; ++i) deep_objects += R"({"a":)";
+  for (const std::string& text : {deep, deep_objects,
+                                  replaced(kProfile, "0.025", deep + std::string(100000, ']')),
+                                  replaced(kProfile, R"("unit test")", deep)}) {
+    const std::string msg = error_of(text);
+    EXPECT_NE(msg.find("profile p.json"), std::string::npos) << msg.substr(0, 300);
+    EXPECT_NE(msg.find("deeper than 64 levels"), std::string::npos) << msg.substr(0, 300);
+  }
+}
+
+TEST(ProfileLimits, WronglyTypedValuesAreEchoedBriefly) {
+  const std::string nested = std::string(50, '[') + std::string(50, ']');
+  const std::string msg = error_of(replaced(kProfile, "0.025", nested));
+  EXPECT_NE(msg.find("batches[1].forward_s"), std::string::npos) << msg;
+  EXPECT_LT(msg.size(), 300u) << msg;
+  const std::string huge = error_of(replaced(kProfile, R"("unit test")", "\"" + std::string(100000, 'x') + "\"" +
+                                                                                ", \"n\": 1, \"source2\": 2"));
+  EXPECT_EQ(huge, "");  // long strings are fine where a string is expected
+  const std::string long_number = error_of(replaced(kProfile, R"("model": "resnet50")",
+                                                    R"("model": 0.)" + std::string(100000, '7')));
+  EXPECT_NE(long_number.find("field 'model'"), std::string::npos) << long_number.substr(0, 300);
+  EXPECT_LT(long_number.size(), 300u);
+  const std::string overflow = error_of(replaced(kProfile, "0.025", std::string(100000, '7')));
+  EXPECT_NE(overflow.find("not valid JSON"), std::string::npos) << overflow.substr(0, 300);
+  EXPECT_LT(overflow.size(), 400u);
+}
+
+TEST(ProfileLimits, OutOfRangeNumbersAreRefusedNamingTheField) {
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{R"("forward_s": 0.010)", R"("forward_s": 1e9)"}, "batches[0].forward_s"},
+      {{R"("forward_s": 0.010)", R"("forward_s": 3600.5)"}, "batches[0].forward_s"},
+      {{R"("backward_s": 0.050)", R"("backward_s": -1)"}, "batches[1].backward_s"},
+      {{R"("backward_s": 0.050)", R"("backward_s": 0)"}, "batches[1].backward_s"},
+      {{R"("forward_s": 0.025)", R"("forward_s": 0.025, "transfer_pinned_s": 1e5)"}, "batches[1].transfer_pinned_s"},
+      {{R"("forward_s": 0.025)", R"("forward_s": 0.025, "transfer_pageable_s": -0.1)"},
+       "batches[1].transfer_pageable_s"},
+      {{R"("peak_bytes": 100)", R"("peak_bytes": -5)"}, "batches[0].peak_bytes"},
+      {{R"("peak_bytes": 100)", R"("peak_bytes": 2e18)"}, "batches[0].peak_bytes"},
+      {{R"("persistent_bytes": 50)", R"("persistent_bytes": "50")"}, "batches[0].persistent_bytes"},
+      {{R"("batch_size": 16)", R"("batch_size": 16.5)"}, "batches[1].batch_size"},
+      {{R"("batch_size": 32, "forward_s": 0.040)", R"("batch_size": 4294967296, "forward_s": 0.040)"},
+       "batches[2].batch_size"},
+      {{R"("batch_size": 32, "forward_s": 0.040)", R"("batch_size": 1e300, "forward_s": 0.040)"},
+       "batches[2].batch_size"},
+      {{R"("gpu_count": 2)", R"("gpu_count": 1.5)"}, "data_parallel[0].gpu_count"},
+      {{R"("gpu_count": 2)", R"("gpu_count": 4097)"}, "data_parallel[0].gpu_count"},
+      {{R"("gpu_count": 2)", R"("gpu_count": 4294967298)"}, "data_parallel[0].gpu_count"},
+      {{R"("gpu_count": 2)", R"("gpu_count": 18446744073709551615)"}, "data_parallel[0].gpu_count"},
+      {{R"("parameters": 25557032)", R"("parameters": 1e300)"}, "fingerprint.parameters"},
+      {{R"("parameters": 25557032)", R"("parameters": 2.5)"}, "fingerprint.parameters"},
+  };
+  for (const auto& [edit, field] : cases) {
+    const std::string msg = error_of(replaced(kProfile, edit.first, edit.second));
+    EXPECT_NE(msg.find("profile p.json: field '" + field + "'"), std::string::npos) << edit.second << ": " << msg;
+  }
+  EXPECT_NE(error_of(replaced(kProfile, R"("forward_s": 0.010)", R"("forward_s": 1e9)")).find("3600"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced(kProfile, R"("peak_bytes": 100)", R"("peak_bytes": 2e18)")).find("2^60"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced(kProfile, R"("gpu_count": 2)", R"("gpu_count": 4097)")).find("<= 4096"),
+            std::string::npos);
+}
+
+TEST(ProfileLimits, NumbersTooLargeForADoubleAreRefusedAsInvalidJson) {
+  const std::string msg = error_of(replaced(kProfile, "0.025", "1e400"));
+  EXPECT_NE(msg.find("profile p.json: not valid JSON"), std::string::npos) << msg;
+}
+
+TEST(ProfileLimits, IntegralFloatBatchSizesAndNullOptionalsAreAccepted) {
+  std::string text = replaced(kProfile, R"("batch_size": 16)", R"("batch_size": 16.0)");
+  text = replaced(text, R"("peak_bytes": 100)", R"("peak_bytes": null)");
+  const auto p = emugpu::parse_profile(text, "p.json");
+  EXPECT_EQ(p.table(1)->points[1].batch_size, 16);
+  EXPECT_FALSE(p.table(1)->points[0].peak_bytes.has_value());
 }
 
 TEST(ProfileDb, FindsProfilesByLooseGpuNameModelAndFingerprint) {

@@ -25,9 +25,9 @@ void invalidate_shape_caches();
 // (hits, misses) of the shape caches since the process started.
 std::pair<int64_t, int64_t> shape_cache_stats();
 
-// Charges `duration` to the current stream of `device` on `engine`.
-TimeNs charge(int device, Engine engine, TimeNs duration);
-// At a host sync point: ends a profiled region that ends at syncs (charging its pad).
-void settle_regions(int device);
+// Charges `estimate` to the current stream of `device` on `engine`.
+TimeNs charge(int device, Engine engine, TimeNs estimate);
+// The same, for work the host waits for (a sync point: see Device::launch_and_wait).
+TimeNs charge_and_wait(int device, Engine engine, TimeNs estimate);
 
 }  // namespace emugpu

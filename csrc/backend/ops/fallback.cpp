@@ -58,6 +58,8 @@ struct OpInfo {
   std::vector<bool> writes;  // per argument: mutated by the op
   std::vector<bool> reads;   // per argument: read by the op (all but out= arguments)
   bool metadata_only = true;  // only views: no kernel runs on the device
+  bool per_tensor_devices = false;  // foreach / fused ops: list entries may sit on different devices
+  bool host_index_tensors = false;  // CPU index or length tensors are accepted, as CUDA does
 };
 
 const c10::AliasInfo* element_alias(const c10::Argument& a) {
@@ -122,6 +124,14 @@ OpInfo analyze(const c10::OperatorHandle& op) {
   info.family = family_of(info.name);
   info.data_dependent = data_dependent_of(info.name);
   info.value_dependent = depends_on_values(info.data_dependent, info.name);
+  info.per_tensor_devices = info.name.rfind("aten::_foreach", 0) == 0 || info.name.rfind("aten::_fused", 0) == 0 ||
+                            info.name.rfind("aten::_amp_foreach", 0) == 0;
+  static const std::unordered_map<std::string, bool> host_index_ops = {
+      {"aten::index", true}, {"aten::index_put", true}, {"aten::index_put_", true},
+      {"aten::_index_put_impl_", true}, {"aten::lstm", true}, {"aten::gru", true}, {"aten::rnn_tanh", true},
+      {"aten::rnn_relu", true}, {"aten::_pack_padded_sequence", true},
+  };
+  info.host_index_tensors = host_index_ops.count(info.name) != 0;
   const auto& args = schema.arguments();
   info.writes.resize(args.size());
   info.reads.resize(args.size());
@@ -234,6 +244,25 @@ int device_of(const std::vector<c10::IValue>& args) {
     if (a.isDevice() && a.toDevice().type() == kEmu && a.toDevice().has_index()) return a.toDevice().index();
   }
   return current_device();
+}
+
+// Ops mixing devices fail as on CUDA: every tensor on the op's device, but
+// for zero-dimensional CPU tensors (scalars) and, for indexing and packed
+// sequences, CPU index tensors.
+void check_devices(const OpInfo& info, const std::vector<c10::IValue>& args, int device) {
+  for (const auto& a : args) {
+    for_each_tensor(a, [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (is_emu(t)) {
+        if (t.device().index() == device || info.per_tensor_devices) return;
+      } else if (t.device().is_cpu() && (t.dim() == 0 || info.host_index_tensors)) {
+        return;
+      }
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, emugpu:",
+                  device, " and ", t.device(), "! (when checking the arguments of ", info.name,
+                  "); move them to one device with .to()");
+    });
+  }
 }
 
 c10::IValue meta_arg(const c10::IValue& v) {
@@ -664,16 +693,12 @@ at::Tensor new_device_tensor(int device, const at::Tensor& like) {
   return new_device_tensor(device, TensorDesc::of(like));
 }
 
-TimeNs charge(int device, Engine engine, TimeNs duration) {
-  auto& dev = Runtime::get().device(device);
-  return dev.timeline.launch(current_stream_id(device), engine, duration);
+TimeNs charge(int device, Engine engine, TimeNs estimate) {
+  return Runtime::get().device(device).launch(current_stream_id(device), engine, estimate);
 }
 
-void settle_regions(int device) {
-  DeviceState& dev = Runtime::get().device(device);
-  if (!dev.regions.active()) return;
-  const TimeNs pad = dev.regions.settle(dev.timeline.engine_ready(Engine::kCompute));
-  if (pad > 0) charge(device, Engine::kCompute, pad);
+TimeNs charge_and_wait(int device, Engine engine, TimeNs estimate) {
+  return Runtime::get().device(device).launch_and_wait(current_stream_id(device), engine, estimate);
 }
 
 void invalidate_shape_caches() { g_cache_generation.fetch_add(1); }
@@ -685,6 +710,7 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   const size_t num_args = op.schema().arguments().size();
   std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
   const int device = device_of(args);
+  check_devices(info, args, device);
   const bool compute = Runtime::get().compute_mode();
 
   // Outputs whose shape depends on values are computed on the host when the
@@ -703,8 +729,10 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
       stack->emplace_back(out);
     }
     for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { if (is_emu(t)) inputs.push_back(t); });
+    // Reading the values is a host sync, as on CUDA (nonzero waits for its input).
     translate_errors([&] {
-      charge(device, Engine::kCompute, Runtime::get().device(device).cost.kernel(estimate(info, inputs, outputs, args)));
+      charge_and_wait(device, Engine::kCompute,
+                      Runtime::get().device(device).cost().kernel(estimate(info, inputs, outputs, args)));
     });
     return;
   }
@@ -815,16 +843,14 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
     duration = cached->duration;
   } else if (!info.metadata_only) {
     duration = translate_errors([&] {
-      return Runtime::get().device(device).cost.kernel(estimate(info, inputs, outputs, args));
+      return Runtime::get().device(device).cost().kernel(estimate(info, inputs, outputs, args));
     });
   }
   if (cached == nullptr && cacheable) {
     cache.entries.emplace(std::move(miss_key), ShapeResult{std::move(fresh_outs), duration});
   }
   if (!info.metadata_only) {
-    translate_errors([&] {
-      charge(device, Engine::kCompute, Runtime::get().device(device).regions.apply(duration));
-    });
+    translate_errors([&] { charge(device, Engine::kCompute, duration); });
   }
 
   torch::jit::drop(*stack, num_args);

@@ -58,19 +58,29 @@ void move_bytes(const at::Tensor& dst_host_view, const at::Tensor& src_host_view
 
 double transfer_bytes(const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); }
 
+// Timing mode never computes: values an op wrote read back as zeros. Said
+// once per process, since losses, metrics and checkpoints all read back.
+void warn_placeholder_read() {
+  TORCH_WARN_ONCE(
+      "emugpu: reading back values that timing mode never computed; they are placeholders and read as "
+      "zeros (printed losses and metrics, saved checkpoints). Only bytes copied to the device are real. "
+      "Set EMUGPU_MODE=compute (or torch_emugpu.configure(mode='compute')) for real values.");
+}
+
+bool holds_values(const at::Tensor& t) { return Runtime::get().compute_mode() || is_materialized(t.storage()); }
+
 // What a tensor reads as on the host: its bytes where they are real, else
 // the zero placeholders (README: "computed values are placeholders").
 at::Tensor host_values(const at::Tensor& t) {
-  if (Runtime::get().compute_mode() || is_materialized(t.storage())) return host_alias(t);
+  if (holds_values(t)) return host_alias(t);
+  if (t.numel() > 0) warn_placeholder_read();
   return at::zeros(t.sizes(), t.options().device(c10::kCPU));
 }
-
 
 // aten::_copy_from: every copy that involves an emugpu tensor.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.sizes() == dst.sizes() || self.numel() == dst.numel() || self.numel() == 1,
               "emugpu copy: expected matching sizes, got source ", self.sizes(), " and destination ", dst.sizes());
-  const bool compute = Runtime::get().compute_mode();
   at::Tensor src = self.expand(dst.sizes());
   if (dst.numel() == 0) return dst;
   return translate_errors([&]() -> at::Tensor {
@@ -78,37 +88,42 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       const int d = dst.device().index();
       auto& dev = Runtime::get().device(d);
       const bool pinned = self.is_pinned();
-      const TimeNs end = charge(d, Engine::kHostToDevice, dev.cost.transfer(transfer_bytes(dst), pinned));
+      const TimeNs cost = dev.cost().transfer(transfer_bytes(dst), pinned);
       move_bytes(host_alias(dst), src.device().is_cpu() ? src : src.cpu());
       set_materialized(dst.storage(), true);
-      if (!(pinned && non_blocking)) dev.timeline.wait_until(end);  // pageable copies are synchronous
+      // Pageable copies are staged and synchronous, as cudaMemcpy's are.
+      if (pinned && non_blocking) charge(d, Engine::kHostToDevice, cost);
+      else charge_and_wait(d, Engine::kHostToDevice, cost);
       return dst;
     }
     if (is_emu(self) && !is_emu(dst)) {  // device -> host
       const int d = self.device().index();
       auto& dev = Runtime::get().device(d);
-      const TimeNs end = charge(d, Engine::kDeviceToHost, dev.cost.transfer(transfer_bytes(dst), dst.is_pinned()));
+      const TimeNs cost = dev.cost().transfer(transfer_bytes(dst), dst.is_pinned());
       at::Tensor host_dst = dst.device().is_cpu() ? dst : at::empty_like(dst, dst.options().device(c10::kCPU));
-      if (compute || is_materialized(self.storage())) {
+      if (holds_values(self)) {
         move_bytes(host_dst, host_alias(src));
       } else {
-        host_dst.zero_();  // never-computed values read as zeros (README: placeholders)
+        warn_placeholder_read();
+        host_dst.zero_();
       }
       if (!host_dst.is_same(dst)) dst.copy_(host_dst);
-      if (!(non_blocking && dst.is_pinned())) dev.timeline.wait_until(end);
+      if (non_blocking && dst.is_pinned()) charge(d, Engine::kDeviceToHost, cost);
+      else charge_and_wait(d, Engine::kDeviceToHost, cost);
       return dst;
     }
     // device -> device
     const int d = dst.device().index();
     auto& dev = Runtime::get().device(d);
     const double bytes = transfer_bytes(dst);
-    TimeNs duration = dev.cost.device_copy(bytes);
+    TimeNs duration = dev.cost().device_copy(bytes);
     if (self.device().index() != d) {
-      const double link = dev.gpu.nvlink_bandwidth > 0 ? dev.gpu.nvlink_bandwidth : dev.gpu.pcie_bandwidth();
-      duration = dev.cost.params().copy_latency_ns + static_cast<TimeNs>(bytes / link * 1e9);
+      const auto& gpu = dev.gpu();
+      const double link = gpu.nvlink_bandwidth > 0 ? gpu.nvlink_bandwidth : gpu.pcie_bandwidth();
+      duration = dev.cost().params().copy_latency_ns + static_cast<TimeNs>(bytes / link * 1e9);
     }
     charge(d, Engine::kCompute, duration);
-    const bool real = compute || is_materialized(self.storage());
+    const bool real = holds_values(self);
     if (real) move_bytes(host_alias(dst), host_alias(src));
     set_materialized(dst.storage(), real);
     return dst;
@@ -125,8 +140,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return translate_errors([&]() -> c10::Scalar {
     const int d = self.device().index();
-    auto& dev = Runtime::get().device(d);
-        dev.timeline.wait_until(charge(d, Engine::kDeviceToHost, dev.cost.transfer(self.element_size(), false)));
+    charge_and_wait(d, Engine::kDeviceToHost, Runtime::get().device(d).cost().transfer(self.element_size(), false));
     return host_values(self).item();
   });
 }
@@ -177,8 +191,8 @@ bool equal(const at::Tensor& self, const at::Tensor& other) {
     const int d = self.device().index();
     auto& dev = Runtime::get().device(d);
     const double bytes = transfer_bytes(self) + transfer_bytes(other);
-    charge(d, Engine::kCompute, dev.cost.kernel({0, bytes, DType::kFloat32}));
-    dev.timeline.wait_until(charge(d, Engine::kDeviceToHost, dev.cost.transfer(1, false)));
+    charge(d, Engine::kCompute, dev.cost().kernel({0, bytes, DType::kFloat32}));
+    charge_and_wait(d, Engine::kDeviceToHost, dev.cost().transfer(1, false));
     return self.sizes() == other.sizes() && at::equal(host_values(self), host_values(other));
   });
 }

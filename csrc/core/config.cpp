@@ -1,0 +1,78 @@
+#include "config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "error.h"
+
+namespace emugpu {
+namespace {
+
+std::string trim(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
+}
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || trim(v).empty()) return std::nullopt;
+  return trim(v);
+}
+
+void check_count(int count, const std::string& source) {
+  EMUGPU_CHECK(count >= 1, kValue, source, ": expected a positive number of emulated GPUs (1 or more), got ", count);
+  EMUGPU_CHECK(count <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices,
+               " emulated GPUs, got ", count);
+}
+
+}  // namespace
+
+Mode parse_mode(const std::string& text, const std::string& source) {
+  std::string mode = trim(text);
+  std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (mode == "timing") return Mode::kTiming;
+  if (mode == "compute") return Mode::kCompute;
+  detail::throw_error(ErrorKind::kValue, source, ": expected one of timing, compute, got '", text, "'");
+}
+
+const char* mode_name(Mode mode) { return mode == Mode::kCompute ? "compute" : "timing"; }
+
+int parse_device_count(const std::string& text, const std::string& source) {
+  const std::string t = trim(text);
+  size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  EMUGPU_CHECK(used == t.size() && !t.empty(), kValue, source,
+               ": expected a positive integer number of emulated GPUs, got '", text, "'");
+  EMUGPU_CHECK(value >= 1, kValue, source, ": expected a positive number of emulated GPUs (1 or more), got ", value);
+  EMUGPU_CHECK(value <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices, " emulated GPUs, got ",
+               value);
+  return static_cast<int>(value);
+}
+
+Config resolve_config(const ConfigRequest& request, const std::string& default_catalog) {
+  Config c;
+  c.gpu = request.gpu ? trim(*request.gpu) : env("EMUGPU_GPU").value_or(kDefaultGpu);
+  EMUGPU_CHECK(!c.gpu.empty(), kValue, "gpu: expected a GPU name (torch-emugpu gpus lists them), got ''");
+  if (request.device_count) {
+    check_count(*request.device_count, "device_count");
+    c.device_count = *request.device_count;
+  } else if (auto v = env("EMUGPU_DEVICE_COUNT")) {
+    c.device_count = parse_device_count(*v, "EMUGPU_DEVICE_COUNT");
+  }
+  if (request.mode) {
+    c.mode = parse_mode(*request.mode, "mode");
+  } else if (auto v = env("EMUGPU_MODE")) {
+    c.mode = parse_mode(*v, "EMUGPU_MODE");
+  }
+  c.catalog_path = env("EMUGPU_CATALOG").value_or(default_catalog);
+  return c;
+}
+
+}  // namespace emugpu

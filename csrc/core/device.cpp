@@ -1,0 +1,211 @@
+#include "device.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace emugpu {
+namespace {
+
+constexpr TimeNs kUtilizationWindow = 1'000'000'000;
+
+uint64_t usable_bytes(const GpuSpec& gpu) {
+  return gpu.memory_bytes > kCudaContextBytes ? gpu.memory_bytes - kCudaContextBytes : gpu.memory_bytes;
+}
+
+}  // namespace
+
+Device::Device(int index, const GpuSpec& gpu, Clock& clock, size_t queue_depth)
+    : index_(index),
+      gpu_(gpu),
+      clock_(clock),
+      allocator_(index, gpu.name, usable_bytes(gpu), gpu.memory_bytes),
+      cost_(gpu),
+      timeline_(queue_depth) {}
+
+TimeNs Device::place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now) {
+  const TimeNs end = timeline_.place(stream, engine, start, duration, now);
+  if (engine == Engine::kCompute && duration > 0) {
+    if (!busy_.empty() && start <= busy_.back().second) {
+      busy_.back().second = std::max(busy_.back().second, end);
+    } else {
+      busy_.emplace_back(start, end);
+    }
+    while (busy_.size() > 1 && busy_.front().second < now - kUtilizationWindow) busy_.pop_front();
+  }
+  return end;
+}
+
+void Device::block_until(TimeNs t) {
+  const TimeNs start = clock_.now();
+  if (t <= start) return;
+  clock_.sleep_until(t);
+  std::lock_guard<std::mutex> lock(mutex_);
+  blocked_ns_ += clock_.now() - start;
+}
+
+TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
+  EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
+  for (;;) {
+    TimeNs wait = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const TimeNs now = clock_.now();
+      wait = timeline_.queue_wait(now);
+      if (wait == 0) {
+        const TimeNs start = timeline_.start_of(stream, engine, now);
+        const TimeNs duration = engine == Engine::kCompute && regions_.active()
+                                    ? regions_.retime(estimate, start, stream)
+                                    : estimate;
+        return place_locked(stream, engine, start, duration, now);
+      }
+    }
+    block_until(wait);  // the launch queue is full, as CUDA's gets
+  }
+}
+
+void Device::settle() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (regions_.active() && regions_.kind() == RegionKind::kBackward && regions_.started()) {
+    close_locked(RegionOutcome::kCompleted);
+  }
+}
+
+void Device::synchronize() {
+  settle();
+  block_until(device_ready());
+}
+
+void Device::synchronize_stream(int64_t stream) {
+  settle();
+  block_until(stream_ready(stream));
+}
+
+TimeNs Device::launch_and_wait(int64_t stream, Engine engine, TimeNs estimate) {
+  settle();
+  const TimeNs end = launch(stream, engine, estimate);
+  block_until(end);
+  return end;
+}
+
+void Device::wait_until(TimeNs t) { block_until(t); }
+
+TimeNs Device::record(int64_t stream) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::max(timeline_.stream_ready(stream), clock_.now());
+}
+
+void Device::stream_wait(int64_t stream, TimeNs t) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  timeline_.stream_wait(stream, t);
+}
+
+TimeNs Device::stream_ready(int64_t stream) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return timeline_.stream_ready(stream);
+}
+
+TimeNs Device::device_ready() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return timeline_.device_ready();
+}
+
+void Device::close_locked(RegionOutcome outcome) {
+  if (!regions_.active()) return;
+  const int64_t stream = regions_.stream();
+  // The region's work ends where the compute engine (and its stream) stand;
+  // the pad may lie in the host's past when the host came late to close it.
+  const TimeNs finish = std::max(timeline_.engine_ready(Engine::kCompute), timeline_.stream_ready(stream));
+  TimeNs end = finish, pad = 0;
+  if (outcome == RegionOutcome::kCompleted) {
+    pad = regions_.pad_needed(finish);
+    if (pad > 0) end = place_locked(stream, Engine::kCompute, finish, pad, clock_.now());
+  }
+  regions_.close(outcome, end, pad);
+}
+
+void Device::open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started) {
+  const TimeNs start = timeline_.start_of(stream, Engine::kCompute, clock_.now());
+  regions_.open(key, kind, target, start, stream, started);
+}
+
+int64_t Device::forward_begin(int64_t stream, const std::string& key, TimeNs target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (regions_.active()) {
+    const bool unstarted_backward = regions_.kind() == RegionKind::kBackward && !regions_.started();
+    close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted);
+  }
+  open_locked(stream, key, RegionKind::kForward, target, true);
+  return regions_.host_bound_total();
+}
+
+void Device::forward_end(int64_t stream, const std::string& backward_key, TimeNs backward_target,
+                         bool expects_backward) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (regions_.active() && regions_.kind() == RegionKind::kForward) close_locked(RegionOutcome::kCompleted);
+  if (expects_backward && !regions_.active()) {
+    open_locked(stream, backward_key, RegionKind::kBackward, backward_target, false);
+  }
+}
+
+void Device::backward_reached(int64_t stream, const std::string& backward_key, TimeNs backward_target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (regions_.active() && regions_.kind() == RegionKind::kBackward && regions_.key() == backward_key) {
+    regions_.mark_started();
+    return;
+  }
+  if (regions_.active()) {
+    const bool unstarted_backward = regions_.kind() == RegionKind::kBackward && !regions_.started();
+    close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted);
+  }
+  open_locked(stream, backward_key, RegionKind::kBackward, backward_target, true);
+}
+
+void Device::region_abort() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  close_locked(RegionOutcome::kAborted);
+}
+
+std::vector<RegionReport> Device::region_report() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return regions_.report();
+}
+
+EngineStats Device::engine_stats(Engine engine) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return timeline_.engine_stats(engine);
+}
+
+TimeNs Device::host_blocked_ns() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return blocked_ns_;
+}
+
+int Device::utilization() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const TimeNs now = clock_.now();
+  const TimeNs from = now - kUtilizationWindow;
+  TimeNs busy = 0;
+  for (const auto& [start, end] : busy_) {
+    const TimeNs a = std::max(start, from), b = std::min(end, now);
+    if (b > a) busy += b - a;
+  }
+  return static_cast<int>((busy * 100 + kUtilizationWindow / 2) / kUtilizationWindow);
+}
+
+void Device::reset_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  timeline_.reset_stats();
+  blocked_ns_ = 0;
+}
+
+int64_t Device::pool_stream(bool high_priority) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int p = high_priority ? 1 : 0;
+  const int64_t id = 1 + p * kPoolStreams + next_pool_[p];
+  next_pool_[p] = (next_pool_[p] + 1) % kPoolStreams;
+  return id;
+}
+
+}  // namespace emugpu

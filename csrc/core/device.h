@@ -1,0 +1,118 @@
+// One emulated GPU: its memory, its cost model, its timeline and its
+// profiled regions. Every piece of work is charged through launch(), and the
+// host blocks only in the wait calls, so collectives, copies, preprocessing
+// and other processes all meet on one timeline with one set of invariants:
+//
+// - work on a stream runs in launch order; the compute engine runs one
+//   kernel at a time, the two copy engines overlap it;
+// - the host runs at most `queue_depth` unfinished launches ahead;
+// - a profiled region ends at its start plus its profiled time unless the
+//   host launched its work later than that (regions.h);
+// - every host wait first closes a backward + update region whose backward
+//   ran, so the loop's sync point sees the full iteration.
+//
+// Thread-safe: autograd's device threads and the host thread share it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "caching_allocator.h"
+#include "catalog.h"
+#include "clock.h"
+#include "cost_model.h"
+#include "regions.h"
+
+namespace emugpu {
+
+// What CUDA keeps out of cudaMalloc's reach on every GPU (its context).
+constexpr uint64_t kCudaContextBytes = 300ull << 20;
+// CUDA's stream pool: 32 streams per priority, handed out round robin.
+constexpr int64_t kPoolStreams = 32;
+
+class Device {
+ public:
+  Device(int index, const GpuSpec& gpu, Clock& clock = steady_clock(), size_t queue_depth = 1024);
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  int index() const { return index_; }
+  const GpuSpec& gpu() const { return gpu_; }
+  CachingAllocator& allocator() { return allocator_; }
+  CostModel& cost() { return cost_; }
+  const CostModel& cost() const { return cost_; }
+  Clock& clock() { return clock_; }
+
+  // Enqueues work whose cost-model duration is `estimate`; compute work in a
+  // profiled region is re-timed. Blocks only while the launch queue is full.
+  // Returns the time the work ends on the device.
+  TimeNs launch(int64_t stream, Engine engine, TimeNs estimate);
+
+  // Host waits. Each is a sync point: it first closes a finished backward +
+  // update region (see settle()).
+  void synchronize();
+  void synchronize_stream(int64_t stream);
+  // A blocking launch (a D2H copy, .item(), a pageable H2D copy): settle,
+  // launch, wait for it.
+  TimeNs launch_and_wait(int64_t stream, Engine engine, TimeNs estimate);
+  // Blocks until `t` (an event's time).
+  void wait_until(TimeNs t);
+  // A sync point with no wait of its own.
+  void settle();
+
+  // Events: the time `stream` reaches now (closing a finished backward
+  // region first: an event after optimizer.step() sees the whole step).
+  TimeNs record(int64_t stream);
+  void stream_wait(int64_t stream, TimeNs t);
+  bool reached(TimeNs t) const { return clock_.now() >= t; }
+  TimeNs stream_ready(int64_t stream) const;
+  TimeNs device_ready() const;
+
+  // Profiled regions, driven by the model-level planner. A forward begins
+  // (closing what was open; a backward region whose backward never ran is
+  // cancelled, not padded) and ends, opening its backward + update region if
+  // autograd will run; backward_reached() says autograd reached the model.
+  // Returns how many region occurrences so far were host-bound.
+  int64_t forward_begin(int64_t stream, const std::string& key, TimeNs target);
+  void forward_end(int64_t stream, const std::string& backward_key, TimeNs backward_target, bool expects_backward);
+  void backward_reached(int64_t stream, const std::string& backward_key, TimeNs backward_target);
+  // An exception inside a region: closes it without a pad.
+  void region_abort();
+  std::vector<RegionReport> region_report() const;
+
+  // Statistics.
+  EngineStats engine_stats(Engine engine) const;
+  TimeNs host_blocked_ns() const;
+  // Percent of the last second (host time) the compute engine was busy, as
+  // nvmlDeviceGetUtilizationRates reports it.
+  int utilization() const;
+  void reset_stats();
+
+  // The next stream of the pool (ids 1..32 low priority, 33..64 high).
+  int64_t pool_stream(bool high_priority);
+
+ private:
+  TimeNs place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
+  void close_locked(RegionOutcome outcome);
+  void open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started);
+  void block_until(TimeNs t);
+
+  const int index_;
+  const GpuSpec& gpu_;
+  Clock& clock_;
+  CachingAllocator allocator_;
+  CostModel cost_;
+
+  mutable std::mutex mutex_;
+  Timeline timeline_;
+  Regions regions_;
+  std::deque<std::pair<TimeNs, TimeNs>> busy_;  // recent compute intervals, merged
+  TimeNs blocked_ns_ = 0;
+  int64_t next_pool_[2] = {0, 0};
+};
+
+}  // namespace emugpu

@@ -1,0 +1,110 @@
+#include "regions.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace emugpu {
+namespace {
+
+constexpr double kReserve = 0.05;  // of the expected estimate
+constexpr size_t kRemembered = 8;  // occurrences whose largest estimate is expected
+
+}  // namespace
+
+void Regions::open(const std::string& key, RegionKind kind, TimeNs target, TimeNs start, int64_t stream,
+                   bool started) {
+  EMUGPU_CHECK(!active_, kRuntime, "region '", key, "' opened while '", key_, "' is still open");
+  EMUGPU_CHECK(target >= 0, kValue, "region '", key, "': expected a target >= 0 ns, got ", target);
+  active_ = true;
+  key_ = key;
+  kind_ = kind;
+  target_ = target;
+  start_ = start;
+  stream_ = stream;
+  started_ = started;
+  estimated_ = 0;
+  charged_ = 0;
+  auto it = expected_by_key_.find(key);
+  expected_ = it == expected_by_key_.end() ? 0 : it->second;
+}
+
+TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
+  if (!active_) return estimate;
+  stream_ = stream;
+  const TimeNs before = estimated_;
+  estimated_ += estimate;
+  const TimeNs budget = start_ + target_ - start;
+  // At the profile's pace: the estimate scaled by target / expected.
+  const TimeNs paced =
+      expected_ > 0 ? static_cast<TimeNs>(static_cast<double>(estimate) * static_cast<double>(target_) /
+                                          static_cast<double>(expected_))
+                    : estimate;
+  TimeNs duration;
+  if (budget <= 0) {
+    duration = paced;  // host-bound: the region's time was over before this op could start
+  } else if (expected_ > 0 && before + estimate <= expected_) {
+    // A reserve keeps room for more work than expected; the pad fills it otherwise.
+    const double remaining = static_cast<double>(expected_ - before) + kReserve * static_cast<double>(expected_);
+    duration = static_cast<TimeNs>(static_cast<double>(budget) * (static_cast<double>(estimate) / remaining));
+  } else {
+    // More work than last time (or the first time): never use up the whole
+    // budget, so later ops still fit; the pad covers the rest.
+    duration = std::min(paced, budget / 2);
+  }
+  charged_ += duration;
+  return duration;
+}
+
+TimeNs Regions::pad_needed(TimeNs pad_start) const {
+  if (!active_) return 0;
+  return std::max<TimeNs>(0, start_ + target_ - pad_start);
+}
+
+void Regions::close(RegionOutcome outcome, TimeNs end, TimeNs pad) {
+  if (!active_) return;
+  active_ = false;
+  RegionReport& r = reports_[key_];
+  r.key = key_;
+  r.kind = kind_;
+  r.target = target_;
+  switch (outcome) {
+    case RegionOutcome::kCancelled: r.cancelled += 1; return;
+    case RegionOutcome::kAborted: r.aborted += 1; return;
+    case RegionOutcome::kCompleted: break;
+  }
+  r.occurrences += 1;
+  r.last_time = std::max<TimeNs>(0, end - start_);
+  r.charged = charged_;
+  r.estimated = estimated_;
+  r.padded = pad;
+  if (r.last_time > target_) {
+    r.host_bound += 1;
+    host_bound_total_ += 1;
+    r.worst_excess = std::max(r.worst_excess, r.last_time - target_);
+  }
+  if (estimated_ > 0) {
+    // The most work of the last few occurrences: loops alternate (gradient
+    // accumulation steps only every k-th backward).
+    auto& recent = recent_by_key_[key_];
+    recent.push_back(estimated_);
+    if (recent.size() > kRemembered) recent.pop_front();
+    expected_by_key_[key_] = *std::max_element(recent.begin(), recent.end());
+  }
+}
+
+std::vector<RegionReport> Regions::report() const {
+  std::vector<RegionReport> out;
+  for (const auto& [key, r] : reports_) out.push_back(r);
+  return out;
+}
+
+void Regions::clear() {
+  active_ = false;
+  expected_by_key_.clear();
+  recent_by_key_.clear();
+  reports_.clear();
+  host_bound_total_ = 0;
+}
+
+}  // namespace emugpu

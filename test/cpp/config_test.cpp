@@ -1,0 +1,63 @@
+#include "config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "error.h"
+
+namespace {
+
+using emugpu::ConfigRequest;
+using emugpu::Mode;
+
+struct CleanEnvironment : ::testing::Test {
+  void SetUp() override {
+    for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG"}) unsetenv(v);
+  }
+  void TearDown() override { SetUp(); }
+};
+
+TEST_F(CleanEnvironment, DefaultsNeedNothingSet) {
+  const auto c = emugpu::resolve_config({}, "/x/gpus.json");
+  EXPECT_EQ(c.gpu, emugpu::kDefaultGpu);
+  EXPECT_EQ(c.device_count, 1);
+  EXPECT_EQ(c.mode, Mode::kTiming);
+  EXPECT_EQ(c.catalog_path, "/x/gpus.json");
+}
+
+TEST_F(CleanEnvironment, TheEnvironmentFillsWhatTheCallerLeavesOut) {
+  setenv("EMUGPU_GPU", " v100 ", 1);
+  setenv("EMUGPU_DEVICE_COUNT", "4", 1);
+  setenv("EMUGPU_MODE", "Compute", 1);
+  setenv("EMUGPU_CATALOG", "/y.json", 1);
+  auto c = emugpu::resolve_config({}, "/x.json");
+  EXPECT_EQ(c.gpu, "v100");
+  EXPECT_EQ(c.device_count, 4);
+  EXPECT_EQ(c.mode, Mode::kCompute);
+  EXPECT_EQ(c.catalog_path, "/y.json");
+  c = emugpu::resolve_config({std::string("t4"), 2, std::string("timing")}, "/x.json");
+  EXPECT_EQ(c.gpu, "t4");
+  EXPECT_EQ(c.device_count, 2);
+  EXPECT_EQ(c.mode, Mode::kTiming);
+}
+
+TEST_F(CleanEnvironment, BadValuesNameTheirSource) {
+  for (const char* bad : {"0", "-2", "two", "1.5", "65", "99999999999999999999"}) {
+    setenv("EMUGPU_DEVICE_COUNT", bad, 1);
+    try {
+      emugpu::resolve_config({}, "");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const emugpu::Error& e) {
+      EXPECT_EQ(e.kind(), emugpu::ErrorKind::kValue);
+      EXPECT_NE(std::string(e.what()).find("EMUGPU_DEVICE_COUNT"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("EMUGPU_DEVICE_COUNT");
+  setenv("EMUGPU_MODE", "fast", 1);
+  EXPECT_THROW(emugpu::resolve_config({}, ""), emugpu::Error);
+  unsetenv("EMUGPU_MODE");
+  EXPECT_THROW(emugpu::resolve_config({std::nullopt, 0, std::nullopt}, ""), emugpu::Error);
+}
+
+}  // namespace

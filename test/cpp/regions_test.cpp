@@ -1,0 +1,63 @@
+#include "regions.h"
+
+#include <gtest/gtest.h>
+
+#include "error.h"
+
+namespace {
+
+using emugpu::RegionKind;
+using emugpu::RegionOutcome;
+using emugpu::Regions;
+using emugpu::TimeNs;
+
+TEST(Regions, OutsideARegionEstimatesStand) {
+  Regions r;
+  EXPECT_EQ(r.retime(123, 0, 0), 123);
+}
+
+TEST(Regions, TheFirstOccurrenceNeverSpendsTheWholeBudgetOnOneOp) {
+  Regions r;
+  r.open("k", RegionKind::kForward, 1000, 0, 0, true);
+  EXPECT_EQ(r.retime(100, 0, 0), 100);
+  EXPECT_EQ(r.retime(5000, 100, 0), 450);  // half of the 900 left
+  EXPECT_EQ(r.pad_needed(550), 450);
+}
+
+TEST(Regions, ALearntRegionSpreadsItsBudgetOverItsOps) {
+  Regions r;
+  r.open("k", RegionKind::kForward, 1000, 0, 0, true);
+  r.retime(100, 0, 0);
+  r.retime(300, 100, 0);
+  r.close(RegionOutcome::kCompleted, 1000, 600);
+  r.open("k", RegionKind::kForward, 1000, 2000, 0, true);
+  // budget 1000 over the expected 400 plus a 5% reserve (20)
+  EXPECT_EQ(r.retime(100, 2000, 0), 238);
+  // a gap of 162: the 600 left over 300 + 20
+  EXPECT_EQ(r.retime(300, 2400, 0), 562);
+  EXPECT_EQ(r.pad_needed(2962), 38);
+}
+
+TEST(Regions, CancelledAndAbortedOccurrencesTeachNothing) {
+  Regions r;
+  r.open("k", RegionKind::kBackward, 1000, 0, 0, false);
+  r.retime(500, 0, 0);
+  r.close(RegionOutcome::kCancelled, 500, 0);
+  r.open("k", RegionKind::kBackward, 1000, 0, 0, true);
+  EXPECT_EQ(r.retime(100, 0, 0), 100);  // still nothing learnt
+  r.close(RegionOutcome::kAborted, 100, 0);
+  const auto rep = r.report();
+  ASSERT_EQ(rep.size(), 1u);
+  EXPECT_EQ(rep[0].cancelled, 1);
+  EXPECT_EQ(rep[0].aborted, 1);
+  EXPECT_EQ(rep[0].occurrences, 0);
+}
+
+TEST(Regions, OpeningTwiceIsAnInvariantViolation) {
+  Regions r;
+  r.open("a", RegionKind::kForward, 10, 0, 0, true);
+  EXPECT_THROW(r.open("b", RegionKind::kForward, 10, 0, 0, true), emugpu::Error);
+  EXPECT_THROW(Regions().open("c", RegionKind::kForward, -1, 0, 0, true), emugpu::Error);
+}
+
+}  // namespace
