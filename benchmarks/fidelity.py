@@ -12,6 +12,11 @@ forward + backward. Phases:
   memory    max_memory_allocated in an iteration vs the reference peak, memory
             allocated between iterations vs persistent (one GPU, batch 32 and 128)
   roofline  no profiles: the cost model's iteration time vs the reference
+  shapes    loop shapes (issue 6): no per-iteration sync timed with events,
+            per-iteration sync, loss.item() only, gradient accumulation,
+            evaluation forwards between steps, two models in one loop; per
+            shape, median and worst error of each iteration from the second on
+            against the profile (targets 0.5% and 1%)
 
 Workers run in parallel processes (emulation mostly sleeps).
 
@@ -106,6 +111,92 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
     return out
 
 
+SHAPE_BATCH = 32
+SHAPES = ("events", "synchronize", "item", "accumulate3", "eval-between", "two-models")
+
+
+def shapes_worker(task: tuple[str, str, str, str, int]) -> list[dict]:
+    """Per-iteration emulated (events) or wall (sync loops) time of each loop shape."""
+    gpu, model, partner, profile_dir, iterations = task
+    os.environ["EMUGPU_PROFILE_PATH"] = profile_dir
+    import torch
+    import torchvision
+
+    import torch_emugpu
+
+    torch_emugpu.configure(gpu=gpu.replace("_", " "))
+
+    def build(name: str):  # noqa: ANN202
+        net = torchvision.models.get_model(name).to("emugpu")
+        torch_emugpu.use_profile(net, name)
+        return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    def profiled(name: str) -> float:
+        e = torch_emugpu.profiles.lookup(name, SHAPE_BATCH)
+        return e["forward_s"] + e["backward_s"]
+
+    def fwd(name: str) -> float:
+        return torch_emugpu.profiles.lookup(name, SHAPE_BATCH)["forward_s"]
+
+    x = torch.empty(SHAPE_BATCH, 3, 224, 224, device="emugpu")
+    y = torch.zeros(SHAPE_BATCH, dtype=torch.long, device="emugpu")
+    out: list[dict] = []
+    try:
+        net, opt = build(model)
+        other, opt2 = build(partner)
+    except torch.OutOfMemoryError:
+        return out
+
+    def step(n, o) -> torch.Tensor:  # noqa: ANN001
+        loss = torch.nn.functional.cross_entropy(n(x), y)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        return loss
+
+    def evaluate_then_step() -> None:
+        with torch.no_grad():
+            net(x)
+        step(net, opt)
+
+    def accumulate() -> None:
+        opt.zero_grad()
+        for _ in range(3):
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    event_shapes = {
+        "events": (lambda: step(net, opt), profiled(model)),
+        "accumulate3": (accumulate, 3 * profiled(model)),
+        "eval-between": (evaluate_then_step, fwd(model) + profiled(model)),
+        "two-models": (lambda: (step(net, opt), step(other, opt2)), profiled(model) + profiled(partner)),
+    }
+    try:
+        for shape, (body, expected) in event_shapes.items():
+            events = []
+            for _ in range(iterations + 1):  # no sync anywhere: events only
+                start, end = torch.emugpu.Event(enable_timing=True), torch.emugpu.Event(enable_timing=True)
+                start.record()
+                body()
+                end.record()
+                events.append((start, end))
+            torch.emugpu.synchronize()
+            for start, end in events[1:]:
+                out.append({"shape": shape, "gpu": gpu, "model": model,
+                            "error": start.elapsed_time(end) / 1e3 / expected - 1})
+        for shape, wait in (("synchronize", lambda loss: torch.emugpu.synchronize()),
+                            ("item", lambda loss: loss.item())):
+            wait(step(net, opt))
+            for _ in range(iterations):
+                t0 = time.perf_counter()
+                wait(step(net, opt))
+                out.append({"shape": shape, "gpu": gpu, "model": model,
+                            "error": (time.perf_counter() - t0) / profiled(model) - 1})
+    except torch.OutOfMemoryError:
+        pass
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
@@ -168,6 +259,21 @@ def main() -> None:
             print(f"memory on {gpu} (batch 32, 128): {len(peak_err)} configs; peak: median error "
                   f"{statistics.median(peak_err):.2%}, p95 {pct(peak_err, 0.95):.2%}; persistent: median "
                   f"{statistics.median(pers_err):.2%}, p95 {pct(pers_err, 0.95):.2%}")
+        if "shapes" in phases:
+            shape_gpus = [g for g in ("Tesla_V100-PCIE-32GB", "Tesla_P100-PCIE-16GB") if g in gpus] or gpus[:1]
+            shape_models = [m for m in ("mobilenet_v2", "resnet50", "densenet121", "vgg16", "squeezenet1_1")
+                            if m in models] or models[:4]
+            tasks = [(g, m, shape_models[(i + 1) % len(shape_models)], profile_dir, args.iterations + 2)
+                     for g in shape_gpus for i, m in enumerate(shape_models)]
+            rows = [r for rs in tqdm(pool.imap_unordered(shapes_worker, tasks), total=len(tasks), desc="shapes")
+                    for r in rs]
+            print(f"loop shapes at batch {SHAPE_BATCH} on {', '.join(shape_gpus)} ({', '.join(shape_models)}), "
+                  "each iteration from the second on:")
+            for shape in SHAPES:
+                errs = [abs(r["error"]) for r in rows if r["shape"] == shape]
+                if errs:
+                    print(f"   {shape:13s} {len(errs):3d} iterations: median error {statistics.median(errs):.3%}, "
+                          f"worst {max(errs):.3%}")
         if "roofline" in phases:
             tasks = [("roofline", g, m, list(BATCHES), None, 1, 1) for g in gpus for m in models]
             rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="roofline")
