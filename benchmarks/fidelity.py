@@ -61,18 +61,17 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
         os.environ["EMUGPU_PROFILE_PATH"] = ""
         os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp()  # no user profiles either
     import torch
-    import torchvision
 
     import torch_emugpu
     from torch_emugpu import _C
+    from torch_emugpu.models import image_size, torchvision_model
 
     torch_emugpu.configure(gpu=gpu.replace("_", " "))
     if not profile_dir:
         torch_emugpu.profiles.reload()
-    kwargs = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
-    net = torchvision.models.get_model(model, **kwargs).to("emugpu")
+    net = torchvision_model(model).to("emugpu")
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    size = 299 if model == "inception_v3" else 224
+    size = image_size(model)
     out = []
     for bs in sorted(batches):
         times, busy = [], []
@@ -120,14 +119,14 @@ def shapes_worker(task: tuple[str, str, str, str, int]) -> list[dict]:
     gpu, model, partner, profile_dir, iterations = task
     os.environ["EMUGPU_PROFILE_PATH"] = profile_dir
     import torch
-    import torchvision
 
     import torch_emugpu
+    from torch_emugpu.models import torchvision_model
 
     torch_emugpu.configure(gpu=gpu.replace("_", " "))
 
     def build(name: str):  # noqa: ANN202
-        net = torchvision.models.get_model(name).to("emugpu")
+        net = torchvision_model(name).to("emugpu")
         torch_emugpu.use_profile(net, name)
         return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
 

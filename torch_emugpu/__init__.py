@@ -20,7 +20,7 @@ except ImportError as _error:  # the profiler and importers work without it
 else:
     _C_ERROR = None
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it
 __all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
            "__version__"]
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-import torch_emugpu
-from torch_emugpu import _C
+from torch_emugpu import _C, _devices
 from torch_emugpu.memory import (
     empty_cache,
     max_memory_allocated,
@@ -34,12 +33,9 @@ __all__ = [
     "get_amp_supported_dtype", "is_bf16_supported", "utilization", "engine_stats", "reset_engine_stats",
 ]
 
-_DeviceLike = torch.device | str | int | None
-
-
-def _lazy_init() -> None:
-    """Configures the emulated GPUs from the environment on first use."""
-    torch_emugpu._ensure_configured()
+_DeviceLike = _devices.DeviceLike
+_index = _devices.index
+_lazy_init = _devices.ensure_configured
 
 
 def _is_in_bad_fork() -> bool:
@@ -57,34 +53,11 @@ def is_available() -> bool:
 
 
 def device_count() -> int:
-    _lazy_init()
-    return int(_C._device_count())
-
-
-def _index(device: _DeviceLike = None, optional: bool = True) -> int:
-    _lazy_init()
-    if device is None:
-        return current_device()
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "emugpu":
-            raise ValueError(f"expected an emugpu device, got {device}")
-        return current_device() if device.index is None else device.index
-    if isinstance(device, int):
-        count = device_count()
-        if not 0 <= device < count:
-            raise IndexError(
-                f"emugpu device index out of range: expected 0 <= index < {count}, got {device};"
-                " set EMUGPU_DEVICE_COUNT for more devices"
-            )
-        return device
-    raise TypeError(f"expected a device, a device string or an index, got {type(device).__name__}")
+    return _devices.count()
 
 
 def current_device() -> int:
-    _lazy_init()
-    return int(_C._current_device())
+    return _devices.current()
 
 
 def set_device(device: _DeviceLike) -> None:

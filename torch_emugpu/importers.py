@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import datetime
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
+
+from torch_emugpu.models import write_json_atomic
 
 MiB = 1 << 20
 
@@ -39,11 +40,11 @@ def _parameter_count(model: str) -> int | None:
     """Parameters of the torchvision model of that name (built on the meta device), if torchvision has it."""
     try:
         import torch
-        import torchvision
+
+        from torch_emugpu.models import torchvision_model
 
         with torch.device("meta"):
-            kwargs = {"aux_logits": False, "init_weights": False} if model in ("googlenet", "inception_v3") else {}
-            net = torchvision.models.get_model(model, **kwargs)
+            net = torchvision_model(model)
         return sum(p.numel() for p in net.parameters())
     except Exception:  # noqa: BLE001  (unknown or unbuildable: no fingerprint)
         return None
@@ -124,9 +125,6 @@ def import_gpemu(src: str | Path, out: str | Path, progress: bool = True,
             "batches": batches,
         }
         target = out / gpu / f"{model}.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(target)
+        write_json_atomic(target, doc)
         written.append(target)
     return written

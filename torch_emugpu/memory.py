@@ -5,17 +5,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-import torch
-
 from torch_emugpu import _C
-
-_DeviceLike = torch.device | str | int | None
-
-
-def _index(device: _DeviceLike) -> int:
-    from torch_emugpu.device_module import _index as index
-
-    return index(device)
+from torch_emugpu._devices import DeviceLike as _DeviceLike
+from torch_emugpu._devices import index as _index
 
 
 def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:

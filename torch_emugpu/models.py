@@ -1,12 +1,40 @@
-"""Models the main job can train besides torchvision's: a GPT-2-style decoder."""
+"""Models: torchvision classifiers built the way the profiler, the importer,
+the main job and the benchmarks all build them, and a GPT-2-style decoder."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+
+def torchvision_model(name: str) -> nn.Module:
+    """The torchvision classifier `name`, without the auxiliary heads that
+    training loops do not use (as GPEmu profiled them)."""
+    import torchvision
+
+    kwargs: dict[str, Any] = {}
+    if name in ("googlenet", "inception_v3"):
+        kwargs = {"aux_logits": False, "init_weights": False}
+    return torchvision.models.get_model(name, **kwargs)
+
+
+def image_size(name: str) -> int:
+    """The input resolution a torchvision classifier is trained at."""
+    return 299 if name == "inception_v3" else 224
+
+
+def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Writes a JSON document so that readers never see half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
 
 
 @dataclass(frozen=True)

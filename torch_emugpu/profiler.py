@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from torch_emugpu.models import image_size, torchvision_model, write_json_atomic
+
 VERSION = "0.1.0"
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -47,24 +49,15 @@ def device_name(device: torch.device) -> str:
     return f"CPU {platform.processor() or platform.machine()}"
 
 
-def build_model(name: str) -> torch.nn.Module:
-    import torchvision
-
-    kwargs: dict[str, Any] = {}
-    if name in ("googlenet", "inception_v3"):
-        kwargs = {"aux_logits": False, "init_weights": False}
-    return torchvision.models.get_model(name, **kwargs)
-
-
 def measure(name: str, batch_size: int, device: torch.device, warmup: int, iterations: int) -> dict[str, Any]:
     """One profile entry; raises torch.OutOfMemoryError when the batch does not fit."""
     cuda = device.type == "cuda"
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     if cuda:
         torch.cuda.empty_cache()
-    model = build_model(name).to(device).train()
+    model = torchvision_model(name).to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    size = 299 if name == "inception_v3" else 224
+    size = image_size(name)
     x_host = torch.randn(batch_size, 3, size, size)
     y = torch.randint(0, 1000, (batch_size,), device=device)
     x = x_host.to(device)
@@ -125,13 +118,6 @@ def load_existing(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
-def write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def run(models: list[str], batch_sizes: list[int], out: Path, device: torch.device, warmup: int = 3,
         iterations: int = 10, force: bool = False, progress: bool = True) -> list[Path]:
     from tqdm import tqdm
@@ -160,8 +146,8 @@ def run(models: list[str], batch_sizes: list[int], out: Path, device: torch.devi
         if doc is None:
             doc = {
                 "schema": "torch-emugpu profile v1", "gpu": gpu, "model": model,
-                "fingerprint": {"parameters": sum(p.numel() for p in build_model(model).parameters())},
-                "input": {"shape": [3, *([299, 299] if model == "inception_v3" else [224, 224])], "dtype": "float32"},
+                "fingerprint": {"parameters": sum(p.numel() for p in torchvision_model(model).parameters())},
+                "input": {"shape": [3, image_size(model), image_size(model)], "dtype": "float32"},
                 "provenance": {
                     "tool": f"torch-emugpu profile {VERSION}", "torch": torch.__version__, "dtype": "float32",
                     "amp": False, "optimizer": "SGD(lr=0.01, momentum=0.9, weight_decay=1e-4)",
@@ -179,10 +165,10 @@ def run(models: list[str], batch_sizes: list[int], out: Path, device: torch.devi
         except torch.OutOfMemoryError:
             stopped.add(model)
             doc["provenance"]["note"] = f"batch size {bs} and larger did not fit in memory"
-            write_atomic(path, doc)
+            write_json_atomic(path, doc)
             continue
         doc["batches"] = sorted([*doc["batches"], entry], key=lambda b: b["batch_size"])
-        write_atomic(path, doc)
+        write_json_atomic(path, doc)
         if path not in written:
             written.append(path)
     return written

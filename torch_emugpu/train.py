@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 import torch_emugpu
 from torch_emugpu import _C
+from torch_emugpu.models import image_size, torchvision_model
 
 GPT_MODELS = ("gpt2",)
 
@@ -42,11 +43,8 @@ def build(model: str, batch_size: int, seq_len: int) -> tuple[torch.nn.Module, t
     if model not in torchvision.models.list_models(module=torchvision.models):
         known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models)))
         raise ValueError(f"unknown model {model!r}; choose gpt2 or a torchvision classifier: {known}")
-    kwargs: dict[str, object] = {}
-    if model in ("googlenet", "inception_v3"):
-        kwargs = {"aux_logits": False, "init_weights": False}
-    net = torchvision.models.get_model(model, **kwargs)
-    size = 299 if model == "inception_v3" else 224
+    net = torchvision_model(model)
+    size = image_size(model)
     return net, torch.randn(batch_size, 3, size, size), torch.randint(0, 1000, (batch_size,))
 
 

@@ -239,14 +239,7 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&] {
       ProfileDb db;
       db.scan(directories);
-      for (const auto& p : db.profiles()) {
-        if (p.gpu.rfind("CPU", 0) == 0) continue;  // the profiler's CPU stand-in: never matches a GPU
-        try {
-          Runtime::get().catalog().find(p.gpu);
-        } catch (const Error& e) {
-          detail::throw_error(ErrorKind::kValue, "profile ", p.path, ": field 'gpu': ", e.what());
-        }
-      }
+      db.check_gpus(Runtime::get().catalog());
       py::list out;
       for (const auto& p : db.profiles()) out.append(profile_summary(p));
       Runtime::get().set_profiles(std::move(db));
@@ -258,23 +251,21 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&]() -> py::object {
       const auto db = Runtime::get().profiles();
       if (db == nullptr) return py::none();
-      const Catalog& catalog = Runtime::get().catalog();
-      const Profile* p = !model.empty() ? db->find(catalog, gpu, model)
-                         : parameters.is_none() ? nullptr
-                                                : db->find_by_fingerprint(catalog, gpu, parameters.cast<int64_t>());
-      if (p == nullptr) return py::none();
-      const ProfileTable* table = p->table(gpu_count);
-      if (table == nullptr) return py::none();
-      const ProfileLookup r = interpolate(*p, *table, batch_size);
+      const auto r = db->lookup(Runtime::get().catalog(), gpu, model,
+                                parameters.is_none() ? std::nullopt : std::optional<int64_t>(parameters.cast<int64_t>()),
+                                batch_size, gpu_count);
+      if (!r) return py::none();
+      const Profile* p = r->profile;
       py::dict d = profile_summary(*p);
-      d["kind"] = r.kind == LookupKind::kExact ? "exact" : r.kind == LookupKind::kInterpolated ? "interpolated"
-                                                                                                : "extrapolated";
-      d["forward_s"] = r.point.forward_s;
-      d["backward_s"] = r.point.backward_s;
-      d["transfer_pageable_s"] = optional_number(r.point.transfer_pageable_s);
-      d["transfer_pinned_s"] = optional_number(r.point.transfer_pinned_s);
-      d["peak_bytes"] = optional_number(r.point.peak_bytes);
-      d["persistent_bytes"] = optional_number(r.point.persistent_bytes);
+      d["kind"] = r->kind == LookupKind::kExact          ? "exact"
+                  : r->kind == LookupKind::kInterpolated ? "interpolated"
+                                                         : "extrapolated";
+      d["forward_s"] = r->point.forward_s;
+      d["backward_s"] = r->point.backward_s;
+      d["transfer_pageable_s"] = optional_number(r->point.transfer_pageable_s);
+      d["transfer_pinned_s"] = optional_number(r->point.transfer_pinned_s);
+      d["peak_bytes"] = optional_number(r->point.peak_bytes);
+      d["persistent_bytes"] = optional_number(r->point.persistent_bytes);
       return d;
     });
   });

@@ -256,4 +256,27 @@ const Profile* ProfileDb::find_by_fingerprint(const Catalog& catalog, std::strin
   return nullptr;
 }
 
+void ProfileDb::check_gpus(const Catalog& catalog) const {
+  for (const auto& p : profiles_) {
+    if (p.gpu.rfind("CPU", 0) == 0) continue;
+    try {
+      catalog.find(p.gpu);
+    } catch (const Error& e) {
+      detail::throw_error(ErrorKind::kValue, "profile ", p.path, ": field 'gpu': ", e.what());
+    }
+  }
+}
+
+std::optional<ProfileLookup> ProfileDb::lookup(const Catalog& catalog, std::string_view gpu_name,
+                                               std::string_view model, std::optional<int64_t> parameters,
+                                               int64_t batch_size, int gpu_count) const {
+  const Profile* p = !model.empty() ? find(catalog, gpu_name, model)
+                     : parameters   ? find_by_fingerprint(catalog, gpu_name, *parameters)
+                                    : nullptr;
+  if (p == nullptr) return std::nullopt;
+  const ProfileTable* table = p->table(gpu_count);
+  if (table == nullptr) return std::nullopt;
+  return interpolate(*p, *table, batch_size);
+}
+
 }  // namespace emugpu

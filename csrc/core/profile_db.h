@@ -69,6 +69,16 @@ class ProfileDb {
                                      int64_t parameters) const;
   const std::vector<Profile>& profiles() const { return profiles_; }
 
+  // Every profile names a GPU of `catalog` (kValue naming file and field
+  // otherwise); the profiler's CPU stand-in ("CPU ...") is exempt: it never
+  // matches an emulated GPU.
+  void check_gpus(const Catalog& catalog) const;
+  // The entry for `gpu_name` at `batch_size` on `gpu_count` GPUs: by model
+  // name when `model` is not empty, else by parameter count; nullopt when no
+  // profile (or no table for that GPU count) matches.
+  std::optional<ProfileLookup> lookup(const Catalog& catalog, std::string_view gpu_name, std::string_view model,
+                                      std::optional<int64_t> parameters, int64_t batch_size, int gpu_count) const;
+
  private:
   std::vector<Profile> profiles_;
 };

@@ -176,6 +176,35 @@ TEST(ProfileDb, FindsProfilesByLooseGpuNameModelAndFingerprint) {
   EXPECT_EQ(db.find_by_fingerprint(catalog, "V100-PCIE-32GB", 11689512), nullptr);
 }
 
+TEST(ProfileDb, LooksUpByNameOrFingerprintAndGpuCount) {
+  const auto catalog = emugpu::Catalog::from_file(EMUGPU_CATALOG_PATH);
+  emugpu::ProfileDb db;
+  db.add(emugpu::parse_profile(kProfile, "p.json"));
+  const auto by_name = db.lookup(catalog, "V100-PCIE-32GB", "resnet50", std::nullopt, 16, 1);
+  ASSERT_TRUE(by_name.has_value());
+  EXPECT_DOUBLE_EQ(by_name->point.forward_s, 0.025);
+  const auto by_params = db.lookup(catalog, "V100-PCIE-32GB", "", 25557032, 24, 1);
+  ASSERT_TRUE(by_params.has_value());
+  EXPECT_EQ(by_params->kind, emugpu::LookupKind::kInterpolated);
+  EXPECT_DOUBLE_EQ(db.lookup(catalog, "V100-PCIE-32GB", "resnet50", std::nullopt, 32, 2)->point.forward_s, 0.041);
+  EXPECT_FALSE(db.lookup(catalog, "V100-PCIE-32GB", "resnet50", std::nullopt, 32, 4).has_value());
+  EXPECT_FALSE(db.lookup(catalog, "V100-PCIE-32GB", "", std::nullopt, 32, 1).has_value());
+}
+
+TEST(ProfileDb, ProfilesForGpusTheCatalogLacksAreRefusedButCpuStandInsPass) {
+  const auto catalog = emugpu::Catalog::from_file(EMUGPU_CATALOG_PATH);
+  emugpu::ProfileDb db;
+  db.add(emugpu::parse_profile(replaced(kProfile, "Tesla_V100-PCIE-32GB", "CPU x86_64"), "cpu.json"));
+  EXPECT_NO_THROW(db.check_gpus(catalog));
+  db.add(emugpu::parse_profile(replaced(kProfile, "Tesla_V100-PCIE-32GB", "Imaginary X1"), "x1.json"));
+  try {
+    db.check_gpus(catalog);
+    ADD_FAILURE() << "accepted a profile for an unknown GPU";
+  } catch (const emugpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x1.json: field 'gpu'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ProfileDb, ScansDirectoriesAndEarlierOnesWin) {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / "emugpu_profile_db_test";

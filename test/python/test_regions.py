@@ -57,7 +57,9 @@ def event_ms(fn) -> float:
 
 def test_events_without_any_sync_see_the_profiled_time_from_the_second_iteration(profile_dir):  # noqa: F811
     model, opt, x, y = setup_resnet(profile_dir)
-    step(model, opt, x, y)  # warm-up without synchronizing
+    step(model, opt, x, y)  # warm-up without synchronizing (its host work may be slow: Meta kernels run)
+    model(x)  # closes the warm-up's backward region
+    warm = {r["key"]: r["host_bound"] for r in torch_emugpu.region_report() if "host_bound" in r}
     times = []
     for _ in range(4):
         start, end = torch.emugpu.Event(enable_timing=True), torch.emugpu.Event(enable_timing=True)
@@ -68,8 +70,8 @@ def test_events_without_any_sync_see_the_profiled_time_from_the_second_iteration
     torch.emugpu.synchronize()
     for start, end in times:
         assert start.elapsed_time(end) == pytest.approx((FWD + BWD) * 1e3, rel=1e-4)
-    report = {r["key"]: r for r in torch_emugpu.region_report()}
-    assert report["resnet18@4:forward"]["host_bound"] == 0
+    after = {r["key"]: r["host_bound"] for r in torch_emugpu.region_report() if "host_bound" in r}
+    assert after == warm  # no region after the warm-up was host-bound
 
 
 @pytest.mark.parametrize("sync", ["synchronize", "item", "cpu", "tolist", "event"])

@@ -1,0 +1,91 @@
+#include "backend/ops/estimate.h"
+
+#include <algorithm>
+
+#include "backend/ops/tensor_util.h"
+
+namespace emugpu {
+namespace {
+
+DType dtype_class(at::ScalarType s, bool tensor_core_fp32) {
+  switch (s) {
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kDouble: return DType::kFloat64;
+    case at::kFloat: return tensor_core_fp32 ? DType::kTensorFloat32 : DType::kFloat32;
+    default: return at::isFloatingType(s) ? DType::kFloat32 : DType::kInteger;
+  }
+}
+
+}  // namespace
+
+OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                const std::vector<c10::IValue>& args) {
+  OpCost cost;
+  double out_numel = 0;
+  at::ScalarType dtype = at::kFloat;
+  bool found_float = false;
+  for (const auto& t : inputs) {
+    cost.bytes += numel_bytes(t);
+    if (!found_float && at::isFloatingType(t.scalar_type())) dtype = t.scalar_type(), found_float = true;
+  }
+  for (const auto& t : outputs) {
+    cost.bytes += numel_bytes(t);
+    out_numel += static_cast<double>(t.numel());
+  }
+  // Elementwise ops do about one operation per output element, reductions
+  // one per input element; the other families count their own (core/op_cost.h).
+  const double in_numel = inputs.empty() ? 0 : static_cast<double>(inputs.front().numel());
+  cost.flops = std::max(out_numel, in_numel);
+  auto size = [&](size_t arg, int64_t dim) { return static_cast<double>(args[arg].toTensor().size(dim)); };
+  switch (info.family) {
+    case OpFamily::kMm:
+      cost.flops = matmul_flops(1, size(0, 0), size(0, 1), size(1, 1));
+      break;
+    case OpFamily::kAddmm:
+      cost.flops = matmul_flops(1, size(1, 0), size(1, 1), size(2, 1));
+      break;
+    case OpFamily::kBmm:
+      cost.flops = matmul_flops(size(0, 0), size(0, 1), size(0, 2), size(1, 2));
+      break;
+    case OpFamily::kBaddbmm:
+      cost.flops = matmul_flops(size(1, 0), size(1, 1), size(1, 2), size(2, 2));
+      break;
+    case OpFamily::kConv:
+    case OpFamily::kConvBackward: {
+      const bool forward = info.family == OpFamily::kConv;
+      const at::Tensor weight = args[forward ? 1 : 2].toTensor();
+      const at::Tensor out = forward ? outputs.at(0) : args[0].toTensor();
+      int passes = 1;
+      if (!forward) {
+        const auto mask = args.back().toBoolList();
+        passes = (mask.get(0) ? 1 : 0) + (mask.get(1) ? 1 : 0);
+      }
+      cost.flops = conv_flops(static_cast<double>(out.numel()), static_cast<double>(weight.numel()),
+                              static_cast<double>(weight.size(0)), passes);
+      break;
+    }
+    case OpFamily::kAttention:
+    case OpFamily::kAttentionBackward: {
+      const size_t first = info.family == OpFamily::kAttention ? 0 : 1;
+      const at::Tensor q = args[first].toTensor(), k = args[first + 1].toTensor(), v = args[first + 2].toTensor();
+      // (B, H, L, E) layout; flash-style kernels never store the L x S matrix.
+      const double b_h = static_cast<double>(q.numel()) / static_cast<double>(q.size(-1) * q.size(-2));
+      cost.flops = attention_flops(b_h, static_cast<double>(q.size(-2)), static_cast<double>(k.size(-2)),
+                                   static_cast<double>(q.size(-1)), static_cast<double>(v.size(-1)),
+                                   info.family == OpFamily::kAttentionBackward);
+      break;
+    }
+    case OpFamily::kNorm:
+      cost.flops = norm_flops(in_numel);
+      break;
+    case OpFamily::kElementwise:
+      break;
+  }
+  const bool tf32 = (uses_cublas(info.family) && at::globalContext().allowTF32CuBLAS()) ||
+                    (uses_cudnn(info.family) && at::globalContext().allowTF32CuDNN());
+  cost.dtype = dtype_class(dtype, tf32);
+  return cost;
+}
+
+}  // namespace emugpu

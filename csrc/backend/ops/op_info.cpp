@@ -1,0 +1,111 @@
+#include "backend/ops/op_info.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace emugpu {
+namespace {
+
+// Output sizes depend on input values (index_put keeps its input's shape).
+bool depends_on_values(DataDependent d, const std::string& name) {
+  switch (d) {
+    case DataDependent::kNone:
+    case DataDependent::kGruCell:
+    case DataDependent::kGruCellBackward:
+      return false;
+    case DataDependent::kIndexWithMask:
+      return name == "aten::index";
+    default:
+      return true;
+  }
+}
+const c10::AliasInfo* element_alias(const c10::Argument& a) {
+  const c10::AliasInfo* info = a.alias_info();
+  if (info != nullptr && info->beforeSets().empty() && !info->containedTypes().empty()) {
+    return &info->containedTypes()[0];
+  }
+  return info;
+}
+DataDependent data_dependent_of(const std::string& name) {
+  static const std::unordered_map<std::string, DataDependent> table = {
+      {"aten::nonzero", DataDependent::kNonzero},
+      {"aten::masked_select", DataDependent::kMaskedSelect},
+      {"aten::_unique2", DataDependent::kUnique2},
+      {"aten::_unique", DataDependent::kUnique2},
+      {"aten::unique_dim", DataDependent::kUniqueDim},
+      {"aten::unique_consecutive", DataDependent::kUniqueConsecutive},
+      {"aten::index", DataDependent::kIndexWithMask},
+      {"aten::index_put_", DataDependent::kIndexWithMask},
+      {"aten::index_put", DataDependent::kIndexWithMask},
+      {"aten::_index_put_impl_", DataDependent::kIndexWithMask},
+      {"aten::bincount", DataDependent::kNeedsValues},
+      {"aten::repeat_interleave", DataDependent::kNeedsValues},
+      {"aten::_thnn_fused_gru_cell", DataDependent::kGruCell},
+      {"aten::_thnn_fused_gru_cell_backward", DataDependent::kGruCellBackward},
+  };
+  auto it = table.find(name);
+  return it == table.end() ? DataDependent::kNone : it->second;
+}
+
+OpInfo analyze(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  OpInfo info;
+  info.name = schema.name();
+  info.family = op_family(info.name);
+  info.data_dependent = data_dependent_of(info.name);
+  info.value_dependent = depends_on_values(info.data_dependent, info.name);
+  info.per_tensor_devices = info.name.rfind("aten::_foreach", 0) == 0 || info.name.rfind("aten::_fused", 0) == 0 ||
+                            info.name.rfind("aten::_amp_foreach", 0) == 0;
+  static const std::unordered_map<std::string, bool> host_index_ops = {
+      {"aten::index", true}, {"aten::index_put", true}, {"aten::index_put_", true},
+      {"aten::_index_put_impl_", true}, {"aten::lstm", true}, {"aten::gru", true}, {"aten::rnn_tanh", true},
+      {"aten::rnn_relu", true}, {"aten::_pack_padded_sequence", true},
+  };
+  info.host_index_tensors = host_index_ops.count(info.name) != 0;
+  const auto& args = schema.arguments();
+  info.writes.resize(args.size());
+  info.reads.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* a = element_alias(args[i]);
+    info.writes[i] = a != nullptr && a->isWrite();
+    info.reads[i] = !(info.writes[i] && args[i].kwarg_only());
+    if (info.writes[i]) info.metadata_only = false;
+  }
+  for (const auto& ret : schema.returns()) {
+    ReturnInfo r;
+    const auto* ra = element_alias(ret);
+    if (ra != nullptr) {
+      for (size_t i = 0; i < args.size() && r.alias_arg < 0; ++i) {
+        const auto* a = element_alias(args[i]);
+        if (a == nullptr) continue;
+        for (const auto& set : ra->beforeSets()) {
+          if (a->beforeSets().count(set) != 0) {
+            r.alias_arg = static_cast<int>(i);
+            r.write = a->isWrite();
+            break;
+          }
+        }
+      }
+    }
+    if (r.alias_arg < 0 || r.write) info.metadata_only = false;
+    info.returns.push_back(r);
+  }
+  // An op that neither returns nor writes anything still ran on the device.
+  if (info.returns.empty() && std::none_of(info.writes.begin(), info.writes.end(), [](bool w) { return w; })) {
+    info.metadata_only = false;
+  }
+  return info;
+}
+
+}  // namespace
+
+const OpInfo& info_for(const c10::OperatorHandle& op) {
+  // Per thread, so the hot path takes no lock; schemas live as long as the process.
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> cache;
+  const auto* key = &op.schema();
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, analyze(op)).first;
+  return it->second;
+}
+
+}  // namespace emugpu

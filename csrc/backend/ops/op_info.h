@@ -1,0 +1,45 @@
+// What the fallback needs to know about an aten operator, read once from its
+// schema: its cost family, whether its output sizes depend on values, which
+// arguments it reads and writes, and which argument each return aliases.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <string>
+#include <vector>
+
+#include "core/op_cost.h"
+
+namespace emugpu {
+
+// Ops whose shapes do not come from a Meta kernel: output sizes that depend
+// on values (taken from real bytes where the inputs hold them, else an upper
+// bound, else an error), and a few ops PyTorch ships without a Meta kernel.
+enum class DataDependent {
+  kNone, kNonzero, kMaskedSelect, kUnique2, kUniqueDim, kUniqueConsecutive, kIndexWithMask,
+  kNeedsValues,  // no bound exists (bincount, repeat_interleave): real inputs or an error
+  kGruCell, kGruCellBackward,  // fused GRU cell: no Meta kernel in PyTorch
+};
+
+struct ReturnInfo {
+  int alias_arg = -1;  // argument the return aliases, -1 for a fresh output
+  bool write = false;  // in-place / out= (true) or view (false)
+};
+
+struct OpInfo {
+  std::string name;
+  OpFamily family = OpFamily::kElementwise;
+  DataDependent data_dependent = DataDependent::kNone;
+  bool value_dependent = false;  // output sizes depend on input values
+  std::vector<ReturnInfo> returns;
+  std::vector<bool> writes;  // per argument: mutated by the op
+  std::vector<bool> reads;   // per argument: read by the op (all but out= arguments)
+  bool metadata_only = true;  // only views: no kernel runs on the device
+  bool per_tensor_devices = false;  // foreach / fused ops: list entries may sit on different devices
+  bool host_index_tensors = false;  // CPU index or length tensors are accepted, as CUDA does
+};
+
+// The operator's information, computed on first use (per thread: no lock).
+const OpInfo& info_for(const c10::OperatorHandle& op);
+
+}  // namespace emugpu

@@ -1,0 +1,43 @@
+// What an aten op costs in FLOPs, by op family. The glue measures tensors
+// (bytes read and written); these formulas say how much arithmetic the
+// families that do more than one operation per element perform.
+#pragma once
+
+#include <string_view>
+
+namespace emugpu {
+
+enum class OpFamily {
+  kElementwise,  // one operation per output (or input, for reductions) element
+  kNorm,
+  kMm,
+  kBmm,
+  kAddmm,
+  kBaddbmm,
+  kConv,
+  kConvBackward,
+  kAttention,
+  kAttentionBackward,
+};
+
+// The family of an aten operator ("aten::mm"); kElementwise for the rest.
+OpFamily op_family(std::string_view aten_name);
+// True for the families whose fp32 math runs on tensor cores as TF32 when
+// cuBLAS (matmuls) or cuDNN (convolutions) allow it.
+bool uses_cublas(OpFamily family);
+bool uses_cudnn(OpFamily family);
+
+// 2 * batch * m * k * n multiply-adds of a (batched) matrix product.
+double matmul_flops(double batch, double m, double k, double n);
+// A convolution producing `out_numel` outputs from a weight of
+// `weight_numel` elements over `out_channels` filters; its backward runs
+// `passes` kernels (input and/or weight gradients).
+double conv_flops(double out_numel, double weight_numel, double out_channels, int passes);
+// Fused attention over (batch * heads) sequences of L queries and S keys,
+// head sizes E (queries/keys) and Ev (values); the backward does 2.5 times
+// the forward's work (it recomputes the scores).
+double attention_flops(double batch_heads, double l, double s, double e, double ev, bool backward);
+// Mean, variance, scale and shift in a few passes: about eight per element.
+double norm_flops(double numel);
+
+}  // namespace emugpu

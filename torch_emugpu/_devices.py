@@ -1,0 +1,45 @@
+"""Device indices as torch.cuda accepts them (None, int, "emugpu:1",
+torch.device), shared by torch.emugpu's device, stream and memory functions."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_emugpu import _C
+
+DeviceLike = torch.device | str | int | None
+
+
+def ensure_configured() -> None:
+    """Configures the emulated GPUs from the environment on first use."""
+    _C._ensure_configured()
+
+
+def count() -> int:
+    ensure_configured()
+    return int(_C._device_count())
+
+
+def current() -> int:
+    ensure_configured()
+    return int(_C._current_device())
+
+
+def index(device: DeviceLike = None) -> int:
+    """The emugpu device index `device` names; IndexError when out of range."""
+    ensure_configured()
+    if device is None:
+        return current()
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "emugpu":
+            raise ValueError(f"expected an emugpu device, got {device}")
+        device = current() if device.index is None else device.index
+    if isinstance(device, int):
+        n = count()
+        if not 0 <= device < n:
+            raise IndexError(f"emugpu device index out of range: expected 0 <= index < {n}, got {device};"
+                             " set EMUGPU_DEVICE_COUNT for more devices")
+        return device
+    raise TypeError(f"expected a device, a device string or an index, got {type(device).__name__}")
