@@ -269,10 +269,12 @@ def main() -> None:
             print(f"loop shapes at batch {SHAPE_BATCH} on {', '.join(shape_gpus)} ({', '.join(shape_models)}), "
                   "each iteration from the second on:")
             for shape in SHAPES:
-                errs = [abs(r["error"]) for r in rows if r["shape"] == shape]
-                if errs:
+                mine = [r for r in rows if r["shape"] == shape]
+                if mine:
+                    errs = [abs(r["error"]) for r in mine]
+                    worst = max(mine, key=lambda r: abs(r["error"]))
                     print(f"   {shape:13s} {len(errs):3d} iterations: median error {statistics.median(errs):.3%}, "
-                          f"worst {max(errs):.3%}")
+                          f"worst {max(errs):.3%} ({worst['gpu']} {worst['model']})")
         if "roofline" in phases:
             tasks = [("roofline", g, m, list(BATCHES), None, 1, 1) for g in gpus for m in models]
             rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="roofline")

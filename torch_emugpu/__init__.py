@@ -109,7 +109,7 @@ def _register() -> None:
     from . import _ties, profiles
 
     _ties.install()
-    profiles._planner.install()  # profiles load lazily, at the first forward on emugpu
+    profiles.activate()
 
 
 if _C is not None:

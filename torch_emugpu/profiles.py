@@ -62,7 +62,8 @@ def reload() -> list[dict[str, Any]]:
     with _lock:
         _summaries = list(_C._load_profiles([str(p) for p in search_path()]))
         _planner.forget()
-    _planner.install()  # models without a profile are reported too
+    if _summaries:
+        _planner.install()
     return _summaries
 
 
@@ -259,9 +260,10 @@ class _Planner:
     def pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         thread = threading.get_ident()
         running = self.active.get(thread)
+        if running is not None and running[0] is not module:
+            return  # a submodule of the running root
+        called_at = _C._host_now_ns()  # this hook's own work belongs to the forward, as in a profile
         if running is not None:
-            if running[0] is not module:
-                return  # a submodule of the running root
             if running[1] is not None:  # its last forward never returned (KeyboardInterrupt)
                 _C._region_abort(running[1].device)
         if self.device_and_parameters(module) is None:
@@ -271,7 +273,7 @@ class _Planner:
         if plan is None:
             return
         _use_measured_transfer(plan, args)
-        if _C._forward_begin(plan.device, plan.forward_key, plan.forward_s) > 0:
+        if _C._forward_begin(plan.device, plan.forward_key, plan.forward_s, called_at) > 0:
             self.warn_once("host-bound", "emugpu: the host launched a profiled region's work later than the "
                            "profiled time allows (host-bound), so that region took longer than its profile; "
                            "torch_emugpu.region_report() lists which ('host_bound')")
@@ -321,6 +323,54 @@ class _BackwardReached:
 
 
 _planner = _Planner()
+
+
+def _has_profile_files() -> bool:
+    for directory in search_path():
+        try:
+            if any(p.name not in ("gpus.json", "schema.json") for p in directory.rglob("*.json")):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class _CostModelNotice:
+    """Where no profile exists at all, the planner's hooks would only slow
+    every module call down; one hook says once that times come from the cost
+    model, at the first forward on emugpu, and removes itself."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def __call__(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if _planner.hooks_installed:
+            self.remove()
+            return
+        if _planner.device_and_parameters(module) is None:
+            return
+        self.remove()
+        dirs = ", ".join(str(p) for p in search_path())
+        warnings.warn(f"emugpu: no measured profiles on the search path ({dirs}), so every model's time comes "
+                      f"from the uncalibrated cost model. Measure profiles with `torch-emugpu profile` on a CUDA "
+                      f"machine or import some with `torch-emugpu import gpemu`", stacklevel=_user_stacklevel())
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+_notice = _CostModelNotice()
+
+
+def activate() -> None:
+    """At import: the planner's hooks when profiles exist (they load at the
+    first forward on emugpu), else the one-shot cost-model notice."""
+    if _has_profile_files():
+        _planner.install()
+    elif _notice.handle is None and not _planner.hooks_installed:
+        _notice.handle = torch.nn.modules.module.register_module_forward_pre_hook(_notice)
 
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:

@@ -205,9 +205,10 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   // The model-level planner (torch_emugpu/profiles.py) drives the regions.
-  m.def("_forward_begin", [](int index, const std::string& key, double target_s) {
+  m.def("_forward_begin", [](int index, const std::string& key, double target_s, int64_t called_at_ns) {
     return guarded([&] {
-      return Runtime::get().device(index).forward_begin(current_stream_id(index), key, seconds_to_ns(target_s));
+      return Runtime::get().device(index).forward_begin(current_stream_id(index), key, seconds_to_ns(target_s),
+                                                        called_at_ns);
     });
   });
   m.def("_forward_end", [](int index, const std::string& backward_key, double backward_s, bool expects_backward) {

@@ -111,8 +111,8 @@ TimeNs Device::device_ready() const {
   return timeline_.device_ready();
 }
 
-void Device::close_locked(RegionOutcome outcome) {
-  if (!regions_.active()) return;
+bool Device::close_locked(RegionOutcome outcome) {
+  if (!regions_.active()) return false;
   const int64_t stream = regions_.stream();
   // The region's work ends where the compute engine (and its stream) stand;
   // the pad may lie in the host's past when the host came late to close it.
@@ -123,29 +123,39 @@ void Device::close_locked(RegionOutcome outcome) {
     if (pad > 0) end = place_locked(stream, Engine::kCompute, finish, pad, clock_.now());
   }
   regions_.close(outcome, end, pad);
+  return outcome == RegionOutcome::kCompleted;
 }
 
-void Device::open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started) {
-  const TimeNs start = timeline_.start_of(stream, Engine::kCompute, clock_.now());
+void Device::open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started,
+                         bool chained, TimeNs host_time) {
+  // A region that follows a complete one starts where that one ended, even if
+  // the host comes late: a profiled iteration is its regions back to back (the
+  // profile's times include the host's own latencies), and late host work
+  // shrinks the new region's budget instead of adding to it. Otherwise it
+  // starts when the host opens it.
+  const TimeNs now = host_time > 0 ? std::min(host_time, clock_.now()) : clock_.now();
+  const TimeNs start = timeline_.start_of(stream, Engine::kCompute, chained ? 0 : now);
   regions_.open(key, kind, target, start, stream, started);
 }
 
-int64_t Device::forward_begin(int64_t stream, const std::string& key, TimeNs target) {
+int64_t Device::forward_begin(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at) {
   std::lock_guard<std::mutex> lock(mutex_);
+  bool chained = false;
   if (regions_.active()) {
     const bool unstarted_backward = regions_.kind() == RegionKind::kBackward && !regions_.started();
-    close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted);
+    chained = close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted);
   }
-  open_locked(stream, key, RegionKind::kForward, target, true);
+  open_locked(stream, key, RegionKind::kForward, target, true, chained, called_at);
   return regions_.host_bound_total();
 }
 
 void Device::forward_end(int64_t stream, const std::string& backward_key, TimeNs backward_target,
                          bool expects_backward) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (regions_.active() && regions_.kind() == RegionKind::kForward) close_locked(RegionOutcome::kCompleted);
+  bool chained = false;
+  if (regions_.active() && regions_.kind() == RegionKind::kForward) chained = close_locked(RegionOutcome::kCompleted);
   if (expects_backward && !regions_.active()) {
-    open_locked(stream, backward_key, RegionKind::kBackward, backward_target, false);
+    open_locked(stream, backward_key, RegionKind::kBackward, backward_target, false, chained);
   }
 }
 
@@ -155,11 +165,12 @@ void Device::backward_reached(int64_t stream, const std::string& backward_key, T
     regions_.mark_started();
     return;
   }
+  bool chained = false;
   if (regions_.active()) {
     const bool unstarted_backward = regions_.kind() == RegionKind::kBackward && !regions_.started();
-    close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted);
+    chained = close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted);
   }
-  open_locked(stream, backward_key, RegionKind::kBackward, backward_target, true);
+  open_locked(stream, backward_key, RegionKind::kBackward, backward_target, true, chained);
 }
 
 void Device::region_abort() {

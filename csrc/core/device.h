@@ -7,7 +7,9 @@
 //   kernel at a time, the two copy engines overlap it;
 // - the host runs at most `queue_depth` unfinished launches ahead;
 // - a profiled region ends at its start plus its profiled time unless the
-//   host launched its work later than that (regions.h);
+//   host launched its work later than that (regions.h); a region that follows
+//   a complete one starts where it ended, so an iteration is its profiled
+//   regions back to back;
 // - every host wait first closes a backward + update region whose backward
 //   ran, so the loop's sync point sees the full iteration.
 //
@@ -76,8 +78,11 @@ class Device {
   // (closing what was open; a backward region whose backward never ran is
   // cancelled, not padded) and ends, opening its backward + update region if
   // autograd will run; backward_reached() says autograd reached the model.
-  // Returns how many region occurrences so far were host-bound.
-  int64_t forward_begin(int64_t stream, const std::string& key, TimeNs target);
+  // `called_at` is when the host called the model (its own Python overhead
+  // before the first kernel belongs to the forward, as in a profile measured
+  // synchronized); 0 for now. Returns how many region occurrences so far were
+  // host-bound.
+  int64_t forward_begin(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at = 0);
   void forward_end(int64_t stream, const std::string& backward_key, TimeNs backward_target, bool expects_backward);
   void backward_reached(int64_t stream, const std::string& backward_key, TimeNs backward_target);
   // An exception inside a region: closes it without a pad.
@@ -97,8 +102,11 @@ class Device {
 
  private:
   TimeNs place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
-  void close_locked(RegionOutcome outcome);
-  void open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started);
+  // Returns whether a region closed complete.
+  bool close_locked(RegionOutcome outcome);
+  // A chained region starts where the one before ended; otherwise at `host_time`.
+  void open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started,
+                   bool chained, TimeNs host_time = 0);
   void block_until(TimeNs t);
 
   const int index_;

@@ -113,6 +113,32 @@ TEST(DeviceRegions, EveryIterationTakesItsProfiledTimeWhateverTheHostGaps) {
   EXPECT_EQ(l.report("m:backward").last_time, bwd);
 }
 
+TEST(DeviceRegions, AHostLateBetweenRegionsShrinksTheNextRegionInsteadOfAddingToIt) {
+  Loop l;
+  const TimeNs t0 = l.dev.record(0);
+  l.dev.forward_begin(0, "m:forward", 5 * kMs);
+  l.ops(10, 100 * kUs, 0, 0);
+  l.dev.synchronize_stream(0);           // the host waits for the forward's ops...
+  l.clock.advance(5 * kMs);              // ...and comes back after the forward's profiled end
+  l.dev.forward_end(0, "m:backward", 8 * kMs, true);
+  l.dev.backward_reached(0, "m:backward", 8 * kMs);
+  l.ops(10, 100 * kUs, 0, 0);
+  l.dev.synchronize();
+  EXPECT_EQ(l.clock.now() - t0, 13 * kMs);  // back to back: 5 + 8
+  EXPECT_EQ(l.report("m:backward").host_bound, 0);
+}
+
+TEST(DeviceRegions, AForwardStartsWhenTheModelWasCalled) {
+  Loop l;
+  const TimeNs called = l.clock.now();
+  l.clock.advance(200 * kUs);  // the planner's own work before it opens the region
+  l.dev.forward_begin(0, "m:forward", 5 * kMs, called);
+  l.ops(10, 10 * kUs, 0, 0);
+  l.dev.forward_end(0, "m:backward", kMs, false);
+  l.dev.synchronize();
+  EXPECT_EQ(l.clock.now() - called, 5 * kMs);
+}
+
 TEST(DeviceRegions, AHostSlowerThanTheProfileIsReportedAsHostBound) {
   Loop l;
   l.dev.forward_begin(0, "m:forward", 1 * kMs);

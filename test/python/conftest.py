@@ -18,6 +18,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(autouse=True)
 def default_config():
     """Configure the default GPU; tests that reconfigure are undone afterwards."""
+    # A failed test's frames (and its device tensors) stay referenced from
+    # sys.last_traceback; drop them so one failure does not fail the rest.
+    sys.last_type = sys.last_value = sys.last_traceback = None
     gc.collect()
     cfg = torch_emugpu._C._configured() and torch_emugpu.config()
     if not cfg or (cfg.gpu, cfg.device_count) != (torch_emugpu._config.DEFAULT_GPU, 2):

@@ -61,17 +61,19 @@ def test_events_without_any_sync_see_the_profiled_time_from_the_second_iteration
     model(x)  # closes the warm-up's backward region
     warm = {r["key"]: r["host_bound"] for r in torch_emugpu.region_report() if "host_bound" in r}
     times = []
-    for _ in range(4):
+    for _ in range(6):
         start, end = torch.emugpu.Event(enable_timing=True), torch.emugpu.Event(enable_timing=True)
         start.record()
         step(model, opt, x, y)
         end.record()
         times.append((start, end))
     torch.emugpu.synchronize()
-    for start, end in times:
-        assert start.elapsed_time(end) == pytest.approx((FWD + BWD) * 1e3, rel=1e-4)
     after = {r["key"]: r["host_bound"] for r in torch_emugpu.region_report() if "host_bound" in r}
-    assert after == warm  # no region after the warm-up was host-bound
+    host_bound = sum(after.values()) - sum(warm.values())
+    off = [start.elapsed_time(end) for start, end in times
+           if start.elapsed_time(end) != pytest.approx((FWD + BWD) * 1e3, rel=1e-4)]
+    # Exact unless the host stalled past a region's end, and then reported as host-bound.
+    assert len(off) <= host_bound <= 1, (off, after)
 
 
 @pytest.mark.parametrize("sync", ["synchronize", "item", "cpu", "tolist", "event"])
@@ -222,6 +224,7 @@ def test_a_host_slower_than_the_profile_is_reported_and_warned_once(profile_dir)
 
 
 def test_models_without_a_profile_are_announced_once(profile_dir):  # noqa: F811
+    write_profile(profile_dir)  # some profile exists, but none for this model
     profiles.reload()
     model = torch.nn.Sequential(torch.nn.Linear(8, 8)).to("emugpu")
     with warnings.catch_warnings(record=True) as caught:
@@ -231,3 +234,18 @@ def test_models_without_a_profile_are_announced_once(profile_dir):  # noqa: F811
     messages = [str(w.message) for w in caught if "cost model" in str(w.message)]
     assert len(messages) == 1 and "Sequential" in messages[0]
     assert caught[0].filename == __file__  # points at the user's line
+
+
+def test_without_any_profile_one_notice_says_times_come_from_the_cost_model(tmp_path):
+    from conftest import run_python
+
+    r = run_python("import torch, warnings\n"
+                   "warnings.simplefilter('always')\n"
+                   "m = torch.nn.Linear(4, 4).to('emugpu')\n"
+                   "for _ in range(3):\n"
+                   "    m(torch.empty(2, 4, device='emugpu'))\n"
+                   "print('hooks left', len(torch.nn.modules.module._global_forward_pre_hooks))",
+                   env={"EMUGPU_PROFILE_PATH": str(tmp_path), "XDG_DATA_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("uncalibrated cost model") == 1
+    assert "hooks left 0" in r.stdout  # module calls are back on PyTorch's fast path
