@@ -15,6 +15,9 @@ std::string trim(const std::string& s) {
   return s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
 }
 
+// What an error message echoes of a value: at most 60 characters.
+std::string brief(const std::string& s) { return s.size() <= 60 ? s : s.substr(0, 57) + "..."; }
+
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || trim(v).empty()) return std::nullopt;
@@ -34,7 +37,7 @@ Mode parse_mode(const std::string& text, const std::string& source) {
   std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
   if (mode == "timing") return Mode::kTiming;
   if (mode == "compute") return Mode::kCompute;
-  detail::throw_error(ErrorKind::kValue, source, ": expected one of timing, compute, got '", text, "'");
+  detail::throw_error(ErrorKind::kValue, source, ": expected one of timing, compute, got '", brief(text), "'");
 }
 
 const char* mode_name(Mode mode) { return mode == Mode::kCompute ? "compute" : "timing"; }
@@ -49,7 +52,7 @@ int parse_device_count(const std::string& text, const std::string& source) {
     used = 0;
   }
   EMUGPU_CHECK(used == t.size() && !t.empty(), kValue, source,
-               ": expected a positive integer number of emulated GPUs, got '", text, "'");
+               ": expected a positive integer number of emulated GPUs, got '", brief(text), "'");
   EMUGPU_CHECK(value >= 1, kValue, source, ": expected a positive number of emulated GPUs (1 or more), got ", value);
   EMUGPU_CHECK(value <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices, " emulated GPUs, got ",
                value);

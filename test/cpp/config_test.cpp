@@ -56,6 +56,13 @@ TEST_F(CleanEnvironment, BadValuesNameTheirSource) {
   unsetenv("EMUGPU_DEVICE_COUNT");
   setenv("EMUGPU_MODE", "fast", 1);
   EXPECT_THROW(emugpu::resolve_config({}, ""), emugpu::Error);
+  setenv("EMUGPU_MODE", std::string(10000, 'x').c_str(), 1);
+  try {
+    emugpu::resolve_config({}, "");
+    ADD_FAILURE() << "a 10000-character mode was accepted";
+  } catch (const emugpu::Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 200u);  // the echo is bounded
+  }
   unsetenv("EMUGPU_MODE");
   EXPECT_THROW(emugpu::resolve_config({std::nullopt, 0, std::nullopt}, ""), emugpu::Error);
 }

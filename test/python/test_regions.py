@@ -96,12 +96,13 @@ def test_every_host_wait_ends_the_iteration_at_its_profiled_time(profile_dir, sy
 
     for _ in range(2):
         wait(step(model, opt, x, y))
-    n = 4
-    t0 = time.perf_counter()
-    for _ in range(n):
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
         wait(step(model, opt, x, y))
-    per_iteration = (time.perf_counter() - t0) / n
-    assert per_iteration == pytest.approx(FWD + BWD, rel=0.03)
+        times.append(time.perf_counter() - t0)
+    # Wall time: the host's own latency around the wait adds a little.
+    assert sorted(times)[2] == pytest.approx(FWD + BWD, rel=0.02)
 
 
 def test_gradient_accumulation_charges_every_micro_batch(profile_dir):  # noqa: F811
