@@ -106,7 +106,8 @@ def test_a_matching_model_takes_the_profiled_iteration_time(profile_dir):
     report = {r["key"]: r for r in torch_emugpu.region_report()}
     assert report["resnet18@4:forward"]["kind"] == "exact"
     assert report["resnet18@4:forward"]["last_s"] == pytest.approx(0.030, rel=1e-6)
-    assert report["resnet18@4:forward"]["host_bound"] == 0
+    # Only the first iteration may be host-bound: its host work computes the shape rules.
+    assert report["resnet18@4:forward"]["host_bound"] <= 1
     assert report["resnet18@4:backward"]["source"].endswith("resnet18.json")
 
 
