@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_GPU = "NVIDIA A100-SXM4-40GB"
-MODES = ("timing", "compute")
-
 
 @dataclass(frozen=True)
 class Config:

@@ -29,15 +29,15 @@ def index(device: DeviceLike = None) -> int:
     """The emugpu device index `device` names; IndexError when out of range."""
     ensure_configured()
     if device is None:
-        return current()
+        return int(_C._current_device())
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
         if device.type != "emugpu":
             raise ValueError(f"expected an emugpu device, got {device}")
-        device = current() if device.index is None else device.index
+        device = int(_C._current_device()) if device.index is None else device.index
     if isinstance(device, int):
-        n = count()
+        n = int(_C._device_count())
         if not 0 <= device < n:
             raise IndexError(f"emugpu device index out of range: expected 0 <= index < {n}, got {device};"
                              " set EMUGPU_DEVICE_COUNT for more devices")

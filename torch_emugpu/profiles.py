@@ -219,10 +219,8 @@ class _Planner:
         self.module_info[module] = info
         return info
 
-    def plan_for(self, module: torch.nn.Module, args: tuple[Any, ...]) -> _Plan | None:
-        info = self.device_and_parameters(module)
-        if info is None:
-            return None
+    def plan_for(self, module: torch.nn.Module, info: tuple[int, int], args: tuple[Any, ...]) -> _Plan | None:
+        """The plan of a root module on emugpu (`info`: its device and parameter count)."""
         batch = _batch_size(args)
         if batch is None or batch < 1:
             return None
@@ -266,9 +264,10 @@ class _Planner:
         if running is not None:
             if running[1] is not None:  # its last forward never returned (KeyboardInterrupt)
                 _C._region_abort(running[1].device)
-        if self.device_and_parameters(module) is None:
+        info = self.device_and_parameters(module)
+        if info is None:
             return  # not on emugpu
-        plan = self.plan_for(module, args)
+        plan = self.plan_for(module, info, args)
         self.active[thread] = (module, plan)  # submodules return at once
         if plan is None:
             return

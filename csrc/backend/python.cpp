@@ -101,6 +101,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-emugpu's compiled core: emulated GPU devices for PyTorch";
   register_hooks();  // before any use: pin_memory() may come before the first emugpu tensor
   set_wait_interrupt_check(&check_python_signals);
+  m.attr("DEFAULT_GPU") = kDefaultGpu;
 
   // Arguments left as None come from the environment (core/config.h).
   m.def("_configure", [](py::object gpu, py::object count, py::object mode) {

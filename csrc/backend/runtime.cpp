@@ -45,6 +45,10 @@ void Runtime::mark_forked_child() {
 
 void Runtime::configure(const ConfigRequest& request) {
   std::lock_guard<std::mutex> lock(mutex_);
+  configure_locked(request);
+}
+
+void Runtime::configure_locked(const ConfigRequest& request) {
   const Config config = resolve_config(request, default_catalog());
   if (const State* old = state_.load(std::memory_order_acquire)) {
     for (const auto& d : old->devices) {
@@ -65,14 +69,8 @@ void Runtime::configure(const ConfigRequest& request) {
 
 void Runtime::ensure_configured() {
   if (configured()) return;
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (configured()) return;
-  lock.unlock();
-  try {
-    configure({});
-  } catch (const Error&) {
-    if (!configured()) throw;  // another thread configured meanwhile: fine
-  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!configured()) configure_locked({});  // threads racing here configure once
 }
 
 const Runtime::State& Runtime::state() {

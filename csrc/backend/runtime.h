@@ -57,6 +57,7 @@ class Runtime {
     std::vector<std::unique_ptr<Device>> devices;
   };
   const State& state();
+  void configure_locked(const ConfigRequest& request);
 
   mutable std::mutex mutex_;  // serialises configuration and profile swaps
   std::atomic<const State*> state_{nullptr};

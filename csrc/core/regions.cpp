@@ -25,8 +25,10 @@ void Regions::open(const std::string& key, RegionKind kind, TimeNs target, TimeN
   started_ = started;
   estimated_ = 0;
   charged_ = 0;
-  auto it = expected_by_key_.find(key);
-  expected_ = it == expected_by_key_.end() ? 0 : it->second;
+  // The most work of the last few occurrences: loops alternate (gradient
+  // accumulation steps only every k-th backward).
+  auto it = recent_by_key_.find(key);
+  expected_ = it == recent_by_key_.end() ? 0 : *std::max_element(it->second.begin(), it->second.end());
 }
 
 TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
@@ -84,12 +86,9 @@ void Regions::close(RegionOutcome outcome, TimeNs end, TimeNs pad) {
     r.worst_excess = std::max(r.worst_excess, r.last_time - target_);
   }
   if (estimated_ > 0) {
-    // The most work of the last few occurrences: loops alternate (gradient
-    // accumulation steps only every k-th backward).
     auto& recent = recent_by_key_[key_];
     recent.push_back(estimated_);
     if (recent.size() > kRemembered) recent.pop_front();
-    expected_by_key_[key_] = *std::max_element(recent.begin(), recent.end());
   }
 }
 
@@ -97,14 +96,6 @@ std::vector<RegionReport> Regions::report() const {
   std::vector<RegionReport> out;
   for (const auto& [key, r] : reports_) out.push_back(r);
   return out;
-}
-
-void Regions::clear() {
-  active_ = false;
-  expected_by_key_.clear();
-  recent_by_key_.clear();
-  reports_.clear();
-  host_bound_total_ = 0;
 }
 
 }  // namespace emugpu

@@ -68,8 +68,6 @@ class Regions {
   std::vector<RegionReport> report() const;
   // Complete occurrences of every region that overran their target.
   int64_t host_bound_total() const { return host_bound_total_; }
-  // Forgets what was learnt (the configuration changed).
-  void clear();
 
  private:
   bool active_ = false;
@@ -82,8 +80,7 @@ class Regions {
   TimeNs estimated_ = 0;
   TimeNs charged_ = 0;
   TimeNs expected_ = 0;  // estimate of the whole region, from its last complete occurrence
-  std::map<std::string, TimeNs> expected_by_key_;
-  std::map<std::string, std::deque<TimeNs>> recent_by_key_;
+  std::map<std::string, std::deque<TimeNs>> recent_by_key_;  // estimates of complete occurrences
   std::map<std::string, RegionReport> reports_;
   int64_t host_bound_total_ = 0;
 };

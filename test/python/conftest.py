@@ -23,8 +23,8 @@ def default_config():
     sys.last_type = sys.last_value = sys.last_traceback = None
     gc.collect()
     cfg = torch_emugpu._C._configured() and torch_emugpu.config()
-    if not cfg or (cfg.gpu, cfg.device_count) != (torch_emugpu._config.DEFAULT_GPU, 2):
-        torch_emugpu.configure(gpu=torch_emugpu._config.DEFAULT_GPU, device_count=2, mode="timing")
+    if not cfg or (cfg.gpu, cfg.device_count) != (torch_emugpu._C.DEFAULT_GPU, 2):
+        torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, device_count=2, mode="timing")
     torch_emugpu.configure(mode="timing")
     yield
     gc.collect()

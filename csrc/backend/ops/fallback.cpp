@@ -209,8 +209,7 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   const OpInfo& info = info_for(op);
   const size_t num_args = op.schema().arguments().size();
   const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
-  const int device = device_of(args);
-  check_devices(info, args, device);
+  const int device = op_device(info, args);
   const bool compute = Runtime::get().compute_mode();
   if (info.value_dependent && (compute || all_materialized(args))) {
     run_with_host_values(op, info, args, device, stack);

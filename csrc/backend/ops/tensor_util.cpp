@@ -1,5 +1,7 @@
 #include "backend/ops/tensor_util.h"
 
+#include <optional>
+
 #include "backend/allocator.h"
 #include "backend/runtime.h"
 
@@ -15,35 +17,27 @@ bool all_materialized(const std::vector<c10::IValue>& args) {
   return all;
 }
 
-int device_of(const std::vector<c10::IValue>& args) {
-  for (const auto& a : args) {
-    int found = -1;
-    for_each_tensor(a, [&](const at::Tensor& t) {
-      if (found < 0 && is_emu(t)) found = t.device().index();
-    });
-    if (found >= 0) return found;
-    if (a.isDevice() && a.toDevice().type() == kEmu && a.toDevice().has_index()) return a.toDevice().index();
-  }
-  return current_device();
-}
-
-// Ops mixing devices fail as on CUDA: every tensor on the op's device, but
-// for zero-dimensional CPU tensors (scalars) and, for indexing and packed
-// sequences, CPU index tensors.
-void check_devices(const OpInfo& info, const std::vector<c10::IValue>& args, int device) {
+int op_device(const OpInfo& info, const std::vector<c10::IValue>& args) {
+  int device = -1;
+  std::optional<c10::Device> stray;  // the first tensor on a device the op may not mix in
   for (const auto& a : args) {
     for_each_tensor(a, [&](const at::Tensor& t) {
-      if (!t.defined()) return;
+      if (!t.defined() || stray) return;
       if (is_emu(t)) {
-        if (t.device().index() == device || info.per_tensor_devices) return;
-      } else if (t.device().is_cpu() && (t.dim() == 0 || info.host_index_tensors)) {
-        return;
+        if (device < 0) device = t.device().index();
+        else if (t.device().index() != device && !info.per_tensor_devices) stray = t.device();
+      } else if (!(t.device().is_cpu() && (t.dim() == 0 || info.host_index_tensors))) {
+        stray = t.device();
       }
-      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, emugpu:",
-                  device, " and ", t.device(), "! (when checking the arguments of ", info.name,
-                  "); move them to one device with .to()");
     });
+    if (device < 0 && a.isDevice() && a.toDevice().type() == kEmu && a.toDevice().has_index()) {
+      device = a.toDevice().index();
+    }
   }
+  if (device < 0) device = current_device();
+  TORCH_CHECK(!stray, "Expected all tensors to be on the same device, but found at least two devices, emugpu:", device,
+              " and ", *stray, "! (when checking the arguments of ", info.name, "); move them to one device with .to()");
+  return device;
 }
 
 void adopt_metadata(const at::Tensor& self, const TensorDesc& d) {

@@ -67,10 +67,10 @@ struct TensorDesc {
 // True when every emugpu tensor among the arguments holds real bytes.
 bool all_materialized(const std::vector<c10::IValue>& args);
 // The device an op runs on: its first emugpu tensor's, else an emugpu device
-// argument's, else the current device.
-int device_of(const std::vector<c10::IValue>& args);
-// Rejects ops that mix devices, as CUDA does.
-void check_devices(const OpInfo& info, const std::vector<c10::IValue>& args, int device);
+// argument's, else the current device. Ops that mix devices fail as on CUDA
+// (zero-dimensional CPU tensors pass, and, where the op allows it, CPU index
+// tensors and tensors of other emugpu devices). One pass over the arguments.
+int op_device(const OpInfo& info, const std::vector<c10::IValue>& args);
 // The emugpu tensor `self` takes the metadata an in-place/out= op gave its
 // meta twin, growing its storage if the op resized it.
 void adopt_metadata(const at::Tensor& self, const TensorDesc& d);
