@@ -59,4 +59,17 @@ double attention_flops(double batch_heads, double l, double s, double e, double 
 
 double norm_flops(double numel) { return 8.0 * numel; }
 
+double spmm_flops(double nnz, double entry_numel, double n) {
+  EMUGPU_CHECK(nnz >= 0 && entry_numel >= 0 && n >= 0, kValue, "SpMM sizes must be >= 0, got nnz ", nnz,
+               ", entry size ", entry_numel, ", n ", n);
+  return 2.0 * nnz * entry_numel * n;
+}
+
+double spmm_bytes(double nnz, double sparse_bytes, double n, double element_size, double out_bytes) {
+  EMUGPU_CHECK(nnz >= 0 && sparse_bytes >= 0 && n >= 0 && element_size >= 0 && out_bytes >= 0, kValue,
+               "SpMM sizes must be >= 0, got nnz ", nnz, ", sparse bytes ", sparse_bytes, ", n ", n,
+               ", element size ", element_size, ", output bytes ", out_bytes);
+  return sparse_bytes + nnz * n * element_size + out_bytes;
+}
+
 }  // namespace emugpu

@@ -39,5 +39,14 @@ double conv_flops(double out_numel, double weight_numel, double out_channels, in
 double attention_flops(double batch_heads, double l, double s, double e, double ev, bool backward);
 // Mean, variance, scale and shift in a few passes: about eight per element.
 double norm_flops(double numel);
+// A sparse x dense product (cuSPARSE SpMM): each of `nnz` stored entries
+// (blocks of `entry_numel` values in hybrid tensors) multiplies `n` dense
+// elements, 2 FLOPs each.
+double spmm_flops(double nnz, double entry_numel, double n);
+// The bytes SpMM moves: the sparse operand once (`sparse_bytes`: indices and
+// values), one gathered row of `n` dense elements per stored entry (sparse
+// rows hit scattered dense rows, so there is little cache reuse to count on),
+// and the output once.
+double spmm_bytes(double nnz, double sparse_bytes, double n, double element_size, double out_bytes);
 
 }  // namespace emugpu

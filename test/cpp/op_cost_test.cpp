@@ -40,4 +40,16 @@ TEST(OpCost, AttentionBackwardIsTwoAndAHalfForwards) {
   EXPECT_DOUBLE_EQ(emugpu::norm_flops(100), 800);
 }
 
+TEST(OpCost, SparseProductsScaleWithStoredEntriesNotDenseSize) {
+  // A 100k x 100k adjacency with 1M entries times 64 features: the dense
+  // product would be 2 * 1e10 * 64 FLOPs.
+  EXPECT_DOUBLE_EQ(emugpu::spmm_flops(1e6, 1, 64), 2.0 * 1e6 * 64);
+  EXPECT_DOUBLE_EQ(emugpu::spmm_flops(1e6, 4, 64), 4 * 2.0 * 1e6 * 64);  // hybrid: blocks of 4 values
+  const double sparse = 1e6 * (2 * 8 + 4), out = 1e5 * 64 * 4;
+  EXPECT_DOUBLE_EQ(emugpu::spmm_bytes(1e6, sparse, 64, 4, out), sparse + 1e6 * 64 * 4 + out);
+  EXPECT_LT(emugpu::spmm_bytes(2e5, sparse, 64, 4, out), emugpu::spmm_bytes(1e6, sparse, 64, 4, out));
+  EXPECT_THROW(emugpu::spmm_flops(-1, 1, 64), emugpu::Error);
+  EXPECT_THROW(emugpu::spmm_bytes(1, 0, -64, 4, 0), emugpu::Error);
+}
+
 }  // namespace

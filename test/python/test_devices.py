@@ -104,13 +104,3 @@ def test_tied_parameters_stay_tied_when_moved_without_doubling_memory():
     assert model.head.weight is model.embed.weight and model.head.weight.dtype == torch.float16
     model.cpu()
     assert model.head.weight is model.embed.weight and model.head.weight.device.type == "cpu"
-
-
-def test_sparse_tensors_are_refused_with_an_error_that_says_what_to_do():
-    i, v = torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0])
-    coo = torch.sparse_coo_tensor(i, v, (2, 2))
-    with pytest.raises(NotImplementedError, match="sparse tensors .* not supported yet.*to_dense"):
-        coo.to("emugpu")
-    dense = torch.ones(2, 2, device="emugpu")
-    with pytest.raises(NotImplementedError, match="sparse tensors"):
-        torch.sparse.mm(coo.to_sparse_csr().to("emugpu"), dense)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/ops/sparse_layout.h"
 #include "backend/ops/tensor_util.h"
 
 namespace emugpu {
@@ -85,6 +86,60 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
   const bool tf32 = (uses_cublas(info.family) && at::globalContext().allowTF32CuBLAS()) ||
                     (uses_cudnn(info.family) && at::globalContext().allowTF32CuDNN());
   cost.dtype = dtype_class(dtype, tf32);
+  return cost;
+}
+
+namespace {
+
+double tensor_bytes(const at::Tensor& t) {
+  if (!is_sparse_layout(t)) return numel_bytes(t);
+  double bytes = 0;
+  for (const at::Tensor& m : sparse_members(t)) bytes += numel_bytes(m);
+  return bytes;
+}
+
+}  // namespace
+
+OpCost estimate_sparse(const OpInfo& info, const std::vector<c10::IValue>& args,
+                       const std::vector<at::Tensor>& outputs) {
+  OpCost cost;
+  at::Tensor sparse;
+  size_t sparse_arg = 0;
+  double in_bytes = 0, numel = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (!is_emu(t)) return;
+      if (info.reads[i]) in_bytes += tensor_bytes(t);
+      if (is_sparse_layout(t) && !sparse.defined()) sparse = t, sparse_arg = i;
+    });
+  }
+  double out_bytes = 0;
+  for (const auto& t : outputs) {
+    out_bytes += tensor_bytes(t);
+    numel = std::max(numel, static_cast<double>(is_sparse_layout(t) ? sparse_nnz(t) : t.numel()));
+  }
+  const at::ScalarType dtype = sparse.defined() ? sparse.scalar_type() : at::kFloat;
+  cost.dtype = dtype_class(dtype, /*tensor_core_fp32=*/false);  // cuSPARSE runs on the CUDA cores
+  const bool accumulates = info.family == OpFamily::kAddmm || info.family == OpFamily::kBaddbmm ||
+                           info.name == "aten::addmv";
+  const bool product = accumulates || info.family == OpFamily::kMm || info.family == OpFamily::kBmm ||
+                       info.name == "aten::mv";
+  if (product && sparse.defined() && outputs.size() == 1 && !is_sparse_layout(outputs[0])) {
+    const at::Tensor& out = outputs[0];
+    const double nnz = static_cast<double>(sparse_nnz(sparse));
+    const double entry = nnz > 0 ? static_cast<double>(sparse_members(sparse).back().numel()) / nnz : 1;
+    // The first matrix operand sparse: each entry meets a row of the output's
+    // columns; the second: a column of its rows.
+    const bool first = sparse_arg == (accumulates ? 1u : 0u);
+    const double n = out.dim() < 2 ? 1 : static_cast<double>(first ? out.size(-1) : out.size(-2));
+    // An accumulated `self` is read once more.
+    const double written = out_bytes + (accumulates ? numel_bytes(out) : 0);
+    cost.flops = spmm_flops(nnz, entry, n);
+    cost.bytes = spmm_bytes(nnz, tensor_bytes(sparse), n, static_cast<double>(out.element_size()), written);
+    return cost;
+  }
+  cost.bytes = in_bytes + out_bytes;
+  cost.flops = numel;
   return cost;
 }
 

@@ -14,4 +14,10 @@ namespace emugpu {
 OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                 const std::vector<c10::IValue>& args);
 
+// An op on sparse tensors: sparse x dense products by their stored entries
+// (core/op_cost.h: spmm_*), everything else by the bytes of the members and
+// dense tensors it reads and writes.
+OpCost estimate_sparse(const OpInfo& info, const std::vector<c10::IValue>& args,
+                       const std::vector<at::Tensor>& outputs);
+
 }  // namespace emugpu
