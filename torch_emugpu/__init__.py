@@ -106,9 +106,10 @@ def _register() -> None:
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import _ties, profiles
+    from . import _sharing, _ties, profiles
 
     _ties.install()
+    _sharing.install()
     profiles.activate()
 
 
