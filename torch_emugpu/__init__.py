@@ -106,11 +106,12 @@ def _register() -> None:
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import _parallel, _shutdown, _ties, profiles
+    from . import _parallel, _sharing, _shutdown, _ties, profiles
 
     _parallel.install()
     _shutdown.install()
     _ties.install()
+    _sharing.install()
     profiles.activate()
 
 

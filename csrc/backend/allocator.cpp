@@ -1,9 +1,18 @@
 #include "backend/allocator.h"
 
 #include <c10/core/Allocator.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
 
 namespace emugpu {
 
@@ -12,6 +21,52 @@ namespace {
 void delete_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
   if (block != nullptr) block->owner->free(block);
+}
+
+// A memfd of another process, held open (one descriptor per file, shared by
+// its mappings) so that opened storages can be shared on again.
+struct SharedFile {
+  int fd;
+  explicit SharedFile(int f) : fd(f) {}
+  ~SharedFile() { close(fd); }
+  SharedFile(const SharedFile&) = delete;
+  SharedFile& operator=(const SharedFile&) = delete;
+};
+
+// The context of a storage opened from another process: the stand-in block
+// the storage helpers read (materialized flag), and what to unmap.
+struct SharedMapping {
+  Block block;  // owner == nullptr: not this process's allocation
+  void* base = nullptr;
+  size_t length = 0;
+  uint64_t file_offset = 0;  // of the data in `file`
+  std::shared_ptr<SharedFile> file;
+};
+
+void delete_shared_mapping(void* ctx) {
+  auto* mapping = static_cast<SharedMapping*>(ctx);
+  munmap(mapping->base, mapping->length);
+  delete mapping;
+}
+
+// Files opened so far, by (device, inode) of the file.
+std::shared_ptr<SharedFile> shared_file(int fd, const struct stat& st) {
+  static std::mutex mutex;
+  static auto* files = new std::map<std::pair<dev_t, ino_t>, std::weak_ptr<SharedFile>>();  // leaked, as Runtime
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*files)[{st.st_dev, st.st_ino}];
+  if (auto file = slot.lock()) return file;
+  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  TORCH_CHECK(own >= 0, "emugpu: could not duplicate the shared memory descriptor ", fd, ": ", std::strerror(errno),
+              "; raise the open-files limit (ulimit -n)");
+  auto file = std::make_shared<SharedFile>(own);
+  slot = file;
+  return file;
+}
+
+uint64_t page_size() {
+  static const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return page;
 }
 
 void copy_stats(const StatArray& from, c10::CachingAllocator::StatArray& to) {
@@ -103,7 +158,10 @@ EmuDeviceAllocator& device_allocator() {
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &device_allocator());
 
 Block* block_of(const c10::Storage& storage) {
-  return static_cast<Block*>(storage.data_ptr().get_context());
+  const c10::DataPtr& data = storage.data_ptr();
+  if (data.get_deleter() == &delete_block) return static_cast<Block*>(data.get_context());
+  if (data.get_deleter() == &delete_shared_mapping) return &static_cast<SharedMapping*>(data.get_context())->block;
+  return nullptr;
 }
 
 bool is_materialized(const c10::Storage& storage) {
@@ -126,6 +184,84 @@ void resize_storage(const c10::Storage& storage, size_t nbytes) {
   if (auto* block = static_cast<Block*>(fresh.get_context()); block != nullptr && real) block->materialized = true;
   storage.set_data_ptr_noswap(std::move(fresh));
   storage.set_nbytes(nbytes);
+}
+
+SharedStorage share_storage(const c10::Storage& storage) {
+  TORCH_CHECK_VALUE(storage.device_type() == c10::DeviceType::PrivateUse1,
+                    "emugpu sharing: expected an emugpu storage, got one on ", storage.device());
+  const Block* block = block_of(storage);
+  TORCH_CHECK_VALUE(block != nullptr && storage.nbytes() > 0,
+                    "emugpu sharing: expected a non-empty emugpu storage from the emugpu allocator, got ",
+                    storage.nbytes(), " bytes", block == nullptr && storage.nbytes() > 0 ? " from elsewhere" : "");
+  SharedStorage out;
+  out.device = storage.device().index();
+  uint64_t data_file_offset = 0;
+  const auto* data = static_cast<const char*>(storage.data());
+  if (storage.data_ptr().get_deleter() == &delete_shared_mapping) {
+    const auto* mapping = static_cast<const SharedMapping*>(storage.data_ptr().get_context());
+    out.fd = mapping->file->fd;
+    data_file_offset = mapping->file_offset;
+  } else {
+    const SharedRange range = translate_errors([&] { return block->owner->share_info(block); });
+    out.fd = range.fd;
+    data_file_offset = range.offset + static_cast<uint64_t>(data - block->ptr);
+  }
+  out.map_offset = data_file_offset / page_size() * page_size();
+  out.data_offset = data_file_offset - out.map_offset;
+  out.nbytes = storage.nbytes();
+  out.map_length = (out.data_offset + out.nbytes + page_size() - 1) / page_size() * page_size();
+  out.materialized = block->materialized;
+  out.ready_ns = translate_errors(
+      [&] { return Runtime::get().device(out.device).stream_ready(current_stream_id(out.device)); });
+  return out;
+}
+
+c10::Storage open_shared_storage(const SharedStorage& shared) {
+  const int count = translate_errors([] { return Runtime::get().device_count(); });
+  TORCH_CHECK_INDEX(shared.device >= 0 && shared.device < count, "emugpu sharing: the storage lives on emugpu:",
+                    shared.device, " of the sending process, but this process has ", count,
+                    " emulated device(s): expected an index below ", count,
+                    "; give it at least as many devices (EMUGPU_DEVICE_COUNT)");
+  Device* device = translate_errors([&] { return &Runtime::get().device(shared.device); });
+  TORCH_CHECK_VALUE(shared.nbytes > 0 && shared.map_offset % page_size() == 0 &&
+                        shared.data_offset + shared.nbytes <= shared.map_length,
+                    "emugpu sharing: expected a page-aligned map offset and data inside the mapping, got map offset ",
+                    shared.map_offset, ", length ", shared.map_length, ", data at ", shared.data_offset, " for ",
+                    shared.nbytes, " bytes");
+  struct stat st {};
+  TORCH_CHECK_VALUE(fstat(shared.fd, &st) == 0, "emugpu sharing: expected an open shared memory descriptor, got fd ",
+                    shared.fd, " (", std::strerror(errno), ")");
+  TORCH_CHECK_VALUE(static_cast<uint64_t>(st.st_size) >= shared.map_offset + shared.map_length,
+                    "emugpu sharing: the shared memory file holds ", st.st_size, " bytes, expected at least ",
+                    shared.map_offset + shared.map_length, "; the sender must keep the tensor alive while it is used");
+  auto file = shared_file(shared.fd, st);
+  void* base = mmap(nullptr, shared.map_length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, file->fd,
+                    static_cast<off_t>(shared.map_offset));
+  TORCH_CHECK(base != MAP_FAILED, "emugpu sharing: could not map ", shared.map_length, " bytes of shared memory: ",
+              std::strerror(errno), "; raise the process's virtual memory limit (ulimit -v)");
+  auto* mapping = new SharedMapping;
+  mapping->base = base;
+  mapping->length = shared.map_length;
+  mapping->file_offset = shared.map_offset + shared.data_offset;
+  mapping->file = std::move(file);
+  mapping->block.ptr = static_cast<char*>(base) + shared.data_offset;
+  mapping->block.size = shared.nbytes;
+  mapping->block.allocated = true;
+  mapping->block.materialized = shared.materialized;
+  const c10::Device where(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(shared.device));
+  c10::DataPtr data(mapping->block.ptr, mapping, &delete_shared_mapping, where);
+  // As CUDA makes the receiver wait on an event the sender recorded.
+  translate_errors([&] { device->stream_wait(current_stream_id(shared.device), shared.ready_ns); });
+  // Not resizable: growing it would copy the bytes away from the other processes.
+  return c10::Storage(c10::Storage::use_byte_size_t(), shared.nbytes, std::move(data), nullptr, false);
+}
+
+void refresh_shared_storage(const c10::Storage& storage, bool materialized, TimeNs ready_ns) {
+  TORCH_CHECK_VALUE(storage.device_type() == c10::DeviceType::PrivateUse1,
+                    "emugpu sharing: expected an emugpu storage, got one on ", storage.device());
+  if (materialized) set_materialized(storage, true);
+  const int device = storage.device().index();
+  translate_errors([&] { Runtime::get().device(device).stream_wait(current_stream_id(device), ready_ns); });
 }
 
 }  // namespace emugpu

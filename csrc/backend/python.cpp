@@ -1,5 +1,6 @@
 // pybind11 bindings of torch_emugpu._C (torch's bundled pybind11).
 #include <ATen/Context.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
@@ -270,6 +271,25 @@ PYBIND11_MODULE(_C, m) {
       d["persistent_bytes"] = optional_number(r->point.persistent_bytes);
       return d;
     });
+  });
+  // Sharing between processes (torch_emugpu/_sharing.py sends the fd).
+  m.def("_share_storage", [](py::handle storage) {
+    return guarded([&] {
+      const SharedStorage s = share_storage(torch::createStorage(storage.ptr()));
+      return py::make_tuple(s.fd, s.map_offset, s.map_length, s.data_offset, s.nbytes, s.device, s.materialized,
+                            s.ready_ns);
+    });
+  });
+  m.def("_open_shared_storage", [](int fd, uint64_t map_offset, uint64_t map_length, uint64_t data_offset,
+                                   uint64_t nbytes, int device, bool materialized, int64_t ready_ns) {
+    return guarded([&] {
+      const c10::Storage storage = open_shared_storage(
+          {fd, map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns});
+      return py::reinterpret_steal<py::object>(torch::createPyObject(storage));
+    });
+  });
+  m.def("_refresh_shared_storage", [](py::handle storage, bool materialized, int64_t ready_ns) {
+    guarded([&] { refresh_shared_storage(torch::createStorage(storage.ptr()), materialized, ready_ns); });
   });
   m.def("_in_bad_fork", [] { return Runtime::get().in_bad_fork(); });
   m.def("_shape_cache_stats", [] { return shape_cache_stats(); });

@@ -1,8 +1,12 @@
 #include "caching_allocator.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "error.h"
 
@@ -39,11 +43,30 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
+void FileRanges::give_back(uint64_t offset, uint64_t size) {
+  auto [it, inserted] = free_.emplace(offset, size);
+  EMUGPU_CHECK(inserted, kRuntime, "memfd range at offset ", offset, " given back twice");
+  if (auto next = std::next(it); next != free_.end() && offset + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    if (auto prev = std::prev(it); prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
 CachingAllocator::CachingAllocator(int device, std::string gpu_name, uint64_t capacity, uint64_t total)
     : device_(device), gpu_name_(std::move(gpu_name)), capacity_(capacity), total_(total ? total : capacity) {
   EMUGPU_CHECK(capacity > 0 && capacity <= kMaxCapacity, kValue,
                "emulated GPU capacity: expected 1 byte to 2^60 bytes, got ", capacity,
                " bytes; check the GPU's memory_gib in the catalog");
+  const std::string name = "emugpu" + std::to_string(device);
+  fd_ = memfd_create(name.c_str(), MFD_CLOEXEC);
+  // Without a memfd (old kernel, seccomp) the device still works; only sharing does not.
+  if (fd_ < 0) memfd_error_ = std::strerror(errno);
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -57,6 +80,17 @@ CachingAllocator::~CachingAllocator() {
     }
     munmap(base, total);
   }
+  if (fd_ >= 0) close(fd_);  // the file lives on while other processes map it
+}
+
+SharedRange CachingAllocator::share_info(const Block* block) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  EMUGPU_CHECK(fd_ >= 0, kRuntime, "cannot share memory of emulated device ", device_,
+               ": expected a memfd behind its segments, but memfd_create failed (", memfd_error_,
+               "); sharing between processes needs Linux 3.17+ with memfd_create allowed");
+  EMUGPU_CHECK(block != nullptr && block->owner == this && block->allocated, kRuntime,
+               "cannot share a block of emulated device ", device_, ": expected an allocated block of this device");
+  return {fd_, block->file_offset, block->size};
 }
 
 void CachingAllocator::update(StatArray& stat, bool small, int64_t amount) {
@@ -95,14 +129,27 @@ Block* CachingAllocator::take_free_block(FreeSet& pool, size_t size) {
 
 Block* CachingAllocator::new_segment(size_t size, bool small) {
   if (reserved_locked() + size > capacity_) return nullptr;
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  uint64_t offset = 0;
+  void* base = nullptr;
+  if (fd_ >= 0) {
+    // Segment sizes are multiples of 2 MiB, so every offset is page aligned.
+    offset = ranges_.take(size, [&](uint64_t end) {
+      EMUGPU_CHECK(ftruncate(fd_, static_cast<off_t>(end)) == 0, kRuntime, "could not grow the memfd of emulated device ",
+                   device_, " to ", format_bytes(static_cast<double>(end)), ": ", std::strerror(errno),
+                   "; raise the process's file size limit (ulimit -f)");
+    });
+    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, static_cast<off_t>(offset));
+    if (base == MAP_FAILED) ranges_.give_back(offset, size);
+  } else {
+    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  }
   EMUGPU_CHECK(base != MAP_FAILED, kRuntime, "could not reserve ", format_bytes(size),
                " of host address space for emulated device ", device_,
                "; raise the process's virtual memory limit (ulimit -v)");
   auto* block = new Block;
   block->ptr = static_cast<char*>(base);
   block->size = size;
+  block->file_offset = offset;
   block->small = small;
   segments_[block->ptr] = block;
   update(stats_.segment, small, 1);
@@ -123,6 +170,13 @@ void CachingAllocator::release_cached_segments() {
     update(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
     stats_.num_device_free += 1;
     munmap(block->ptr, block->size);
+    if (fd_ >= 0) {
+      // Hand the pages back to the host now; the range is reused later. shmem
+      // supports punching holes, so a failure would only keep pages until reuse.
+      (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(block->file_offset),
+                static_cast<off_t>(block->size));
+      ranges_.give_back(block->file_offset, block->size);
+    }
     delete block;
     it = segments_.erase(it);
   }
@@ -160,6 +214,7 @@ Block* CachingAllocator::allocate(size_t requested) {
   if (small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
     auto* rest = new Block;
     rest->ptr = block->ptr + size;
+    rest->file_offset = block->file_offset + size;
     rest->size = remaining;
     rest->small = small;
     rest->prev = block;
@@ -198,6 +253,7 @@ void CachingAllocator::free(Block* block) {
     erase_free(other);
     if (other == block->prev) {
       block->ptr = other->ptr;
+      block->file_offset = other->file_offset;
       block->prev = other->prev;
       if (block->prev) block->prev->next = block;
       else segments_[block->ptr] = block;

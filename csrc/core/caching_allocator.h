@@ -1,13 +1,17 @@
 // Emulated CUDA caching allocator: the same rounding, pools, segment sizes,
 // block splitting and statistics as PyTorch's CUDACachingAllocator, over
 // reserved host address space (MAP_NORESERVE), so an emulated GPU's memory
-// costs host RAM only where bytes are really written.
+// costs host RAM only where bytes are really written. Segments are ranges of
+// one sparse memfd per allocator, so other processes can map a block's bytes
+// (the emulated counterpart of CUDA IPC).
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -56,6 +60,7 @@ struct Block {
   CachingAllocator* owner = nullptr;
   char* ptr = nullptr;
   size_t size = 0;
+  uint64_t file_offset = 0;  // where `ptr` lives in the owner's memfd
   size_t requested = 0;
   bool allocated = false;
   bool small = false;
@@ -67,6 +72,31 @@ struct Block {
   Block* prev = nullptr;  // neighbours within the same segment
   Block* next = nullptr;
   bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+// File ranges of the allocator's memfd: free ranges by offset, first fit,
+// neighbours merged on release; the file grows at its end when nothing fits.
+// Not thread-safe (the allocator's lock covers it).
+class FileRanges {
+ public:
+  // Returns the offset of `size` bytes; `grow(new_end)` is called first when
+  // the file must become longer.
+  template <typename Grow>
+  uint64_t take(uint64_t size, Grow&& grow);
+  void give_back(uint64_t offset, uint64_t size);
+  uint64_t end() const { return end_; }
+  const std::map<uint64_t, uint64_t>& free_ranges() const { return free_; }
+
+ private:
+  std::map<uint64_t, uint64_t> free_;  // offset -> size
+  uint64_t end_ = 0;
+};
+
+// What another process needs to map a block: the memfd and the block's range in it.
+struct SharedRange {
+  int fd = -1;
+  uint64_t offset = 0;
+  size_t size = 0;
 };
 
 class CachingAllocator {
@@ -92,6 +122,13 @@ class CachingAllocator {
   uint64_t reserved() const;
   int device() const { return device_; }
 
+  // The memfd behind every segment (-1 when the host could not create one);
+  // owned by the allocator.
+  int memfd() const { return fd_; }
+  // The memfd range of an allocated block of this allocator; throws kRuntime
+  // when sharing is unavailable (no memfd) or the block is not allocated here.
+  SharedRange share_info(const Block* block) const;
+
  private:
   struct BlockLess {
     bool operator()(const Block* a, const Block* b) const {
@@ -112,6 +149,9 @@ class CachingAllocator {
   [[noreturn]] void throw_oom(size_t requested, size_t segment);
 
   mutable std::mutex mutex_;
+  int fd_ = -1;
+  std::string memfd_error_;  // why fd_ is -1
+  FileRanges ranges_;
   int device_;
   std::string gpu_name_;
   uint64_t capacity_;
@@ -123,5 +163,27 @@ class CachingAllocator {
 };
 
 std::string format_bytes(double bytes);
+
+template <typename Grow>
+uint64_t FileRanges::take(uint64_t size, Grow&& grow) {
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < size) continue;
+    const uint64_t offset = it->first;
+    const uint64_t rest = it->second - size;
+    free_.erase(it);
+    if (rest > 0) free_.emplace(offset + size, rest);
+    return offset;
+  }
+  // Nothing fits: a free range at the end of the file is extended.
+  uint64_t offset = end_;
+  if (!free_.empty()) {
+    auto last = std::prev(free_.end());
+    if (last->first + last->second == end_) offset = last->first;
+  }
+  grow(offset + size);
+  if (offset != end_) free_.erase(offset);
+  end_ = offset + size;
+  return offset;
+}
 
 }  // namespace emugpu

@@ -1,6 +1,9 @@
 #include "caching_allocator.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -171,6 +174,112 @@ TEST(CachingAllocator, UntouchedDeviceMemoryCostsNoHostRam) {
   std::memset(x->ptr, 1, 16 * MiB);  // the bytes are really there
   EXPECT_EQ(x->ptr[16 * MiB - 1], 1);
   a.free(x);
+}
+
+// Another process sees a block through the memfd; a second mapping in this
+// process reads the same file pages the same way.
+TEST(CachingAllocator, SegmentsAreSharedMemory) {
+  CachingAllocator a(0, "test", GiB);
+  ASSERT_GE(a.memfd(), 0) << "memfd_create unavailable on this host";
+  auto* x = a.allocate(1000);
+  auto* y = a.allocate(3 * MiB);
+  for (auto* b : {x, y}) {
+    const auto shared = a.share_info(b);
+    EXPECT_EQ(shared.fd, a.memfd());
+    EXPECT_EQ(shared.size, b->size);
+    std::memset(b->ptr, 0x5a, 100);
+    const long page = sysconf(_SC_PAGESIZE);
+    const uint64_t start = shared.offset / page * page;
+    const size_t lead = shared.offset - start;
+    void* view = mmap(nullptr, lead + 100, PROT_READ | PROT_WRITE, MAP_SHARED, shared.fd, static_cast<off_t>(start));
+    ASSERT_NE(view, MAP_FAILED);
+    char* bytes = static_cast<char*>(view) + lead;
+    EXPECT_EQ(bytes[0], 0x5a);
+    EXPECT_EQ(bytes[99], 0x5a);
+    bytes[50] = 7;  // writes travel the other way too
+    EXPECT_EQ(b->ptr[50], 7);
+    munmap(view, lead + 100);
+  }
+  a.free(x);
+  a.free(y);
+}
+
+TEST(CachingAllocator, SplitBlocksKnowTheirFileOffsets) {
+  CachingAllocator a(0, "test", GiB);
+  auto* x = a.allocate(1000);
+  auto* y = a.allocate(1000);
+  auto* big = a.allocate(3 * MiB);
+  auto* big2 = a.allocate(3 * MiB);
+  EXPECT_EQ(y->file_offset, x->file_offset + 1024);
+  EXPECT_EQ(big2->file_offset, big->file_offset + 3 * MiB);
+  EXPECT_EQ(a.share_info(y).offset, y->file_offset);
+  // Segments do not overlap in the file.
+  EXPECT_TRUE(big->file_offset >= x->file_offset + 2 * MiB || x->file_offset >= big->file_offset + 20 * MiB);
+  const uint64_t first = x->file_offset;
+  a.free(x);
+  a.free(y);  // merges with x: the merged block starts at x's offset
+  auto* z = a.allocate(2000);
+  EXPECT_EQ(z->file_offset, first);
+  a.free(z);
+  a.free(big);
+  a.free(big2);
+}
+
+TEST(CachingAllocator, SharingABlockOfAnotherAllocatorIsRefused) {
+  CachingAllocator a(0, "test", GiB);
+  CachingAllocator b(1, "test", GiB);
+  auto* x = a.allocate(1000);
+  EXPECT_THROW(b.share_info(x), emugpu::Error);
+  EXPECT_THROW(a.share_info(nullptr), emugpu::Error);
+  a.free(x);
+  EXPECT_THROW(a.share_info(x), emugpu::Error);  // no longer allocated
+}
+
+long file_kib(int fd) {
+  struct stat st {};
+  EXPECT_EQ(fstat(fd, &st), 0);
+  return static_cast<long>(st.st_blocks) / 2;
+}
+
+TEST(CachingAllocator, ReleasedSegmentsReturnTheirPagesAndRanges) {
+  CachingAllocator a(0, "test", GiB);
+  ASSERT_GE(a.memfd(), 0);
+  auto* x = a.allocate(64 * MiB);
+  const uint64_t offset = x->file_offset;
+  std::memset(x->ptr, 1, 16 * MiB);
+  EXPECT_GE(file_kib(a.memfd()), 16 * 1024);
+  a.free(x);
+  EXPECT_GE(file_kib(a.memfd()), 16 * 1024);  // cached, as CUDA keeps it
+  a.empty_cache();
+  EXPECT_LT(file_kib(a.memfd()), 1024);  // the hole is punched
+  auto* y = a.allocate(64 * MiB);
+  EXPECT_EQ(y->file_offset, offset);  // the range is reused, the file does not grow
+  EXPECT_EQ(y->ptr[0], 0);            // released bytes do not come back
+  a.free(y);
+}
+
+TEST(FileRanges, FirstFitMergesNeighboursAndGrowsAtTheEnd) {
+  emugpu::FileRanges r;
+  uint64_t end = 0;
+  auto grow = [&](uint64_t e) { end = e; };
+  EXPECT_EQ(r.take(2 * MiB, grow), 0u);
+  EXPECT_EQ(r.take(4 * MiB, grow), 2 * MiB);
+  EXPECT_EQ(r.take(2 * MiB, grow), 6 * MiB);
+  EXPECT_EQ(end, 8 * MiB);
+  r.give_back(0, 2 * MiB);
+  r.give_back(6 * MiB, 2 * MiB);
+  EXPECT_EQ(r.free_ranges().size(), 2u);
+  r.give_back(2 * MiB, 4 * MiB);  // joins both neighbours
+  ASSERT_EQ(r.free_ranges().size(), 1u);
+  EXPECT_EQ(r.free_ranges().begin()->second, 8 * MiB);
+  EXPECT_EQ(r.take(2 * MiB, grow), 0u);  // first fit
+  EXPECT_EQ(end, 8 * MiB);
+  // A free tail is extended instead of leaving a gap.
+  EXPECT_EQ(r.take(10 * MiB, grow), 2 * MiB);
+  EXPECT_EQ(end, 12 * MiB);
+  EXPECT_TRUE(r.free_ranges().empty());
+  r.give_back(0, 2 * MiB);
+  EXPECT_THROW(r.give_back(0, 2 * MiB), emugpu::Error);  // twice is a bug
 }
 
 }  // namespace
