@@ -5,11 +5,14 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 
 #include "backend/allocator.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
+#include "core/collective_cost.h"
 
 namespace emugpu {
 
@@ -109,7 +112,7 @@ PYBIND11_MODULE(_C, m) {
     guarded([&] {
       ConfigRequest request{optional_string(gpu),
                             count.is_none() ? std::nullopt : std::optional<int>(count.cast<int>()),
-                            optional_string(mode)};
+                            optional_string(mode), std::nullopt, std::nullopt};
       Runtime::get().configure(request);
       invalidate_shape_caches();
     });
@@ -315,6 +318,28 @@ PYBIND11_MODULE(_C, m) {
   m.def("_utilization", [](int index) {
     return guarded([&] { return Runtime::get().device(index).utilization(); });
   });
+  // The collective cost model for benchmarks/collective_model.py; a network
+  // left as None comes from the configuration (EMUGPU_NET_*).
+  m.def("_collective_time", [](const std::string& kind, double bytes, const std::string& gpu, int ranks_per_node,
+                               int nodes, py::object net_gbps, py::object net_latency_us) {
+    return guarded([&] {
+      const Config c = Runtime::get().config();
+      const NetworkSpec net{(net_gbps.is_none() ? c.net_gbps : net_gbps.cast<double>()) * 1e9,
+                            net_latency_us.is_none() ? c.net_latency_us : net_latency_us.cast<double>()};
+      // The core range-checks the world size; clamping only keeps the product an int.
+      const int64_t world = std::clamp<int64_t>(int64_t{ranks_per_node} * nodes, -1, INT32_MAX);
+      const Topology t = make_topology(Runtime::get().catalog().find(gpu), static_cast<int>(world),
+                                       ranks_per_node, net);
+      const CollectiveCost r = collective_time(parse_collective(kind), bytes, t);
+      py::dict d;
+      d["seconds"] = r.duration * 1e-9;
+      d["algorithm"] = algorithm_name(r.algorithm);
+      d["protocol"] = protocol_name(r.protocol);
+      d["bus_factor"] = r.bus_factor;
+      return d;
+    });
+  }, py::arg("kind"), py::arg("bytes"), py::arg("gpu"), py::arg("ranks_per_node"), py::arg("nodes"),
+     py::arg("net_gbps") = py::none(), py::arg("net_latency_us") = py::none());
   m.def("_emulate_kernel", [](int index, double seconds) {
     return guarded([&] {
       const TimeNs duration = seconds_to_ns(seconds);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 
 #include "error.h"
@@ -30,7 +32,44 @@ void check_count(int count, const std::string& source) {
                " emulated GPUs, got ", count);
 }
 
+void check_net_gbps(double v, const std::string& source) {
+  EMUGPU_CHECK(std::isfinite(v) && v > 0 && v <= kMaxNetGBps, kValue, source,
+               ": expected a network bandwidth in GB/s per node above 0 and at most ", kMaxNetGBps, ", got ", v);
+}
+
+void check_net_latency(double v, const std::string& source) {
+  EMUGPU_CHECK(std::isfinite(v) && v >= 0 && v <= kMaxNetLatencyUs, kValue, source,
+               ": expected a network latency in microseconds from 0 to ", kMaxNetLatencyUs, ", got ", v);
+}
+
+// The whole of `text` as a finite decimal number, or a kValue error.
+double parse_number(const std::string& text, const std::string& source, const char* what) {
+  const std::string t = trim(text);
+  size_t used = 0;
+  double value = std::numeric_limits<double>::quiet_NaN();
+  try {
+    value = std::stod(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  EMUGPU_CHECK(used == t.size() && !t.empty() && std::isfinite(value), kValue, source, ": expected ", what,
+               ", got '", brief(text), "'");
+  return value;
+}
+
 }  // namespace
+
+double parse_net_gbps(const std::string& text, const std::string& source) {
+  const double v = parse_number(text, source, "a network bandwidth in GB/s per node (e.g. 100 for 4 x 200 Gb/s)");
+  check_net_gbps(v, source);
+  return v;
+}
+
+double parse_net_latency_us(const std::string& text, const std::string& source) {
+  const double v = parse_number(text, source, "a network latency in microseconds (e.g. 3)");
+  check_net_latency(v, source);
+  return v;
+}
 
 Mode parse_mode(const std::string& text, const std::string& source) {
   std::string mode = trim(text);
@@ -73,6 +112,18 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
     c.mode = parse_mode(*request.mode, "mode");
   } else if (auto v = env("EMUGPU_MODE")) {
     c.mode = parse_mode(*v, "EMUGPU_MODE");
+  }
+  if (request.net_gbps) {
+    check_net_gbps(*request.net_gbps, "net_gbps");
+    c.net_gbps = *request.net_gbps;
+  } else if (auto v = env("EMUGPU_NET_GBPS")) {
+    c.net_gbps = parse_net_gbps(*v, "EMUGPU_NET_GBPS");
+  }
+  if (request.net_latency_us) {
+    check_net_latency(*request.net_latency_us, "net_latency_us");
+    c.net_latency_us = *request.net_latency_us;
+  } else if (auto v = env("EMUGPU_NET_LATENCY_US")) {
+    c.net_latency_us = parse_net_latency_us(*v, "EMUGPU_NET_LATENCY_US");
   }
   c.catalog_path = env("EMUGPU_CATALOG").value_or(default_catalog);
   return c;

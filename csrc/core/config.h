@@ -1,6 +1,7 @@
 // The configuration of the emulated GPUs, from explicit values or the
-// environment (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE, EMUGPU_CATALOG):
-// the one place either is parsed.
+// environment (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE, EMUGPU_CATALOG,
+// and the inter-node network of collectives: EMUGPU_NET_GBPS,
+// EMUGPU_NET_LATENCY_US): the one place either is parsed.
 #pragma once
 
 #include <optional>
@@ -12,12 +13,20 @@ enum class Mode { kTiming, kCompute };
 
 constexpr int kMaxDevices = 64;
 constexpr const char* kDefaultGpu = "NVIDIA A100-SXM4-40GB";
+// Per node: 4 x 200 Gb/s InfiniBand HDR (a DGX A100 has 8, most clusters 4).
+constexpr double kDefaultNetGBps = 100;
+// One RDMA write (~2 us) plus NCCL's proxy thread handing it over.
+constexpr double kDefaultNetLatencyUs = 3;
+constexpr double kMaxNetGBps = 100'000;
+constexpr double kMaxNetLatencyUs = 1'000'000;
 
 struct Config {
   std::string catalog_path;
   std::string gpu;
   int device_count = 1;
   Mode mode = Mode::kTiming;
+  double net_gbps = kDefaultNetGBps;          // GB/s (1e9 bytes/s) per direction per node
+  double net_latency_us = kDefaultNetLatencyUs;  // one network hop
 };
 
 // What a caller asks for; whatever is left out comes from the environment,
@@ -26,11 +35,17 @@ struct ConfigRequest {
   std::optional<std::string> gpu;
   std::optional<int> device_count;
   std::optional<std::string> mode;
+  std::optional<double> net_gbps;
+  std::optional<double> net_latency_us;
 };
 
 Config resolve_config(const ConfigRequest& request, const std::string& default_catalog);
 Mode parse_mode(const std::string& text, const std::string& source);
 int parse_device_count(const std::string& text, const std::string& source);
 const char* mode_name(Mode mode);
+// A number in (0, kMaxNetGBps] GB/s; throws kValue naming `source`.
+double parse_net_gbps(const std::string& text, const std::string& source);
+// A number in [0, kMaxNetLatencyUs] microseconds; throws kValue naming `source`.
+double parse_net_latency_us(const std::string& text, const std::string& source);
 
 }  // namespace emugpu

@@ -13,7 +13,8 @@ using emugpu::Mode;
 
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
-    for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG"}) unsetenv(v);
+    for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
+                          "EMUGPU_NET_LATENCY_US"}) unsetenv(v);
   }
   void TearDown() override { SetUp(); }
 };
@@ -24,6 +25,47 @@ TEST_F(CleanEnvironment, DefaultsNeedNothingSet) {
   EXPECT_EQ(c.device_count, 1);
   EXPECT_EQ(c.mode, Mode::kTiming);
   EXPECT_EQ(c.catalog_path, "/x/gpus.json");
+  EXPECT_EQ(c.net_gbps, 100);  // 4 x 200 Gb/s InfiniBand per node
+  EXPECT_EQ(c.net_latency_us, 3);
+}
+
+TEST_F(CleanEnvironment, NetworkComesFromTheEnvironmentOrTheCaller) {
+  setenv("EMUGPU_NET_GBPS", " 50 ", 1);
+  setenv("EMUGPU_NET_LATENCY_US", "1.5", 1);
+  auto c = emugpu::resolve_config({}, "");
+  EXPECT_EQ(c.net_gbps, 50);
+  EXPECT_EQ(c.net_latency_us, 1.5);
+  ConfigRequest r;
+  r.net_gbps = 400;
+  r.net_latency_us = 0;
+  c = emugpu::resolve_config(r, "");
+  EXPECT_EQ(c.net_gbps, 400);
+  EXPECT_EQ(c.net_latency_us, 0);
+  r.net_gbps = -1;
+  EXPECT_THROW(emugpu::resolve_config(r, ""), emugpu::Error);
+}
+
+TEST_F(CleanEnvironment, BadNetworkValuesNameTheirSource) {
+  for (const char* bad : {"0", "-5", "fast", "nan", "inf", "1e9", "12GB", "1e999"}) {
+    setenv("EMUGPU_NET_GBPS", bad, 1);
+    try {
+      emugpu::resolve_config({}, "");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const emugpu::Error& e) {
+      EXPECT_EQ(e.kind(), emugpu::ErrorKind::kValue);
+      EXPECT_NE(std::string(e.what()).find("EMUGPU_NET_GBPS"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("EMUGPU_NET_GBPS");
+  for (const char* bad : {"-1", "soon", "2e6", "nan"}) {
+    setenv("EMUGPU_NET_LATENCY_US", bad, 1);
+    try {
+      emugpu::resolve_config({}, "");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const emugpu::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("EMUGPU_NET_LATENCY_US"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(CleanEnvironment, TheEnvironmentFillsWhatTheCallerLeavesOut) {
@@ -36,7 +78,7 @@ TEST_F(CleanEnvironment, TheEnvironmentFillsWhatTheCallerLeavesOut) {
   EXPECT_EQ(c.device_count, 4);
   EXPECT_EQ(c.mode, Mode::kCompute);
   EXPECT_EQ(c.catalog_path, "/y.json");
-  c = emugpu::resolve_config({std::string("t4"), 2, std::string("timing")}, "/x.json");
+  c = emugpu::resolve_config({std::string("t4"), 2, std::string("timing"), std::nullopt, std::nullopt}, "/x.json");
   EXPECT_EQ(c.gpu, "t4");
   EXPECT_EQ(c.device_count, 2);
   EXPECT_EQ(c.mode, Mode::kTiming);
@@ -64,7 +106,7 @@ TEST_F(CleanEnvironment, BadValuesNameTheirSource) {
     EXPECT_LT(std::string(e.what()).size(), 200u);  // the echo is bounded
   }
   unsetenv("EMUGPU_MODE");
-  EXPECT_THROW(emugpu::resolve_config({std::nullopt, 0, std::nullopt}, ""), emugpu::Error);
+  EXPECT_THROW(emugpu::resolve_config({std::nullopt, 0, std::nullopt, std::nullopt, std::nullopt}, ""), emugpu::Error);
 }
 
 }  // namespace
