@@ -116,13 +116,20 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     const int d = dst.device().index();
     auto& dev = Runtime::get().device(d);
     const double bytes = transfer_bytes(dst);
-    TimeNs duration = dev.cost().device_copy(bytes);
-    if (self.device().index() != d) {
+    const int s = self.device().index();
+    if (s == d) {
+      charge(d, Engine::kCompute, dev.cost().device_copy(bytes));
+    } else {
+      // Peer to peer over NVLink, else PCIe. As PyTorch orders CUDA peer
+      // copies, the copy waits for the source's stream, and the source's
+      // stream then waits for the copy.
       const auto& gpu = dev.gpu();
       const double link = gpu.nvlink_bandwidth > 0 ? gpu.nvlink_bandwidth : gpu.pcie_bandwidth();
-      duration = dev.cost().params().copy_latency_ns + static_cast<TimeNs>(bytes / link * 1e9);
+      const TimeNs duration = dev.cost().params().copy_latency_ns + static_cast<TimeNs>(bytes / link * 1e9);
+      auto& source = Runtime::get().device(s);
+      dev.stream_wait(current_stream_id(d), source.stream_ready(current_stream_id(s)));
+      source.stream_wait(current_stream_id(s), charge(d, Engine::kCompute, duration));
     }
-    charge(d, Engine::kCompute, duration);
     const bool real = holds_values(self);
     if (real) move_bytes(host_alias(dst), host_alias(src));
     set_materialized(dst.storage(), real);

@@ -1,0 +1,142 @@
+"""nn.DataParallel over emulated GPUs: replicas on every device, values as on
+one device, peer copies charged over the GPU's link and ordered between the
+devices' streams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import run_python
+
+import torch_emugpu
+
+
+@pytest.fixture
+def compute_mode():
+    torch_emugpu.configure(mode="compute")
+    yield
+    torch_emugpu.configure(mode="timing")
+
+
+def small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def test_data_parallel_matches_one_device(compute_mode):
+    x = torch.randn(8, 16)
+    reference = small_model()
+    reference(x).square().sum().backward()
+
+    model = small_model().to("emugpu")
+    dp = torch.nn.DataParallel(model, device_ids=[0, 1])
+    out = dp(x.to("emugpu"))
+    assert out.device == torch.device("emugpu:0") and out.shape == (8, 4)
+    torch.testing.assert_close(out.cpu(), reference(x))
+    out.square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad)
+
+
+def test_replicas_charge_their_own_devices():
+    dp = torch.nn.DataParallel(small_model().to("emugpu"), device_ids=[0, 1])
+    torch.emugpu.synchronize(1)
+    torch.emugpu.reset_engine_stats(1)
+    dp(torch.randn(8, 16).to("emugpu"))
+    torch.emugpu.synchronize(1)
+    assert torch.emugpu.engine_stats(1)["compute_launches"] >= 3  # broadcast, two linears, ...
+
+
+def forward_time(module: torch.nn.Module, x: torch.Tensor) -> float:
+    start, end = torch.emugpu.Event(enable_timing=True), torch.emugpu.Event(enable_timing=True)
+    with torch.no_grad():
+        module(x)  # shapes and replicas warm
+        torch.emugpu.synchronize(0)
+        torch.emugpu.synchronize(1)
+        start.record()
+        module(x)
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def test_replicas_run_in_parallel_on_the_emulated_clock():
+    # Built on the device: its weights are computed placeholders, so the
+    # broadcast moves no real bytes on the host (as after a training step).
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, device="emugpu") for _ in range(4)])
+    x = torch.empty(8192, 4096, device="emugpu")
+    one = forward_time(model, x)
+    two = forward_time(torch.nn.DataParallel(model, device_ids=[0, 1]), x)
+    # Half the batch per device, plus the weight broadcast and the gather; the
+    # gather waits for device 1, so it cannot be less than half.
+    assert 0.5 * one < two < 0.75 * one
+
+
+def test_peer_copy_waits_for_the_source_and_takes_the_link_time():
+    big = torch.empty(8192, 8192, device="emugpu:1")
+    payload = torch.empty(256, 1024, 1024, device="emugpu:1")  # 1 GiB
+    torch.emugpu.synchronize(0)
+    torch.emugpu.synchronize(1)
+    start, end = torch.emugpu.Event(enable_timing=True), torch.emugpu.Event(enable_timing=True)
+    with torch.emugpu.device(1):
+        matmul_start = torch.emugpu.Event(enable_timing=True)
+        matmul_end = torch.emugpu.Event(enable_timing=True)
+        matmul_start.record()
+        big @ big
+        matmul_end.record()
+    start.record()  # on device 0
+    payload.to("emugpu:0")
+    end.record()
+    end.synchronize()
+    matmul_ms = matmul_start.elapsed_time(matmul_end)
+    link = torch.emugpu.get_device_properties(0)
+    assert matmul_ms > 10
+    copy_ms = 2**30 / (300e9) * 1e3  # A100-SXM4's NVLink: 300 GB/s per direction
+    assert link.name.startswith("NVIDIA A100-SXM4")
+    assert start.elapsed_time(end) == pytest.approx(matmul_ms + copy_ms, rel=0.05)
+
+
+def test_broadcast_coalesced_keeps_order_values_and_dtypes(compute_mode):
+    from torch.nn.parallel import comm
+
+    tensors = [torch.arange(5.0), torch.arange(3), torch.ones(2, 2, dtype=torch.float16), torch.tensor(7.0)]
+    emu = [t.to("emugpu") for t in tensors]
+    out = comm.broadcast_coalesced(emu, [0, 1], buffer_size=16)
+    assert [t is e for t, e in zip(out[0], emu, strict=True)] == [True] * 4  # the source keeps its own
+    for got, want in zip(out[1], tensors, strict=True):
+        assert got.device == torch.device("emugpu:1") and got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_scatter_and_gather_through_the_host(compute_mode):
+    from torch.nn.parallel import comm
+
+    x = torch.arange(12.0).view(6, 2)
+    parts = comm.scatter(x, [0, 1], chunk_sizes=[2, 4])
+    assert [p.device.index for p in parts] == [0, 1] and [p.shape[0] for p in parts] == [2, 4]
+    back = comm.gather(parts, dim=0, destination=-1)
+    assert back.device.type == "cpu"
+    torch.testing.assert_close(back, x)
+    with pytest.raises(ValueError, match="add up to 5"):
+        comm.scatter(x, [0, 1], chunk_sizes=[2, 3])
+
+
+def test_cuda_tensors_keep_pytorchs_own_functions():
+    from torch.nn.parallel import comm
+
+    with pytest.raises(RuntimeError):  # no CUDA here: PyTorch's implementation ran and refused
+        comm.broadcast_coalesced([torch.ones(2)], [0, 1])
+
+
+def test_scripts_exit_cleanly_after_data_parallel_backward():
+    # Autograd's device threads may release a finished graph task (and the
+    # Python objects it holds) while the interpreter finalizes; the package
+    # flushes them at exit. Several runs, since it is a race.
+    code = (
+        "import torch, torch_emugpu\n"
+        "m = torch.nn.DataParallel(torch.nn.Linear(16, 4).to('emugpu'))\n"
+        "m(torch.randn(8, 16).to('emugpu')).sum().backward()\n"
+    )
+    for _ in range(3):
+        r = run_python(code, env={"EMUGPU_DEVICE_COUNT": "2"})
+        assert r.returncode == 0 and "terminate called" not in r.stderr, r.stderr[-2000:]
