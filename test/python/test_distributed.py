@@ -15,6 +15,7 @@ import os
 import queue as queue_module
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -159,6 +160,32 @@ def _values(rank: int, world: int) -> None:
     dist.reduce_scatter_tensor(got, t(base * (rank + 1)), op=dist.ReduceOp.AVG)
     assert torch.equal(got.cpu(), (base[2 * rank:2 * rank + 2] * 3) / 2)
 
+    gathered = [torch.zeros(4, device=dev) for _ in range(world)] if rank == 0 else None
+    dist.gather(t(base * (rank + 1)), gathered, dst=0)
+    if rank == 0:
+        assert [g.cpu().tolist() for g in gathered] == [(base * (r + 1)).tolist() for r in range(world)]
+
+    got = torch.zeros(4, device=dev)
+    dist.scatter(got, [t(base + 10 * r) for r in range(world)] if rank == 0 else None, src=0)
+    assert torch.equal(got.cpu(), base + 10 * rank)
+
+    # all_to_all_single with uneven splits: rank r sends r + j + 1 values 100 r + j to rank j
+    send = torch.cat([torch.full((rank + j + 1,), 100.0 * rank + j) for j in range(world)])
+    recv = torch.zeros(sum(s + rank + 1 for s in range(world)), device=dev)
+    dist.all_to_all_single(recv, t(send), output_split_sizes=[s + rank + 1 for s in range(world)],
+                           input_split_sizes=[rank + j + 1 for j in range(world)])
+    assert torch.equal(recv.cpu(), torch.cat([torch.full((s + rank + 1,), 100.0 * s + rank) for s in range(world)]))
+
+    outs = [torch.zeros(2, device=dev) for _ in range(world)]
+    dist.all_to_all(outs, [t(torch.full((2,), 10.0 * rank + j)) for j in range(world)])
+    assert [o.cpu().tolist() for o in outs] == [[10.0 * s + rank] * 2 for s in range(world)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the coalesced forms are deprecated in torch
+        pair = [t(base * (rank + 1)), t(torch.tensor([rank + 1.0]))]
+        dist.all_reduce_coalesced(pair)
+        assert pair[0].cpu().tolist() == (base * 3).tolist() and pair[1].cpu().tolist() == [3.0]
+
     dist.barrier()
 
     # async_op: wait() and the future's value (the output tensors)
@@ -266,7 +293,7 @@ def _bad_input(rank: int, world: int) -> dict[str, str]:
         dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.BAND)
     errors["band_float"] = str(info.value)
     with pytest.raises(NotImplementedError) as info:
-        dist.all_to_all_single(torch.ones(2, device=dev), torch.ones(2, device=dev))
+        dist.send(torch.ones(2, device=dev), dst=1 - rank)
     errors["unsupported"] = str(info.value)
     # the group still works after every refusal above (none reached the exchange)
     x = torch.ones(2, device=dev)
@@ -412,7 +439,7 @@ def test_bad_input_errors() -> None:
         assert "expected emugpu tensors, got one on cpu" in e["cpu_backend"]
         assert "PREMUL_SUM is not supported yet" in e["premul"]
         assert "BAND expected an integer or bool dtype" in e["band_float"]
-        assert "all_to_all_single is not supported yet" in e["unsupported"]
+        assert "send (and batch_isend_irecv) is not supported yet" in e["unsupported"]
 
 
 def test_rank_exit_raises_within_timeout() -> None:

@@ -153,7 +153,9 @@ class EmuBackend(_C10dBackend):
         where the data rule says so, and launches the modelled duration.
         `inputs` are the tensors whose bytes this rank contributes, `received`
         those it writes; `signed` (default: both) and `extra` (root, op) must
-        match across ranks."""
+        match across ranks. Sizes that may differ across ranks (all_to_all's
+        splits) are exchanged: every rank decides and times from the same
+        maxima."""
         tensors = list(inputs) + list(received)
         dev = self._check(name, tensors) if device is None else device
         ext = _C()
@@ -164,10 +166,13 @@ class EmuBackend(_C10dBackend):
             signed = tensors
         signature = _signature((name, extra, [(tuple(t.shape), t.dtype) for t in signed]))
         start = ext._collective_begin(dev)
-        words = self._exchange.gather_words([start, int(real), int(compute), signature], name)
+        words = self._exchange.gather_words(
+            [start, int(real), int(compute), signature, int(model_bytes), largest], name)
         if bool((words[:, 3] != signature).any()):
             self._mismatch(name, signed, extra, words[:, 3])
-        moves = bool(words[:, 2].all()) or (largest <= DATA_THRESHOLD_BYTES and bool(words[:, 1].all()))
+        model_bytes = int(words[:, 4].max())
+        moves = bool(words[:, 2].all()) or (int(words[:, 5].max()) <= DATA_THRESHOLD_BYTES
+                                            and bool(words[:, 1].all()))
         if moves:
             move()
         if not compute:
@@ -322,39 +327,111 @@ class EmuBackend(_C10dBackend):
         device = ids[0] if ids else _C()._current_device()
         return self._run("barrier", "barrier", 4, [], [], [], lambda: None, device=device, blocks_host=True)
 
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: object = None) -> EmuWork:
+        flat = [t for group in output_lists for t in group]
+
+        def move() -> None:
+            for group, inp in zip(output_lists, inputs, strict=True):
+                outs, h = [[self._host(t) for t in group]], self._host(inp)
+                self._gloo("all_gather_coalesced", lambda g, outs=outs, h=h: g.allgather(outs, [h]))
+
+        nbytes = sum(t.numel() * t.element_size() for t in inputs) * self._size
+        return self._run("all_gather_coalesced", "all_gather", nbytes, inputs, flat, flat, move)
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: object = None) -> EmuWork:
+        def move() -> None:
+            for out, inp in zip(outputs, inputs, strict=True):
+                o, i = self._host(out), self._host(inp)
+                self._gloo("all_gather_into_tensor_coalesced", lambda g, o=o, i=i: g._allgather_base(o, i))
+
+        nbytes = sum(t.numel() * t.element_size() for t in inputs) * self._size
+        return self._run("all_gather_into_tensor_coalesced", "all_gather", nbytes, inputs, outputs, outputs, move)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: dist.ReduceScatterOptions) -> EmuWork:
+        name = "reduce_scatter_tensor_coalesced"
+        op, average = self._reduce_op(name, opts.reduceOp, [t.dtype for t in outputs])
+
+        def move() -> None:
+            for out, inp in zip(outputs, inputs, strict=True):
+                o, i = self._host(out), self._host(inp)
+                self._gloo(name, lambda g, o=o, i=i: g._reduce_scatter_base(
+                    o, i, _opts(dist.ReduceScatterOptions, reduceOp=op)))
+                self._divide([o], average)
+
+        nbytes = sum(t.numel() * t.element_size() for t in inputs)
+        return self._run(name, "reduce_scatter", nbytes, inputs, outputs, outputs, move,
+                         extra=_OP_NAMES[opts.reduceOp.op])
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: dist.GatherOptions) -> EmuWork:
+        root = opts.rootRank
+        flat = [t for group in output_tensors for t in group]
+
+        def move() -> None:
+            outs = [[self._host(t) for t in group] for group in output_tensors]
+            ins = [self._host(t) for t in input_tensors]
+            self._gloo("gather", lambda g: g.gather(outs, ins, _opts(dist.GatherOptions, rootRank=root)))
+
+        nbytes = sum(t.numel() * t.element_size() for t in input_tensors) * self._size
+        return self._run("gather", "gather", nbytes, input_tensors, flat, flat, move, extra=f"root {root}",
+                         signed=input_tensors)
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: dist.ScatterOptions) -> EmuWork:
+        root = opts.rootRank
+        flat = [t for group in input_tensors for t in group]
+
+        def move() -> None:
+            outs = [self._host(t) for t in output_tensors]
+            ins = [[self._host(t) for t in group] for group in input_tensors]
+            self._gloo("scatter", lambda g: g.scatter(outs, ins, _opts(dist.ScatterOptions, rootRank=root)))
+
+        nbytes = sum(t.numel() * t.element_size() for t in output_tensors) * self._size
+        return self._run("scatter", "scatter", nbytes, flat, output_tensors, output_tensors, move,
+                         extra=f"root {root}", signed=output_tensors)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: object = None) -> EmuWork:
+        def move() -> None:
+            o, i = self._host(output), self._host(input)
+            self._gloo("all_to_all_single",
+                       lambda g: g.alltoall_base(o, i, list(output_split_sizes), list(input_split_sizes)))
+
+        return self._run("all_to_all_single", "all_to_all", input.numel() * input.element_size(), [input],
+                         [output], [output], move, extra=str(input.dtype), signed=[])
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: object = None) -> EmuWork:
+        # gloo has no list form: one flat buffer each way, split by the tensors' sizes.
+        def move() -> None:
+            ins = torch.cat([self._host(t).reshape(-1) for t in input_tensors])
+            out = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
+            self._gloo("all_to_all", lambda g: g.alltoall_base(out, ins, [t.numel() for t in output_tensors],
+                                                               [t.numel() for t in input_tensors]))
+            for t, chunk in zip(output_tensors, out.split([t.numel() for t in output_tensors]), strict=True):
+                self._host(t).copy_(chunk.view(t.shape))
+
+        nbytes = sum(t.numel() * t.element_size() for t in input_tensors)
+        return self._run("all_to_all", "all_to_all", nbytes, input_tensors, output_tensors, output_tensors, move,
+                         extra=str(input_tensors[0].dtype if input_tensors else None), signed=[])
+
     # -- not supported yet -----------------------------------------------------
 
     def _unsupported(self, name: str) -> None:
-        raise NotImplementedError(f"emu backend: {name} is not supported yet (implemented: all_reduce, "
-                                  f"all_reduce_coalesced, broadcast, reduce, all_gather, all_gather_into_tensor, "
-                                  f"reduce_scatter, reduce_scatter_tensor, barrier)")
-
-    def allgather_coalesced(self, *args: object) -> EmuWork:
-        self._unsupported("all_gather_coalesced")
-
-    def all_gather_single_coalesced(self, *args: object) -> EmuWork:
-        self._unsupported("all_gather_into_tensor_coalesced")
-
-    def reduce_scatter_single_coalesced(self, *args: object) -> EmuWork:
-        self._unsupported("reduce_scatter_tensor_coalesced")
-
-    def all_to_all_single(self, *args: object) -> EmuWork:
-        self._unsupported("all_to_all_single")
-
-    def alltoall(self, *args: object) -> EmuWork:
-        self._unsupported("all_to_all")
-
-    def gather(self, *args: object) -> EmuWork:
-        self._unsupported("gather")
-
-    def scatter(self, *args: object) -> EmuWork:
-        self._unsupported("scatter")
+        raise NotImplementedError(f"emu backend: {name} is not supported yet (implemented: every collective but "
+                                  f"send, recv, batch_isend_irecv and sparse all_reduce)")
 
     def send(self, *args: object) -> EmuWork:
         self._unsupported("send (and batch_isend_irecv)")
 
     def recv(self, *args: object) -> EmuWork:
         self._unsupported("recv (and batch_isend_irecv)")
+
+    def recv_anysource(self, *args: object) -> EmuWork:
+        self._unsupported("recv from any source")
 
     def allreduce_sparse(self, *args: object) -> EmuWork:
         self._unsupported("all_reduce of sparse tensors")
