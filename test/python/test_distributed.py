@@ -186,6 +186,20 @@ def _values(rank: int, world: int) -> None:
         dist.all_reduce_coalesced(pair)
         assert pair[0].cpu().tolist() == (base * 3).tolist() and pair[1].cpu().tolist() == [3.0]
 
+    # send / recv, and batch_isend_irecv swapping tensors with the peer
+    peer = 1 - rank
+    if rank == 0:
+        dist.send(t(base * 7), dst=1)
+    else:
+        got = torch.zeros(4, device=dev)
+        dist.recv(got, src=0)
+        assert torch.equal(got.cpu(), base * 7)
+    got = torch.zeros(4, device=dev)
+    ops = [dist.P2POp(dist.isend, t(base + 100 * rank), peer), dist.P2POp(dist.irecv, got, peer)]
+    for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
+        work.wait()
+    assert torch.equal(got.cpu(), base + 100 * peer)
+
     dist.barrier()
 
     # async_op: wait() and the future's value (the output tensors)
@@ -293,7 +307,7 @@ def _bad_input(rank: int, world: int) -> dict[str, str]:
         dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.BAND)
     errors["band_float"] = str(info.value)
     with pytest.raises(NotImplementedError) as info:
-        dist.send(torch.ones(2, device=dev), dst=1 - rank)
+        dist.recv(torch.ones(2, device=dev))  # from any source
     errors["unsupported"] = str(info.value)
     # the group still works after every refusal above (none reached the exchange)
     x = torch.ones(2, device=dev)
@@ -439,7 +453,7 @@ def test_bad_input_errors() -> None:
         assert "expected emugpu tensors, got one on cpu" in e["cpu_backend"]
         assert "PREMUL_SUM is not supported yet" in e["premul"]
         assert "BAND expected an integer or bool dtype" in e["band_float"]
-        assert "send (and batch_isend_irecv) is not supported yet" in e["unsupported"]
+        assert "recv from any source is not supported yet" in e["unsupported"]
 
 
 def test_rank_exit_raises_within_timeout() -> None:

@@ -60,8 +60,10 @@ class EmuWork(dist._Work):
     does); for a barrier it blocks the host until then. The future's value is
     the output tensors."""
 
-    def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int, blocks_host: bool = False) -> None:
+    def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int, blocks_host: bool = False,
+                 pending: Callable[[], None] | None = None) -> None:
         super().__init__()
+        self._pending = pending  # a send's bytes still on their way (waited for by wait())
         self._outputs = outputs
         self._device = device
         self._end_ns = end_ns
@@ -70,6 +72,9 @@ class EmuWork(dist._Work):
         self._future.set_result(outputs)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending()
         if self._blocks_host:
             _C()._collective_wait_host(self._device, self._end_ns)
         else:
@@ -421,14 +426,55 @@ class EmuBackend(_C10dBackend):
     # -- not supported yet -----------------------------------------------------
 
     def _unsupported(self, name: str) -> None:
-        raise NotImplementedError(f"emu backend: {name} is not supported yet (implemented: every collective but "
-                                  f"send, recv, batch_isend_irecv and sparse all_reduce)")
+        raise NotImplementedError(f"emu backend: {name} is not supported yet (implemented: every collective, "
+                                  f"send and recv but recv from any source and sparse all_reduce)")
 
-    def send(self, *args: object) -> EmuWork:
-        self._unsupported("send (and batch_isend_irecv)")
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> EmuWork:
+        return self._p2p("send", tensors, dst, tag)
 
-    def recv(self, *args: object) -> EmuWork:
-        self._unsupported("recv (and batch_isend_irecv)")
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> EmuWork:
+        return self._p2p("recv", tensors, src, tag)
+
+    def _p2p(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> EmuWork:
+        """send or recv: the two ranks swap start times (ops pair in order per
+        peer and tag, as NCCL's do), and the message ends on both at the later
+        start plus its modelled time. batch_isend_irecv runs them one by one."""
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise ValueError(f"emu backend: {kind} expected a peer rank in [0, {self._size}) other than "
+                             f"{self._rank}, got {peer}")
+        dev = self._check(kind, tensors)
+        ext = _C()
+        compute = ext._mode() == "compute"
+        real = compute or kind == "recv" or all(ext._is_materialized(t) for t in tensors)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        shape = _signature([(tuple(t.shape), t.dtype) for t in tensors])
+        what = f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}"
+        start = ext._collective_begin(dev)
+        theirs = self._exchange.swap_words(
+            [start, int(real), int(compute), shape, nbytes, int(kind == "send")], peer, tag, what).tolist()
+        if theirs[5] != int(kind == "send") and theirs[3] != shape:
+            other = "recv" if kind == "send" else "send"
+            raise ValueError(f"emu backend: rank {self._rank} {kind}s [{_describe(tensors)}] but rank {peer} "
+                             f"{other}s {theirs[4]} bytes of another shape or dtype; the two must match")
+        moves = (compute and bool(theirs[2])) or (
+            max(nbytes, theirs[4]) <= DATA_THRESHOLD_BYTES and real and bool(theirs[1]))
+        pending: Callable[[], None] | None = None
+        if moves and kind == "send":
+            works = [self._exchange.send_bytes(self._host(t), peer, tag) for t in tensors]
+
+            def pending() -> None:
+                for w in works:
+                    self._exchange.run(w, what)
+        elif moves:
+            for t in tensors:
+                self._exchange.recv_bytes(self._host(t), peer, tag, what)
+        if kind == "recv" and not compute:
+            for t in tensors:
+                ext._set_materialized(t, moves)
+        duration = ext._collective_duration(dev, "send_recv", float(max(nbytes, theirs[4])), self._size,
+                                            self._ranks_per_node)
+        end = ext._collective_end(dev, max(start, theirs[0]), duration)
+        return EmuWork(tensors, dev, end, pending=pending)
 
     def recv_anysource(self, *args: object) -> EmuWork:
         self._unsupported("recv from any source")

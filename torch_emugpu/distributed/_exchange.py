@@ -61,6 +61,23 @@ class Exchange:
         rows = out.view(self.size, -1)
         return [pickle.loads(rows[i, :n].numpy().tobytes()) for i, n in enumerate(lengths)]
 
+    def swap_words(self, words: Sequence[int], peer: int, tag: int, what: str) -> torch.Tensor:
+        """Sends `words` to `peer` and returns the peer's (send/recv pairs,
+        matched in order per peer and tag, as NCCL matches them)."""
+        mine = torch.tensor(list(words), dtype=torch.int64)
+        theirs = torch.empty_like(mine)
+        sent = self._gloo.send([mine], peer, 2 * tag)
+        self._wait(self._gloo.recv([theirs], peer, 2 * tag), what)
+        self._wait(sent, what)
+        return theirs
+
+    def send_bytes(self, host: torch.Tensor, peer: int, tag: int) -> dist.Work:
+        """Starts sending a CPU tensor's bytes; wait with run()."""
+        return self._gloo.send([host], peer, 2 * tag + 1)
+
+    def recv_bytes(self, host: torch.Tensor, peer: int, tag: int, what: str) -> None:
+        self._wait(self._gloo.recv([host], peer, 2 * tag + 1), what)
+
     def run(self, work: dist.Work, what: str) -> None:
         """Waits for a gloo collective started on `self.gloo`, with the exchange's error."""
         self._wait(work, what)
