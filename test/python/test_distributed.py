@@ -43,9 +43,9 @@ def child_env(**env: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _init(rank: int, world: int, port: int, init: str) -> None:
+def _init(rank: int, world: int, port: int, init: str, timeout: datetime.timedelta) -> None:
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=PG_TIMEOUT)
-    kwargs: dict[str, Any] = {"store": store, "rank": rank, "world_size": world, "timeout": PG_TIMEOUT}
+    kwargs: dict[str, Any] = {"store": store, "rank": rank, "world_size": world, "timeout": timeout}
     if init == "emu":
         dist.init_process_group("emu", **kwargs)
     elif init == "default":
@@ -58,12 +58,12 @@ def _init(rank: int, world: int, port: int, init: str) -> None:
         raise ValueError(init)
 
 
-def _child(rank: int, world: int, port: int, scenario: str, init: str, results: Any) -> None:
+def _child(rank: int, world: int, port: int, scenario: str, init: str, timeout: float, results: Any) -> None:
     try:
         import torch_emugpu  # noqa: F401  (registers emugpu and backend `emu`)
 
         torch.emugpu.set_device(rank)
-        _init(rank, world, port, init)
+        _init(rank, world, port, init, datetime.timedelta(seconds=timeout))
         outcome = SCENARIOS[scenario](rank, world)
         results.put((rank, "ok", outcome))
         dist.destroy_process_group()
@@ -72,7 +72,7 @@ def _child(rank: int, world: int, port: int, scenario: str, init: str, results: 
 
 
 def run_ranks(scenario: str, world: int = 2, mode: str = "compute", init: str = "emu",
-              dying: tuple[int, ...] = ()) -> dict[int, Any]:
+              dying: tuple[int, ...] = (), timeout: float = PG_TIMEOUT.total_seconds()) -> dict[int, Any]:
     """Runs `scenario` on `world` spawned ranks; returns each rank's result.
     Ranks in `dying` exit on purpose and report nothing."""
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, timeout=PG_TIMEOUT, wait_for_workers=False)
@@ -80,7 +80,7 @@ def run_ranks(scenario: str, world: int = 2, mode: str = "compute", init: str = 
     procs = []
     with child_env(EMUGPU_DEVICE_COUNT=str(world), EMUGPU_MODE=mode):
         for rank in range(world):
-            p = CTX.Process(target=_child, args=(rank, world, store.port, scenario, init, results), daemon=True)
+            p = CTX.Process(target=_child, args=(rank, world, store.port, scenario, init, timeout, results), daemon=True)
             p.start()
             procs.append(p)
     out: dict[int, Any] = {}
@@ -255,6 +255,31 @@ def _timeline(rank: int, world: int) -> dict[str, int]:
             "collective_busy_ns": int(torch.emugpu.engine_stats()["collective_busy_s"] * 1e9)}
 
 
+def _work_wait(rank: int, world: int) -> dict[str, float]:
+    """async_op on a side stream: the current stream goes on until
+    work.wait(), which makes it wait for the collective (as WorkNCCL's)."""
+    from torch_emugpu import _C
+
+    x = torch.ones(256).to(torch.device("emugpu", rank))
+    dist.barrier()
+    if rank == 1:
+        _C._emulate_kernel(rank, 0.1)  # rank 1 reaches the all_reduce 0.1 s late
+    before = torch.emugpu.Event(enable_timing=True)
+    before.record()
+    side = torch.emugpu.Stream()
+    side.wait_stream(torch.emugpu.current_stream())
+    with torch.emugpu.stream(side):
+        work = dist.all_reduce(x, async_op=True)
+    launched = torch.emugpu.Event(enable_timing=True)
+    launched.record()
+    work.wait()
+    waited = torch.emugpu.Event(enable_timing=True)
+    waited.record()
+    value = work.get_future().value()
+    assert value[0].cpu().tolist() == [2.0] * 256
+    return {"launched_ms": before.elapsed_time(launched), "waited_ms": before.elapsed_time(waited)}
+
+
 def _large_placeholder(rank: int, world: int) -> dict[str, Any]:
     """Timing mode: a 4 MiB tensor moves no bytes (its result is a placeholder),
     a 1 KiB one moves its real bytes."""
@@ -317,17 +342,33 @@ def _bad_input(rank: int, world: int) -> dict[str, str]:
 
 
 def _rank_dies(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 exits while rank 0 already waits inside an all_reduce."""
     x = torch.ones(4, device=torch.device("emugpu", rank))
     dist.all_reduce(x)  # both ranks connected
     if rank == 1:
+        time.sleep(1.0)
         os._exit(3)
-    time.sleep(0.5)
     start = time.monotonic()
     try:
         dist.all_reduce(x)
     except dist.DistBackendError as e:
         return {"seconds": time.monotonic() - start, "error": str(e)}
     raise AssertionError("expected a DistBackendError when a rank exits")
+
+
+def _rank_hangs(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 stays alive but never joins the all_reduce (process group timeout 3 s)."""
+    x = torch.ones(4, device=torch.device("emugpu", rank))
+    dist.all_reduce(x)
+    if rank == 1:
+        time.sleep(8)
+        return {}
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        return {"seconds": time.monotonic() - start, "error": str(e)}
+    raise AssertionError("expected a DistBackendError when a rank does not arrive")
 
 
 class _Net(torch.nn.Module):
@@ -376,8 +417,8 @@ def _ddp(rank: int, world: int) -> dict[str, Any]:
 
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
-    "large_placeholder": _large_placeholder, "mismatch": _mismatch, "dtype_mismatch": _dtype_mismatch,
-    "bad_input": _bad_input, "rank_dies": _rank_dies, "ddp": _ddp,
+    "large_placeholder": _large_placeholder, "work_wait": _work_wait, "mismatch": _mismatch, "dtype_mismatch": _dtype_mismatch,
+    "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs, "ddp": _ddp,
 }
 
 
@@ -416,6 +457,12 @@ def test_completion_is_latest_start_plus_modelled_duration() -> None:
     assert out[0]["host_after_sync"] >= out[0]["end"]
     # rank 0's events see the wait for rank 1's kernel
     assert 190_000 <= out[0]["elapsed_ms"] <= 400_000
+
+
+def test_work_wait_orders_the_current_stream() -> None:
+    out = run_ranks("work_wait", mode="timing")
+    assert out[0]["launched_ms"] < 50, "the current stream must not wait before work.wait()"
+    assert 95 <= out[0]["waited_ms"] < 300, "work.wait() must make the current stream wait for the collective"
 
 
 def test_large_tensors_move_no_bytes_in_timing_mode() -> None:
@@ -458,8 +505,14 @@ def test_bad_input_errors() -> None:
 
 def test_rank_exit_raises_within_timeout() -> None:
     out = run_ranks("rank_dies", dying=(1,))
-    assert out[0]["seconds"] < PG_TIMEOUT.total_seconds() + 5
+    assert 0.5 < out[0]["seconds"] < PG_TIMEOUT.total_seconds()
     assert "rank 0 of 2: all_reduce failed" in out[0]["error"]
+
+
+def test_rank_that_never_arrives_raises_at_the_timeout() -> None:
+    out = run_ranks("rank_hangs", timeout=3.0)
+    assert 2.5 < out[0]["seconds"] < 7.5
+    assert "did not arrive within the process group's timeout (3 s)" in out[0]["error"]
 
 
 def test_ddp_matches_single_process_in_compute_mode() -> None:
