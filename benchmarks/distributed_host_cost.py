@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 CASES = [("timing", 1 << 10), ("timing", 64 << 20), ("compute", 1 << 10), ("compute", 4 << 20)]
 
 
-def rank_main(rank: int, world: int, port: int, iters: int, results: "mp.Queue[tuple[str, int, float]]") -> None:
+def rank_main(rank: int, world: int, port: int, iters: int, results: mp.Queue) -> None:
     import torch_emugpu
 
     torch.emugpu.set_device(rank)

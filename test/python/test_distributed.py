@@ -80,7 +80,8 @@ def run_ranks(scenario: str, world: int = 2, mode: str = "compute", init: str = 
     procs = []
     with child_env(EMUGPU_DEVICE_COUNT=str(world), EMUGPU_MODE=mode):
         for rank in range(world):
-            p = CTX.Process(target=_child, args=(rank, world, store.port, scenario, init, timeout, results), daemon=True)
+            args = (rank, world, store.port, scenario, init, timeout, results)
+            p = CTX.Process(target=_child, args=args, daemon=True)
             p.start()
             procs.append(p)
     out: dict[int, Any] = {}
@@ -417,7 +418,8 @@ def _ddp(rank: int, world: int) -> dict[str, Any]:
 
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
-    "large_placeholder": _large_placeholder, "work_wait": _work_wait, "mismatch": _mismatch, "dtype_mismatch": _dtype_mismatch,
+    "large_placeholder": _large_placeholder, "work_wait": _work_wait, "mismatch": _mismatch,
+    "dtype_mismatch": _dtype_mismatch,
     "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs, "ddp": _ddp,
 }
 
