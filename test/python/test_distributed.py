@@ -186,6 +186,26 @@ def _values(rank: int, world: int) -> None:
         pair = [t(base * (rank + 1)), t(torch.tensor([rank + 1.0]))]
         dist.all_reduce_coalesced(pair)
         assert pair[0].cpu().tolist() == (base * 3).tolist() and pair[1].cpu().tolist() == [3.0]
+        lists = [[torch.zeros(4, device=dev) for _ in range(world)], [torch.zeros(1, device=dev) for _ in range(world)]]
+        dist.all_gather_coalesced(lists, [t(base * (rank + 1)), t(torch.tensor([rank + 5.0]))])
+        assert [o.cpu().tolist() for o in lists[0]] == [(base * (r + 1)).tolist() for r in range(world)]
+        assert [o.cpu().tolist() for o in lists[1]] == [[r + 5.0] for r in range(world)]
+
+    # the tensor-coalesced forms, as c10d's coalescing manager issues them
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    outs = [torch.zeros(world * 4, device=dev), torch.zeros(world * 2, device=dev)]
+    with _coalescing_manager():
+        dist.all_gather_into_tensor(outs[0], t(base * (rank + 1)))
+        dist.all_gather_into_tensor(outs[1], t(base[:2] + rank))
+    assert torch.equal(outs[0].cpu(), torch.cat([base * (r + 1) for r in range(world)]))
+    assert torch.equal(outs[1].cpu(), torch.cat([base[:2] + r for r in range(world)]))
+    outs = [torch.zeros(2, device=dev), torch.zeros(1, device=dev)]
+    with _coalescing_manager():
+        dist.reduce_scatter_tensor(outs[0], t(base * (rank + 1)))
+        dist.reduce_scatter_tensor(outs[1], t(base[:2] * (rank + 1)))
+    assert torch.equal(outs[0].cpu(), base[2 * rank:2 * rank + 2] * 3)
+    assert torch.equal(outs[1].cpu(), base[rank:rank + 1] * 3)
 
     # send / recv, and batch_isend_irecv swapping tensors with the peer
     peer = 1 - rank
@@ -209,6 +229,12 @@ def _values(rank: int, world: int) -> None:
     assert work.wait()
     value = work.get_future().wait()
     assert isinstance(value, list) and value[0] is x or torch.equal(value[0].cpu(), x.cpu())
+    assert torch.equal(x.cpu(), base * 3)
+
+    # a second group over the same ranks gets its own backend and exchange
+    group = dist.new_group([0, 1])
+    x = t(base * (rank + 1))
+    dist.all_reduce(x, group=group)
     assert torch.equal(x.cpu(), base * 3)
 
     # dist.all_gather_object goes through the backend with emugpu tensors
