@@ -113,6 +113,10 @@ def _register() -> None:
     _ties.install()
     _sharing.install()
     profiles.activate()
+    if torch.distributed.is_available():
+        from . import distributed
+
+        distributed._install()
 
 
 if _C is not None:

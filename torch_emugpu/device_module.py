@@ -135,11 +135,12 @@ def utilization(device: _DeviceLike = None) -> int:
 
 
 def engine_stats(device: _DeviceLike = None) -> dict[str, float | int]:
-    """Emulated busy time (seconds) and launches per engine (compute, h2d, d2h)
-    since the last reset_engine_stats(), and the host's time blocked waiting."""
+    """Emulated busy time (seconds) and launches per engine (compute, h2d, d2h,
+    collective: torch.distributed collectives of backend `emu`) since the last
+    reset_engine_stats(), and the host's time blocked waiting."""
     raw = _C._engine_stats(_index(device))
     out: dict[str, float | int] = {}
-    for engine in ("compute", "h2d", "d2h"):
+    for engine in ("compute", "h2d", "d2h", "collective"):
         launches, busy_ns = raw[engine]
         out[f"{engine}_launches"] = int(launches)
         out[f"{engine}_busy_s"] = busy_ns / 1e9

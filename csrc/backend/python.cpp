@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "backend/allocator.h"
+#include "backend/collective.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
 #include "core/collective_cost.h"
@@ -303,7 +304,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_engine_stats", [](int index) {
     return guarded([&] {
       py::dict d;
-      const char* names[] = {"compute", "h2d", "d2h"};
+      const char* names[] = {"compute", "h2d", "d2h", "collective"};
       for (int e = 0; e < kEngineCount; ++e) {
         const EngineStats s = Runtime::get().device(index).engine_stats(static_cast<Engine>(e));
         d[names[e]] = py::make_tuple(s.launches, s.busy_ns);
@@ -340,6 +341,33 @@ PYBIND11_MODULE(_C, m) {
     });
   }, py::arg("kind"), py::arg("bytes"), py::arg("gpu"), py::arg("ranks_per_node"), py::arg("nodes"),
      py::arg("net_gbps") = py::none(), py::arg("net_latency_us") = py::none());
+  // The timeline side of the torch.distributed backend `emu`
+  // (torch_emugpu/distributed/_backend.py); the logic lives in collective.cpp.
+  m.def("_collective_begin", [](int index) { return guarded([&] { return collective_begin(index); }); });
+  m.def("_collective_end", [](int index, int64_t start_ns, int64_t duration_ns) {
+    return guarded([&] {
+      py::gil_scoped_release no_gil;  // a full launch queue blocks
+      return collective_end(index, start_ns, duration_ns);
+    });
+  });
+  m.def("_collective_stream_wait", [](int index, int64_t t_ns) {
+    guarded([&] { stream_wait_current(index, t_ns); });
+  });
+  m.def("_collective_wait_host", [](int index, int64_t t_ns) {
+    guarded([&] {
+      auto& device = Runtime::get().device(index);
+      py::gil_scoped_release no_gil;
+      device.wait_until(t_ns);
+    });
+  });
+  m.def("_collective_duration", [](int index, const std::string& kind, double bytes, int world, int ranks_per_node) {
+    return guarded([&] { return collective_duration(index, kind, bytes, world, ranks_per_node); });
+  });
+  m.def("_host_view", [](const at::Tensor& t) { return guarded([&] { return collective_host_view(t); }); });
+  m.def("_is_materialized", [](const at::Tensor& t) { return guarded([&] { return tensor_materialized(t); }); });
+  m.def("_set_materialized", [](const at::Tensor& t, bool value) {
+    guarded([&] { set_tensor_materialized(t, value); });
+  });
   m.def("_emulate_kernel", [](int index, double seconds) {
     return guarded([&] {
       const TimeNs duration = seconds_to_ns(seconds);

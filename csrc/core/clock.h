@@ -17,8 +17,10 @@ namespace emugpu {
 
 using TimeNs = int64_t;
 
-enum class Engine : int { kCompute = 0, kHostToDevice = 1, kDeviceToHost = 2 };
-constexpr int kEngineCount = 3;
+// kCollective runs torch.distributed collectives (NCCL runs them on its own
+// streams, concurrently with compute kernels on other streams).
+enum class Engine : int { kCompute = 0, kHostToDevice = 1, kDeviceToHost = 2, kCollective = 3 };
+constexpr int kEngineCount = 4;
 
 class Clock {
  public:

@@ -64,6 +64,28 @@ TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
   }
 }
 
+TimeNs Device::collective_start(int64_t stream) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return timeline_.start_of(stream, Engine::kCollective, clock_.now());
+}
+
+TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) {
+  EMUGPU_CHECK(duration >= 0, kValue, "device ", index_, ": expected a collective duration >= 0 ns, got ", duration);
+  for (;;) {
+    TimeNs wait = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const TimeNs now = clock_.now();
+      wait = timeline_.queue_wait(now);
+      if (wait == 0) {
+        const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, now));
+        return place_locked(stream, Engine::kCollective, begin, duration, now);
+      }
+    }
+    block_until(wait);
+  }
+}
+
 void Device::settle() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (regions_.active() && regions_.kind() == RegionKind::kBackward && regions_.started()) {

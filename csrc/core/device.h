@@ -54,6 +54,16 @@ class Device {
   // Returns the time the work ends on the device.
   TimeNs launch(int64_t stream, Engine engine, TimeNs estimate);
 
+  // A collective across ranks (backend `emu`), in two steps. collective_start
+  // is when the collective launched now on `stream` would start on this device
+  // (the stream, the collective engine and the host all reached it): ranks
+  // exchange it. collective_launch enqueues it on `stream` from `start` (the
+  // latest over ranks) for `duration` on the collective engine, never re-timed
+  // by a profiled region (its time belongs to the network, not the model).
+  // Blocks only while the launch queue is full. Returns its end.
+  TimeNs collective_start(int64_t stream) const;
+  TimeNs collective_launch(int64_t stream, TimeNs start, TimeNs duration);
+
   // Host waits. Each is a sync point: it first closes a finished backward +
   // update region (see settle()).
   void synchronize();

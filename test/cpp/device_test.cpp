@@ -270,3 +270,30 @@ TEST(Device, RejectsNegativeDurations) {
 }
 
 }  // namespace
+
+// Backend `emu`: a collective starts at the latest start over ranks, holds
+// only its stream (and the collective engine), and the host never waits.
+TEST(Device, CollectiveStartsAtTheLatestRankAndHoldsOnlyItsStream) {
+  Loop l;
+  const TimeNs now = l.clock.now();
+  l.dev.launch(0, Engine::kCompute, 10 * kMs);
+  EXPECT_EQ(l.dev.collective_start(0), now + 10 * kMs);
+  EXPECT_EQ(l.dev.collective_start(5), now);
+  // Another rank reached it at +30 ms.
+  EXPECT_EQ(l.dev.collective_launch(0, now + 30 * kMs, 2 * kMs), now + 32 * kMs);
+  EXPECT_EQ(l.clock.now(), now);
+  EXPECT_EQ(l.dev.launch(1, Engine::kCompute, 1 * kMs), now + 11 * kMs);  // compute on another stream overlaps
+  EXPECT_EQ(l.dev.launch(0, Engine::kCompute, 1 * kMs), now + 33 * kMs);  // later work on its stream waits
+  // The next collective queues behind the first on the collective engine.
+  EXPECT_EQ(l.dev.collective_start(7), now + 32 * kMs);
+  EXPECT_EQ(l.dev.engine_stats(Engine::kCollective).busy_ns, 2 * kMs);
+  EXPECT_THROW(l.dev.collective_launch(0, now, -1), emugpu::Error);
+}
+
+TEST(Device, CollectiveIsNotRetimedByAProfiledRegion) {
+  Loop l;
+  l.dev.forward_begin(0, "model", 100 * kMs);
+  l.ops(3, 1 * kMs, 0, 0);
+  const TimeNs start = l.dev.collective_start(0);
+  EXPECT_EQ(l.dev.collective_launch(0, start, 5 * kMs), start + 5 * kMs);
+}

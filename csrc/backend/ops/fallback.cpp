@@ -159,10 +159,12 @@ std::vector<at::Tensor> mark_writes(const OpInfo& info, const std::vector<c10::I
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       if (!is_emu(t)) return;
       if (need_inputs && info.reads[i]) inputs.push_back(t);
-      if (info.writes[i]) set_materialized(t.storage(), compute);
+      if (info.writes[i] && !info.keeps_values) set_materialized(t.storage(), compute);
     });
   }
-  for (const auto& out : o.written) set_materialized(out.storage(), compute);
+  if (!info.keeps_values) {
+    for (const auto& out : o.written) set_materialized(out.storage(), compute);
+  }
   return inputs;
 }
 

@@ -62,6 +62,7 @@ OpInfo analyze(const c10::OperatorHandle& op) {
       {"aten::rnn_relu", true}, {"aten::_pack_padded_sequence", true},
   };
   info.host_index_tensors = host_index_ops.count(info.name) != 0;
+  info.keeps_values = info.name == "aten::resize_" || info.name == "aten::resize_as_";
   const auto& args = schema.arguments();
   info.writes.resize(args.size());
   info.reads.resize(args.size());

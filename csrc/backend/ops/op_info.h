@@ -37,6 +37,7 @@ struct OpInfo {
   bool metadata_only = true;  // only views: no kernel runs on the device
   bool per_tensor_devices = false;  // foreach / fused ops: list entries may sit on different devices
   bool host_index_tensors = false;  // CPU index or length tensors are accepted, as CUDA does
+  bool keeps_values = false;  // resize_: its write changes the geometry, the bytes already there stay real
 };
 
 // The operator's information, computed on first use (per thread: no lock).

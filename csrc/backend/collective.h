@@ -1,0 +1,36 @@
+// Collectives of the torch.distributed backend `emu` (torch_emugpu/distributed):
+// the timeline side. Python exchanges the ranks' start times and moves the
+// real bytes; this file only reads and charges the emulated devices.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "core/clock.h"
+
+namespace emugpu {
+
+// When a collective launched now on `device`'s current stream would start
+// there (rank r's t_r): the stream, the collective engine and the host
+// reached it. Ranks exchange this value.
+TimeNs collective_begin(int device);
+// Enqueues the collective on `device`'s current stream from `start` (the
+// latest t_r over ranks) for `duration`; later work on the stream waits for
+// it, the host does not. Returns its end (the same on every rank).
+TimeNs collective_end(int device, TimeNs start, TimeNs duration);
+// Makes `device`'s current stream wait for `t` (Work.wait on another stream).
+void stream_wait_current(int device, TimeNs t);
+// Modelled duration of `kind` (core/collective_cost.h names and size
+// conventions) over `world` ranks, `ranks_per_node` per node, on `device`'s
+// GPU and the configured network.
+TimeNs collective_duration(int device, const std::string& kind, double bytes, int world, int ranks_per_node);
+
+// A CPU tensor over `t`'s bytes, charged nothing: the emulation's own data
+// movement (the bytes ranks exchange) is no work of the emulated GPU. The
+// caller keeps `t` alive while it uses the alias.
+at::Tensor collective_host_view(const at::Tensor& t);
+bool tensor_materialized(const at::Tensor& t);
+void set_tensor_materialized(const at::Tensor& t, bool value);
+
+}  // namespace emugpu

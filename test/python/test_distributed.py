@@ -1,0 +1,555 @@
+"""The torch.distributed backend `emu`: values, time on the timeline, the
+data rule, bad input and DDP, over real processes.
+
+Ranks are spawned processes (one emugpu device each, emugpu:rank, from
+EMUGPU_DEVICE_COUNT) that meet through a TCPStore the test opens on loopback
+with port 0; every wait is bounded. Each child runs one scenario and reports
+"ok" or its traceback through a queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import queue as queue_module
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+CTX = mp.get_context("spawn")
+TIMEOUT = 120  # seconds for any one wait on a child
+PG_TIMEOUT = datetime.timedelta(seconds=20)
+
+
+@contextlib.contextmanager
+def child_env(**env: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _init(rank: int, world: int, port: int, init: str, timeout: datetime.timedelta) -> None:
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=PG_TIMEOUT)
+    kwargs: dict[str, Any] = {"store": store, "rank": rank, "world_size": world, "timeout": timeout}
+    if init == "emu":
+        dist.init_process_group("emu", **kwargs)
+    elif init == "default":
+        dist.init_process_group(**kwargs)
+    elif init == "device_id":
+        dist.init_process_group(device_id=torch.device("emugpu", rank), **kwargs)
+    elif init == "mixed":
+        dist.init_process_group("cpu:gloo,emugpu:emu", **kwargs)
+    else:
+        raise ValueError(init)
+
+
+def _child(rank: int, world: int, port: int, scenario: str, init: str, timeout: float, results: Any) -> None:
+    try:
+        import torch_emugpu  # noqa: F401  (registers emugpu and backend `emu`)
+
+        torch.emugpu.set_device(rank)
+        _init(rank, world, port, init, datetime.timedelta(seconds=timeout))
+        outcome = SCENARIOS[scenario](rank, world)
+        results.put((rank, "ok", outcome))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001  (reported to the parent, which fails the test)
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(scenario: str, world: int = 2, mode: str = "compute", init: str = "emu",
+              dying: tuple[int, ...] = (), timeout: float = PG_TIMEOUT.total_seconds()) -> dict[int, Any]:
+    """Runs `scenario` on `world` spawned ranks; returns each rank's result.
+    Ranks in `dying` exit on purpose and report nothing."""
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, timeout=PG_TIMEOUT, wait_for_workers=False)
+    results = CTX.Queue()
+    procs = []
+    with child_env(EMUGPU_DEVICE_COUNT=str(world), EMUGPU_MODE=mode):
+        for rank in range(world):
+            args = (rank, world, store.port, scenario, init, timeout, results)
+            p = CTX.Process(target=_child, args=args, daemon=True)
+            p.start()
+            procs.append(p)
+    out: dict[int, Any] = {}
+    errors = []
+    try:
+        for _ in range(world - len(dying)):
+            try:
+                rank, status, value = results.get(timeout=TIMEOUT)
+            except queue_module.Empty:
+                pytest.fail(f"{scenario}: a rank reported nothing within {TIMEOUT} s")
+            if status == "ok":
+                out[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+    finally:
+        for p in procs:
+            p.join(TIMEOUT)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    assert not errors, "\n".join(errors)
+    return out
+
+
+# --- scenarios (module level, so spawned children can import them) ----------
+
+def _values(rank: int, world: int) -> None:
+    """Every implemented collective's values (real bytes: compute mode, or
+    small tensors copied in from the host in timing mode)."""
+    dev = torch.device("emugpu", rank)
+    base = torch.arange(1.0, 5.0)
+
+    def t(x: torch.Tensor) -> torch.Tensor:
+        return x.to(dev)  # an H2D copy: real bytes in either mode
+
+    expected = {
+        dist.ReduceOp.SUM: base * 1 + base * 2,
+        dist.ReduceOp.AVG: (base * 1 + base * 2) / 2,
+        dist.ReduceOp.PRODUCT: (base * 1) * (base * 2),
+        dist.ReduceOp.MIN: base * 1,
+        dist.ReduceOp.MAX: base * 2,
+    }
+    for op, want in expected.items():
+        x = t(base * (rank + 1))
+        dist.all_reduce(x, op=op)
+        assert torch.equal(x.cpu(), want), (op, x.cpu(), want)
+    bits = torch.tensor([0b1100, 0b1010], dtype=torch.int32)
+    for op, want in ((dist.ReduceOp.BAND, bits & (bits + 1)), (dist.ReduceOp.BOR, bits | (bits + 1)),
+                     (dist.ReduceOp.BXOR, bits ^ (bits + 1))):
+        x = t(bits + rank)
+        dist.all_reduce(x, op=op)
+        assert torch.equal(x.cpu(), want), (op, x.cpu(), want)
+
+    x = t(base * (rank + 1))
+    dist.broadcast(x, src=1)
+    assert torch.equal(x.cpu(), base * 2)
+
+    x = t(base * (rank + 1))
+    dist.reduce(x, dst=0, op=dist.ReduceOp.SUM)
+    if rank == 0:
+        assert torch.equal(x.cpu(), base * 3)
+
+    outs = [torch.zeros(4, device=dev) for _ in range(world)]
+    dist.all_gather(outs, t(base * (rank + 1)))
+    assert [o.cpu().tolist() for o in outs] == [(base * (r + 1)).tolist() for r in range(world)]
+
+    out = torch.zeros(world * 4, device=dev)
+    dist.all_gather_into_tensor(out, t(base * (rank + 1)))
+    assert torch.equal(out.cpu(), torch.cat([base * (r + 1) for r in range(world)]))
+
+    chunks = [t(base * (rank + 1) + 10 * i) for i in range(world)]
+    got = torch.zeros(4, device=dev)
+    dist.reduce_scatter(got, chunks)
+    assert torch.equal(got.cpu(), sum(base * (r + 1) + 10 * rank for r in range(world)))
+
+    got = torch.zeros(2, device=dev)
+    dist.reduce_scatter_tensor(got, t(base * (rank + 1)), op=dist.ReduceOp.AVG)
+    assert torch.equal(got.cpu(), (base[2 * rank:2 * rank + 2] * 3) / 2)
+
+    gathered = [torch.zeros(4, device=dev) for _ in range(world)] if rank == 0 else None
+    dist.gather(t(base * (rank + 1)), gathered, dst=0)
+    if rank == 0:
+        assert [g.cpu().tolist() for g in gathered] == [(base * (r + 1)).tolist() for r in range(world)]
+
+    got = torch.zeros(4, device=dev)
+    dist.scatter(got, [t(base + 10 * r) for r in range(world)] if rank == 0 else None, src=0)
+    assert torch.equal(got.cpu(), base + 10 * rank)
+
+    # all_to_all_single with uneven splits: rank r sends r + j + 1 values 100 r + j to rank j
+    send = torch.cat([torch.full((rank + j + 1,), 100.0 * rank + j) for j in range(world)])
+    recv = torch.zeros(sum(s + rank + 1 for s in range(world)), device=dev)
+    dist.all_to_all_single(recv, t(send), output_split_sizes=[s + rank + 1 for s in range(world)],
+                           input_split_sizes=[rank + j + 1 for j in range(world)])
+    assert torch.equal(recv.cpu(), torch.cat([torch.full((s + rank + 1,), 100.0 * s + rank) for s in range(world)]))
+
+    outs = [torch.zeros(2, device=dev) for _ in range(world)]
+    dist.all_to_all(outs, [t(torch.full((2,), 10.0 * rank + j)) for j in range(world)])
+    assert [o.cpu().tolist() for o in outs] == [[10.0 * s + rank] * 2 for s in range(world)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the coalesced forms are deprecated in torch
+        pair = [t(base * (rank + 1)), t(torch.tensor([rank + 1.0]))]
+        dist.all_reduce_coalesced(pair)
+        assert pair[0].cpu().tolist() == (base * 3).tolist() and pair[1].cpu().tolist() == [3.0]
+        lists = [[torch.zeros(4, device=dev) for _ in range(world)], [torch.zeros(1, device=dev) for _ in range(world)]]
+        dist.all_gather_coalesced(lists, [t(base * (rank + 1)), t(torch.tensor([rank + 5.0]))])
+        assert [o.cpu().tolist() for o in lists[0]] == [(base * (r + 1)).tolist() for r in range(world)]
+        assert [o.cpu().tolist() for o in lists[1]] == [[r + 5.0] for r in range(world)]
+
+    # the tensor-coalesced forms, as c10d's coalescing manager issues them
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    outs = [torch.zeros(world * 4, device=dev), torch.zeros(world * 2, device=dev)]
+    with _coalescing_manager():
+        dist.all_gather_into_tensor(outs[0], t(base * (rank + 1)))
+        dist.all_gather_into_tensor(outs[1], t(base[:2] + rank))
+    assert torch.equal(outs[0].cpu(), torch.cat([base * (r + 1) for r in range(world)]))
+    assert torch.equal(outs[1].cpu(), torch.cat([base[:2] + r for r in range(world)]))
+    outs = [torch.zeros(2, device=dev), torch.zeros(1, device=dev)]
+    with _coalescing_manager():
+        dist.reduce_scatter_tensor(outs[0], t(base * (rank + 1)))
+        dist.reduce_scatter_tensor(outs[1], t(base[:2] * (rank + 1)))
+    assert torch.equal(outs[0].cpu(), base[2 * rank:2 * rank + 2] * 3)
+    assert torch.equal(outs[1].cpu(), base[rank:rank + 1] * 3)
+
+    # send / recv, and batch_isend_irecv swapping tensors with the peer
+    peer = 1 - rank
+    if rank == 0:
+        dist.send(t(base * 7), dst=1)
+    else:
+        got = torch.zeros(4, device=dev)
+        dist.recv(got, src=0)
+        assert torch.equal(got.cpu(), base * 7)
+    got = torch.zeros(4, device=dev)
+    ops = [dist.P2POp(dist.isend, t(base + 100 * rank), peer), dist.P2POp(dist.irecv, got, peer)]
+    for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
+        work.wait()
+    assert torch.equal(got.cpu(), base + 100 * peer)
+
+    dist.barrier()
+
+    # async_op: wait() and the future's value (the output tensors)
+    x = t(base * (rank + 1))
+    work = dist.all_reduce(x, async_op=True)
+    assert work.wait()
+    value = work.get_future().wait()
+    assert isinstance(value, list) and value[0] is x or torch.equal(value[0].cpu(), x.cpu())
+    assert torch.equal(x.cpu(), base * 3)
+
+    # a second group over the same ranks gets its own backend and exchange
+    group = dist.new_group([0, 1])
+    x = t(base * (rank + 1))
+    dist.all_reduce(x, group=group)
+    assert torch.equal(x.cpu(), base * 3)
+
+    # dist.all_gather_object goes through the backend with emugpu tensors
+    objs: list[Any] = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": r} for r in range(world)]
+
+
+def _backend_chosen(rank: int, world: int) -> str:
+    dev = torch.device("emugpu", rank)
+    x = torch.ones(2, device=dev)
+    dist.all_reduce(x)
+    assert x.cpu().tolist() == [2.0, 2.0]
+    chosen = dist.group.WORLD._get_backend(dev).name()
+    if "gloo" in dist.get_backend():  # "cpu:gloo,emugpu:emu": CPU tensors go to gloo
+        y = torch.ones(2)
+        dist.all_reduce(y)
+        assert y.tolist() == [2.0, 2.0]
+        chosen = f"cpu:{dist.group.WORLD._get_backend(torch.device('cpu')).name()},emugpu:{chosen}"
+    return chosen
+
+
+def _timeline(rank: int, world: int) -> dict[str, int]:
+    """Rank 1 queues a 0.2 s kernel before the all_reduce: the collective
+    starts when rank 1's stream reaches it and ends at the same time on both
+    ranks, its modelled duration later; rank 0's host does not wait."""
+    from torch_emugpu import _C
+
+    x = torch.ones(256).to(torch.device("emugpu", rank))  # 1 KiB of real bytes
+    dist.barrier()  # both hosts leave together
+    torch.emugpu.reset_engine_stats()
+    kernel_end = _C._emulate_kernel(rank, 0.2) if rank == 1 else 0
+    before = torch.emugpu.Event(enable_timing=True)
+    before.record()
+    dist.all_reduce(x)
+    after = torch.emugpu.Event(enable_timing=True)
+    after.record()
+    host_after_call = _C._host_now_ns()
+    end = _C._device_ready_ns(rank)
+    torch.emugpu.synchronize()
+    host_after_sync = _C._host_now_ns()
+    assert x.cpu().tolist() == [2.0] * 256
+    return {"kernel_end": kernel_end, "end": end, "host_after_call": host_after_call,
+            "host_after_sync": host_after_sync, "elapsed_ms": int(before.elapsed_time(after) * 1000),
+            "collective_busy_ns": int(torch.emugpu.engine_stats()["collective_busy_s"] * 1e9)}
+
+
+def _work_wait(rank: int, world: int) -> dict[str, float]:
+    """async_op on a side stream: the current stream goes on until
+    work.wait(), which makes it wait for the collective (as WorkNCCL's)."""
+    from torch_emugpu import _C
+
+    x = torch.ones(256).to(torch.device("emugpu", rank))
+    dist.barrier()
+    if rank == 1:
+        _C._emulate_kernel(rank, 0.1)  # rank 1 reaches the all_reduce 0.1 s late
+    before = torch.emugpu.Event(enable_timing=True)
+    before.record()
+    side = torch.emugpu.Stream()
+    side.wait_stream(torch.emugpu.current_stream())
+    with torch.emugpu.stream(side):
+        work = dist.all_reduce(x, async_op=True)
+    launched = torch.emugpu.Event(enable_timing=True)
+    launched.record()
+    work.wait()
+    waited = torch.emugpu.Event(enable_timing=True)
+    waited.record()
+    value = work.get_future().value()
+    assert value[0].cpu().tolist() == [2.0] * 256
+    return {"launched_ms": before.elapsed_time(launched), "waited_ms": before.elapsed_time(waited)}
+
+
+def _large_placeholder(rank: int, world: int) -> dict[str, Any]:
+    """Timing mode: a 4 MiB tensor moves no bytes (its result is a placeholder),
+    a 1 KiB one moves its real bytes."""
+    from torch_emugpu import _C
+
+    dev = torch.device("emugpu", rank)
+    big = torch.full((1 << 20,), float(rank + 1)).to(dev)
+    small = torch.full((256,), float(rank + 1)).to(dev)
+    assert _C._is_materialized(big) and _C._is_materialized(small)
+    torch.emugpu.reset_engine_stats()
+    dist.all_reduce(big)
+    dist.all_reduce(small)
+    torch.emugpu.synchronize()
+    return {"big_real": _C._is_materialized(big), "small_real": _C._is_materialized(small),
+            "small": small[:2].cpu().tolist(), "busy_ns": int(torch.emugpu.engine_stats()["collective_busy_s"] * 1e9)}
+
+
+def _mismatch(rank: int, world: int) -> str:
+    x = torch.ones(4 + rank, device=torch.device("emugpu", rank))
+    try:
+        dist.all_reduce(x)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError("expected a ValueError for shapes that differ across ranks")
+
+
+def _dtype_mismatch(rank: int, world: int) -> str:
+    x = torch.ones(4, device=torch.device("emugpu", rank), dtype=torch.float32 if rank == 0 else torch.float64)
+    try:
+        dist.all_reduce(x)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError("expected a ValueError for dtypes that differ across ranks")
+
+
+def _bad_input(rank: int, world: int) -> dict[str, str]:
+    dev = torch.device("emugpu", rank)
+    errors: dict[str, str] = {}
+    with pytest.raises(RuntimeError) as info:  # c10d: no backend for CPU in an emu-only group
+        dist.all_reduce(torch.ones(2))
+    errors["cpu_c10d"] = str(info.value)
+    emu = dist.group.WORLD._get_backend(dev)
+    with pytest.raises(ValueError) as info:  # the backend itself, handed a CPU tensor
+        emu.allreduce([torch.ones(2)], dist.AllreduceOptions())
+    errors["cpu_backend"] = str(info.value)
+    with pytest.raises(NotImplementedError) as info:
+        dist.all_reduce(torch.ones(2, device=dev), op=dist._make_nccl_premul_sum(2.0))
+    errors["premul"] = str(info.value)
+    with pytest.raises(ValueError) as info:
+        dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.BAND)
+    errors["band_float"] = str(info.value)
+    with pytest.raises(NotImplementedError) as info:
+        dist.recv(torch.ones(2, device=dev))  # from any source
+    errors["unsupported"] = str(info.value)
+    # the group still works after every refusal above (none reached the exchange)
+    x = torch.ones(2, device=dev)
+    dist.all_reduce(x)
+    assert x.cpu().tolist() == [2.0, 2.0]
+    return errors
+
+
+def _rank_dies(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 exits while rank 0 already waits inside an all_reduce."""
+    x = torch.ones(4, device=torch.device("emugpu", rank))
+    dist.all_reduce(x)  # both ranks connected
+    if rank == 1:
+        time.sleep(1.0)
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        return {"seconds": time.monotonic() - start, "error": str(e)}
+    raise AssertionError("expected a DistBackendError when a rank exits")
+
+
+def _rank_hangs(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 stays alive but never joins the all_reduce (process group timeout 3 s)."""
+    x = torch.ones(4, device=torch.device("emugpu", rank))
+    dist.all_reduce(x)
+    if rank == 1:
+        time.sleep(8)
+        return {}
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        return {"seconds": time.monotonic() - start, "error": str(e)}
+    raise AssertionError("expected a DistBackendError when a rank does not arrive")
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(6, 5)
+        self.b = torch.nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def _ddp(rank: int, world: int) -> dict[str, Any]:
+    """DDP over emu: rank 0's parameters are broadcast at construction and
+    gradients are averaged; compared with one process on the whole batch."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = torch.device("emugpu", rank)
+    torch.manual_seed(100)
+    reference = _Net()  # rank 0's initial parameters
+    torch.manual_seed(100 + rank)  # rank 1 starts from other parameters: DDP must overwrite them
+    net = _Net().to(dev)
+    ddp = DDP(net, device_ids=[rank])
+    compute = torch.emugpu.is_available() and os.environ["EMUGPU_MODE"] == "compute"
+    if compute:
+        for p, q in zip(net.parameters(), reference.parameters(), strict=True):
+            assert torch.equal(p.detach().cpu(), q.detach()), "DDP did not broadcast rank 0's parameters"
+    g = torch.Generator().manual_seed(7)
+    data, target = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+    mine = slice(4 * rank, 4 * rank + 4)
+    loss = torch.nn.functional.mse_loss(ddp(data[mine].to(dev)), target[mine].to(dev))
+    loss.backward()
+    torch.nn.functional.mse_loss(reference(data), target).backward()
+    if compute:
+        for p, q in zip(net.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(data[mine].to(dev)), target[mine].to(dev)).backward()
+        opt.step()
+    torch.emugpu.synchronize()
+    return {"collectives": torch.emugpu.engine_stats()["collective_launches"],
+            "params": [p.detach().cpu().tolist() for p in net.parameters()] if compute else None}
+
+
+SCENARIOS: dict[str, Callable[[int, int], Any]] = {
+    "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
+    "large_placeholder": _large_placeholder, "work_wait": _work_wait, "mismatch": _mismatch,
+    "dtype_mismatch": _dtype_mismatch,
+    "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs, "ddp": _ddp,
+}
+
+
+# --- tests ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["compute", "timing"])
+def test_collective_values(mode: str) -> None:
+    run_ranks("values", mode=mode)
+
+
+@pytest.mark.parametrize("init,backend", [("emu", "emu"), ("default", "emu"), ("device_id", "emu"),
+                                          ("mixed", "cpu:gloo,emugpu:emu")])
+def test_backend_chosen(init: str, backend: str) -> None:
+    out = run_ranks("backend_chosen", init=init)
+    assert out[0] == out[1] == backend
+
+
+def test_backend_registered_for_emugpu() -> None:
+    import torch_emugpu  # noqa: F401
+
+    assert dist.Backend.default_device_backend_map["emugpu"] == "emu"
+    assert dist.Backend.backend_capability["emu"] == ["emugpu"]
+
+
+def test_completion_is_latest_start_plus_modelled_duration() -> None:
+    import torch_emugpu
+
+    out = run_ranks("timeline", mode="timing")
+    duration = round(torch_emugpu._C._collective_time("all_reduce", 1024, torch_emugpu._C.DEFAULT_GPU, 2, 1)
+                     ["seconds"] * 1e9)
+    assert out[0]["end"] == out[1]["end"], "the collective must end at the same time on every rank"
+    assert out[1]["end"] - out[1]["kernel_end"] == pytest.approx(duration, abs=2)
+    assert out[0]["collective_busy_ns"] == pytest.approx(duration, abs=2)
+    # rank 0's host returned long before the end, and synchronize() waited for it
+    assert out[0]["host_after_call"] < out[0]["end"] - 100_000_000
+    assert out[0]["host_after_sync"] >= out[0]["end"]
+    # rank 0's events see the wait for rank 1's kernel
+    assert 190_000 <= out[0]["elapsed_ms"] <= 400_000
+
+
+def test_work_wait_orders_the_current_stream() -> None:
+    out = run_ranks("work_wait", mode="timing")
+    assert out[0]["launched_ms"] < 50, "the current stream must not wait before work.wait()"
+    assert 95 <= out[0]["waited_ms"] < 300, "work.wait() must make the current stream wait for the collective"
+
+
+def test_large_tensors_move_no_bytes_in_timing_mode() -> None:
+    import torch_emugpu
+
+    out = run_ranks("large_placeholder", mode="timing")
+    model = torch_emugpu._C._collective_time
+    gpu = torch_emugpu._C.DEFAULT_GPU
+    for rank in (0, 1):
+        assert out[rank]["big_real"] is False
+        assert out[rank]["small_real"] is True
+        assert out[rank]["small"] == [3.0, 3.0]
+        want = model("all_reduce", 4 << 20, gpu, 2, 1)["seconds"] + model("all_reduce", 1024, gpu, 2, 1)["seconds"]
+        assert out[rank]["busy_ns"] == pytest.approx(want * 1e9, abs=4)
+
+
+def test_mismatched_shapes_name_both() -> None:
+    out = run_ranks("mismatch")
+    for rank in (0, 1):
+        assert "(4,) float32" in out[rank] and "(5,) float32" in out[rank], out[rank]
+        assert "rank 0" in out[rank] and "rank 1" in out[rank]
+
+
+def test_mismatched_dtypes_name_both() -> None:
+    out = run_ranks("dtype_mismatch", mode="timing")
+    for rank in (0, 1):
+        assert "float32" in out[rank] and "float64" in out[rank], out[rank]
+
+
+def test_bad_input_errors() -> None:
+    out = run_ranks("bad_input")
+    for rank in (0, 1):
+        e = out[rank]
+        assert "cpu" in e["cpu_c10d"].lower()
+        assert "expected emugpu tensors, got one on cpu" in e["cpu_backend"]
+        assert "PREMUL_SUM is not supported yet" in e["premul"]
+        assert "BAND expected an integer or bool dtype" in e["band_float"]
+        assert "recv from any source is not supported yet" in e["unsupported"]
+
+
+def test_rank_exit_raises_within_timeout() -> None:
+    out = run_ranks("rank_dies", dying=(1,))
+    assert 0.5 < out[0]["seconds"] < PG_TIMEOUT.total_seconds()
+    assert "rank 0 of 2: all_reduce failed" in out[0]["error"]
+
+
+def test_rank_that_never_arrives_raises_at_the_timeout() -> None:
+    out = run_ranks("rank_hangs", timeout=3.0)
+    assert 2.5 < out[0]["seconds"] < 7.5
+    assert "did not arrive within the process group's timeout (3 s)" in out[0]["error"]
+
+
+def test_ddp_matches_single_process_in_compute_mode() -> None:
+    out = run_ranks("ddp", mode="compute")
+    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
+        assert a == b, "replicas diverged"
+    assert out[0]["collectives"] > 0
+
+
+def test_ddp_runs_in_timing_mode() -> None:
+    out = run_ranks("ddp", mode="timing")
+    assert out[0]["collectives"] == out[1]["collectives"] > 3

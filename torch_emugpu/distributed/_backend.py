@@ -1,0 +1,488 @@
+"""The torch.distributed backend `emu` for emugpu tensors.
+
+Every collective is a barrier plus a sleep on the emulated timeline: it is
+launched on the rank's current emugpu stream like a kernel, starts on rank r
+when that stream reaches it (t_r), and ends on every rank at max_r t_r plus
+its modelled duration (core/collective_cost.h). The host does not wait for it
+(except `barrier`, which blocks the host as ProcessGroupNCCL's does); later
+work on the stream does, and `Work.wait()` makes the caller's current stream
+wait. Ranks exchange t_r through `_exchange.Exchange`.
+
+Data: tensors of at most DATA_THRESHOLD_BYTES bytes whose bytes are real on
+every rank, and every tensor in compute mode, carry their real bytes (through
+the exchange's gloo group, over CPU views of the device bytes, charging the
+emulated GPU nothing). Larger tensors in timing mode move no bytes: what a
+rank receives is a placeholder (reads as zeros), as timing mode's computed
+values are.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
+
+from ._exchange import Exchange
+
+# Per-tensor size up to which timing mode moves real bytes: covers DDP's
+# parameter-shape check and buffers of small models, losses and metrics.
+DATA_THRESHOLD_BYTES = 64 * 1024
+
+_R = dist.ReduceOp.RedOpType
+_BITWISE = (_R.BAND, _R.BOR, _R.BXOR)
+_OP_NAMES = {_R.SUM: "SUM", _R.AVG: "AVG", _R.PRODUCT: "PRODUCT", _R.MIN: "MIN", _R.MAX: "MAX",
+             _R.BAND: "BAND", _R.BOR: "BOR", _R.BXOR: "BXOR", _R.PREMUL_SUM: "PREMUL_SUM"}
+
+
+def _opts(cls: type, **fields: object) -> object:
+    """c10d's option records take no constructor arguments."""
+    opts = cls()
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    return opts
+
+
+def _C():  # noqa: N802  (the extension, imported late: this module loads during torch_emugpu's import)
+    from .. import _C as ext
+
+    return ext
+
+
+class EmuWork(dist._Work):
+    """A launched collective: done on the device at `end_ns` (emulated time).
+
+    wait() makes the caller's current stream wait for it (as WorkNCCL's
+    does); for a barrier it blocks the host until then. The future's value is
+    the output tensors."""
+
+    def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int, blocks_host: bool = False,
+                 pending: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._pending = pending  # a send's bytes still on their way (waited for by wait())
+        self._outputs = outputs
+        self._device = device
+        self._end_ns = end_ns
+        self._blocks_host = blocks_host
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._future.set_result(outputs)
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending()
+        if self._blocks_host:
+            _C()._collective_wait_host(self._device, self._end_ns)
+        else:
+            _C()._collective_stream_wait(self._device, self._end_ns)
+        return True
+
+    def is_completed(self) -> bool:
+        return _C()._host_now_ns() >= self._end_ns
+
+    def is_success(self) -> bool:
+        return True
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    @property
+    def end_ns(self) -> int:
+        """When the collective ends on the emulated device (steady-clock ns)."""
+        return self._end_ns
+
+
+def _signature(parts: object) -> int:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def _describe(tensors: Sequence[torch.Tensor]) -> str:
+    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors) or "no tensors"
+
+
+class EmuBackend(_C10dBackend):
+    """Backend `emu`: see the module docstring."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._exchange = Exchange(store, rank, size, timeout)
+        # All ranks of one machine share a node unless torchrun says otherwise.
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        self._ranks_per_node = local if 0 < local <= size and size % local == 0 else size
+
+    def getBackendName(self) -> str:  # noqa: N802  (c10d's name)
+        return "emu"
+
+    # c10d's capability flags. A Python subclass must define them as
+    # properties: the trampoline reads them by attribute, and the base
+    # class's property would call back into the trampoline forever.
+    supports_splitting = property(lambda self: False)
+    supports_coalescing = property(lambda self: False)
+    supports_time_estimate = property(lambda self: False)
+    supports_shrinking = property(lambda self: False)
+    supports_reconfigure = property(lambda self: False)
+    supports_window = property(lambda self: False)
+
+    # -- the one path every collective takes ---------------------------------
+
+    def _check(self, name: str, tensors: Sequence[torch.Tensor]) -> int:
+        device: int | None = None
+        for t in tensors:
+            if t.device.type != "emugpu":
+                raise ValueError(f"emu backend: {name} expected emugpu tensors, got one on {t.device}; move it with "
+                                 f".to('emugpu') or use a 'cpu:gloo,emugpu:emu' process group for CPU tensors")
+            if t.layout != torch.strided or not t.is_contiguous():
+                raise ValueError(f"emu backend: {name} expected dense contiguous tensors (as NCCL does), got "
+                                 f"shape {tuple(t.shape)} strides {t.stride()}; call .contiguous() first")
+            if device is not None and t.device.index != device:
+                raise ValueError(f"emu backend: {name} expected every tensor on one device, got emugpu:{device} "
+                                 f"and {t.device}")
+            device = t.device.index
+        return _C()._current_device() if device is None else device
+
+    def _run(self, name: str, model_kind: str, model_bytes: float, inputs: Sequence[torch.Tensor],
+             received: Sequence[torch.Tensor], outputs: list[torch.Tensor], move: Callable[[], None],
+             extra: object = None, blocks_host: bool = False, device: int | None = None,
+             signed: Sequence[torch.Tensor] | None = None) -> EmuWork:
+        """Exchanges start times (and checks the ranks agree), moves bytes
+        where the data rule says so, and launches the modelled duration.
+        `inputs` are the tensors whose bytes this rank contributes, `received`
+        those it writes; `signed` (default: both) and `extra` (root, op) must
+        match across ranks. Sizes that may differ across ranks (all_to_all's
+        splits) are exchanged: every rank decides and times from the same
+        maxima."""
+        tensors = list(inputs) + list(received)
+        dev = self._check(name, tensors) if device is None else device
+        ext = _C()
+        compute = ext._mode() == "compute"
+        real = compute or all(ext._is_materialized(t) for t in inputs)
+        largest = max((t.numel() * t.element_size() for t in tensors), default=0)
+        if signed is None:
+            signed = tensors
+        signature = _signature((name, extra, [(tuple(t.shape), t.dtype) for t in signed]))
+        start = ext._collective_begin(dev)
+        words = self._exchange.gather_words(
+            [start, int(real), int(compute), signature, int(model_bytes), largest], name)
+        if bool((words[:, 3] != signature).any()):
+            self._mismatch(name, signed, extra, words[:, 3])
+        model_bytes = int(words[:, 4].max())
+        moves = bool(words[:, 2].all()) or (int(words[:, 5].max()) <= DATA_THRESHOLD_BYTES
+                                            and bool(words[:, 1].all()))
+        if moves:
+            move()
+        if not compute:
+            for t in received:
+                ext._set_materialized(t, moves)
+        duration = ext._collective_duration(dev, model_kind, float(model_bytes), self._size,
+                                            self._ranks_per_node) if self._size > 1 else 0
+        end = ext._collective_end(dev, int(words[:, 0].max()), duration)
+        return EmuWork(outputs, dev, end, blocks_host)
+
+    def _mismatch(self, name: str, signed: Sequence[torch.Tensor], extra: object, signatures: torch.Tensor) -> None:
+        mine = f"{name} on [{_describe(signed)}]" + (f", {extra}" if extra is not None else "")
+        every = self._exchange.gather_objects(mine, f"{name} (mismatch report)")
+        other = next(r for r in range(self._size) if int(signatures[r]) != int(signatures[self._rank]))
+        raise ValueError(f"emu backend: ranks disagree on a collective: rank {self._rank} called {every[self._rank]}"
+                         f" but rank {other} called {every[other]}; every rank must call the same collective with "
+                         f"the same shapes and dtypes")
+
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        return _C()._host_view(t)
+
+    def _gloo(self, what: str, start: Callable[[dist.ProcessGroupGloo], dist.Work]) -> None:
+        self._exchange.run(start(self._exchange.gloo), what)
+
+    def _reduce_op(self, name: str, op: dist.ReduceOp, dtypes: Sequence[torch.dtype]) -> tuple[dist.ReduceOp, bool]:
+        """The gloo op for `op`, and whether to divide by the world size (AVG)."""
+        kind = op.op
+        if kind == _R.PREMUL_SUM:
+            raise NotImplementedError(f"emu backend: {name} with ReduceOp.PREMUL_SUM is not supported yet; "
+                                      f"scale the tensor and use ReduceOp.SUM")
+        for dtype in dtypes:
+            if kind in _BITWISE and (dtype.is_floating_point or dtype.is_complex):
+                raise ValueError(f"emu backend: {name} with ReduceOp.{_OP_NAMES[kind]} expected an integer or "
+                                 f"bool dtype, got {dtype}")
+            if kind == _R.AVG and not (dtype.is_floating_point or dtype.is_complex):
+                raise ValueError(f"emu backend: {name} with ReduceOp.AVG expected a floating dtype (as NCCL), got "
+                                 f"{dtype}")
+        if kind == _R.AVG:
+            return dist.ReduceOp.SUM, True
+        return dist.ReduceOp(kind), False
+
+    def _divide(self, hosts: Sequence[torch.Tensor], average: bool) -> None:
+        if average:
+            for h in hosts:
+                h.div_(self._size)
+
+    # -- collectives -----------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> EmuWork:
+        return self._allreduce("all_reduce", tensors, opts.reduceOp)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions) -> EmuWork:
+        return self._allreduce("all_reduce_coalesced", tensors, opts.reduceOp)
+
+    def _allreduce(self, name: str, tensors: list[torch.Tensor], reduce_op: dist.ReduceOp) -> EmuWork:
+        op, average = self._reduce_op(name, reduce_op, [t.dtype for t in tensors])
+
+        def move() -> None:
+            hosts = [self._host(t) for t in tensors]
+            for h in hosts:
+                self._gloo(name, lambda g, h=h: g.allreduce([h], _opts(dist.AllreduceOptions, reduceOp=op)))
+            self._divide(hosts, average)
+
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        return self._run(name, "all_reduce", nbytes, tensors, tensors, tensors, move, extra=_OP_NAMES[reduce_op.op])
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> EmuWork:
+        root = opts.rootRank
+
+        def move() -> None:
+            for t in tensors:
+                h = self._host(t)
+                self._gloo("broadcast", lambda g, h=h: g.broadcast([h], _opts(dist.BroadcastOptions, rootRank=root)))
+
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        received = [] if self._rank == root else tensors
+        return self._run("broadcast", "broadcast", nbytes, tensors if self._rank == root else [], received, tensors,
+                         move, extra=f"root {root}", device=self._check("broadcast", tensors), signed=tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions) -> EmuWork:
+        root = opts.rootRank
+        op, average = self._reduce_op("reduce", opts.reduceOp, [t.dtype for t in tensors])
+
+        def move() -> None:
+            hosts = [self._host(t) for t in tensors]
+            opts = _opts(dist.ReduceOptions, reduceOp=op, rootRank=root)
+            for h in hosts:
+                self._gloo("reduce", lambda g, h=h: g.reduce([h], opts))
+            if self._rank == root:
+                self._divide(hosts, average)
+
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        received = tensors if self._rank == root else []
+        return self._run("reduce", "reduce", nbytes, tensors, received, tensors, move,
+                         extra=f"root {root} {_OP_NAMES[opts.reduceOp.op]}", signed=tensors)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: object = None) -> EmuWork:
+        flat = [t for group in output_tensors for t in group]
+
+        def move() -> None:
+            outs = [[self._host(t) for t in group] for group in output_tensors]
+            ins = [self._host(t) for t in input_tensors]
+            self._gloo("all_gather", lambda g: g.allgather(outs, ins))
+
+        nbytes = sum(t.numel() * t.element_size() for t in input_tensors) * self._size
+        return self._run("all_gather", "all_gather", nbytes, input_tensors, flat, flat, move)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> EmuWork:
+        def move() -> None:
+            out, inp = self._host(output), self._host(input)
+            self._gloo("all_gather_into_tensor", lambda g: g._allgather_base(out, inp))
+
+        return self._run("all_gather_into_tensor", "all_gather", input.numel() * input.element_size() * self._size,
+                         [input], [output], [output], move)
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: dist.ReduceScatterOptions) -> EmuWork:
+        flat = [t for group in input_tensors for t in group]
+        op, average = self._reduce_op("reduce_scatter", opts.reduceOp, [t.dtype for t in output_tensors])
+
+        def move() -> None:
+            outs = [self._host(t) for t in output_tensors]
+            ins = [[self._host(t) for t in group] for group in input_tensors]
+            self._gloo("reduce_scatter",
+                       lambda g: g.reduce_scatter(outs, ins, _opts(dist.ReduceScatterOptions, reduceOp=op)))
+            self._divide(outs, average)
+
+        nbytes = sum(t.numel() * t.element_size() for t in output_tensors) * self._size
+        return self._run("reduce_scatter", "reduce_scatter", nbytes, flat, output_tensors, output_tensors, move,
+                         extra=_OP_NAMES[opts.reduceOp.op])
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: dist.ReduceScatterOptions) -> EmuWork:
+        op, average = self._reduce_op("reduce_scatter_tensor", opts.reduceOp, [output.dtype])
+
+        def move() -> None:
+            out, inp = self._host(output), self._host(input)
+            self._gloo("reduce_scatter_tensor",
+                       lambda g: g._reduce_scatter_base(out, inp, _opts(dist.ReduceScatterOptions, reduceOp=op)))
+            self._divide([out], average)
+
+        return self._run("reduce_scatter_tensor", "reduce_scatter", input.numel() * input.element_size(), [input],
+                         [output], [output], move, extra=_OP_NAMES[opts.reduceOp.op])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def barrier(self, opts: dist.BarrierOptions) -> EmuWork:
+        ids = list(getattr(opts, "device_ids", []) or [])
+        device = ids[0] if ids else _C()._current_device()
+        return self._run("barrier", "barrier", 4, [], [], [], lambda: None, device=device, blocks_host=True)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: object = None) -> EmuWork:
+        flat = [t for group in output_lists for t in group]
+
+        def move() -> None:
+            for group, inp in zip(output_lists, inputs, strict=True):
+                outs, h = [[self._host(t) for t in group]], self._host(inp)
+                self._gloo("all_gather_coalesced", lambda g, outs=outs, h=h: g.allgather(outs, [h]))
+
+        nbytes = sum(t.numel() * t.element_size() for t in inputs) * self._size
+        return self._run("all_gather_coalesced", "all_gather", nbytes, inputs, flat, flat, move)
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: object = None) -> EmuWork:
+        def move() -> None:
+            for out, inp in zip(outputs, inputs, strict=True):
+                o, i = self._host(out), self._host(inp)
+                self._gloo("all_gather_into_tensor_coalesced", lambda g, o=o, i=i: g._allgather_base(o, i))
+
+        nbytes = sum(t.numel() * t.element_size() for t in inputs) * self._size
+        return self._run("all_gather_into_tensor_coalesced", "all_gather", nbytes, inputs, outputs, outputs, move)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: dist.ReduceScatterOptions) -> EmuWork:
+        name = "reduce_scatter_tensor_coalesced"
+        op, average = self._reduce_op(name, opts.reduceOp, [t.dtype for t in outputs])
+
+        def move() -> None:
+            for out, inp in zip(outputs, inputs, strict=True):
+                o, i = self._host(out), self._host(inp)
+                self._gloo(name, lambda g, o=o, i=i: g._reduce_scatter_base(
+                    o, i, _opts(dist.ReduceScatterOptions, reduceOp=op)))
+                self._divide([o], average)
+
+        nbytes = sum(t.numel() * t.element_size() for t in inputs)
+        return self._run(name, "reduce_scatter", nbytes, inputs, outputs, outputs, move,
+                         extra=_OP_NAMES[opts.reduceOp.op])
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: dist.GatherOptions) -> EmuWork:
+        root = opts.rootRank
+        flat = [t for group in output_tensors for t in group]
+
+        def move() -> None:
+            outs = [[self._host(t) for t in group] for group in output_tensors]
+            ins = [self._host(t) for t in input_tensors]
+            self._gloo("gather", lambda g: g.gather(outs, ins, _opts(dist.GatherOptions, rootRank=root)))
+
+        nbytes = sum(t.numel() * t.element_size() for t in input_tensors) * self._size
+        return self._run("gather", "gather", nbytes, input_tensors, flat, flat, move, extra=f"root {root}",
+                         signed=input_tensors)
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: dist.ScatterOptions) -> EmuWork:
+        root = opts.rootRank
+        flat = [t for group in input_tensors for t in group]
+
+        def move() -> None:
+            outs = [self._host(t) for t in output_tensors]
+            ins = [[self._host(t) for t in group] for group in input_tensors]
+            self._gloo("scatter", lambda g: g.scatter(outs, ins, _opts(dist.ScatterOptions, rootRank=root)))
+
+        nbytes = sum(t.numel() * t.element_size() for t in output_tensors) * self._size
+        return self._run("scatter", "scatter", nbytes, flat, output_tensors, output_tensors, move,
+                         extra=f"root {root}", signed=output_tensors)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: object = None) -> EmuWork:
+        def move() -> None:
+            o, i = self._host(output), self._host(input)
+            self._gloo("all_to_all_single",
+                       lambda g: g.alltoall_base(o, i, list(output_split_sizes), list(input_split_sizes)))
+
+        return self._run("all_to_all_single", "all_to_all", input.numel() * input.element_size(), [input],
+                         [output], [output], move, extra=str(input.dtype), signed=[])
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: object = None) -> EmuWork:
+        # gloo has no list form: one flat buffer each way, split by the tensors' sizes.
+        def move() -> None:
+            ins = torch.cat([self._host(t).reshape(-1) for t in input_tensors])
+            out = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
+            self._gloo("all_to_all", lambda g: g.alltoall_base(out, ins, [t.numel() for t in output_tensors],
+                                                               [t.numel() for t in input_tensors]))
+            for t, chunk in zip(output_tensors, out.split([t.numel() for t in output_tensors]), strict=True):
+                self._host(t).copy_(chunk.view(t.shape))
+
+        nbytes = sum(t.numel() * t.element_size() for t in input_tensors)
+        return self._run("all_to_all", "all_to_all", nbytes, input_tensors, output_tensors, output_tensors, move,
+                         extra=str(input_tensors[0].dtype if input_tensors else None), signed=[])
+
+    # -- not supported yet -----------------------------------------------------
+
+    def _unsupported(self, name: str) -> None:
+        raise NotImplementedError(f"emu backend: {name} is not supported yet (implemented: every collective, "
+                                  f"send and recv but recv from any source and sparse all_reduce)")
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> EmuWork:
+        return self._p2p("send", tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> EmuWork:
+        return self._p2p("recv", tensors, src, tag)
+
+    def _p2p(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> EmuWork:
+        """send or recv: the two ranks swap start times (ops pair in order per
+        peer and tag, as NCCL's do), and the message ends on both at the later
+        start plus its modelled time. batch_isend_irecv runs them one by one."""
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise ValueError(f"emu backend: {kind} expected a peer rank in [0, {self._size}) other than "
+                             f"{self._rank}, got {peer}")
+        dev = self._check(kind, tensors)
+        ext = _C()
+        compute = ext._mode() == "compute"
+        real = compute or kind == "recv" or all(ext._is_materialized(t) for t in tensors)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        shape = _signature([(tuple(t.shape), t.dtype) for t in tensors])
+        what = f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}"
+        start = ext._collective_begin(dev)
+        theirs = self._exchange.swap_words(
+            [start, int(real), int(compute), shape, nbytes, int(kind == "send")], peer, tag, what).tolist()
+        if theirs[5] != int(kind == "send") and theirs[3] != shape:
+            other = "recv" if kind == "send" else "send"
+            raise ValueError(f"emu backend: rank {self._rank} {kind}s [{_describe(tensors)}] but rank {peer} "
+                             f"{other}s {theirs[4]} bytes of another shape or dtype; the two must match")
+        moves = (compute and bool(theirs[2])) or (
+            max(nbytes, theirs[4]) <= DATA_THRESHOLD_BYTES and real and bool(theirs[1]))
+        pending: Callable[[], None] | None = None
+        if moves and kind == "send":
+            works = [self._exchange.send_bytes(self._host(t), peer, tag) for t in tensors]
+
+            def pending() -> None:
+                for w in works:
+                    self._exchange.run(w, what)
+        elif moves:
+            for t in tensors:
+                self._exchange.recv_bytes(self._host(t), peer, tag, what)
+        if kind == "recv" and not compute:
+            for t in tensors:
+                ext._set_materialized(t, moves)
+        duration = ext._collective_duration(dev, "send_recv", float(max(nbytes, theirs[4])), self._size,
+                                            self._ranks_per_node)
+        end = ext._collective_end(dev, max(start, theirs[0]), duration)
+        return EmuWork(tensors, dev, end, pending=pending)
+
+    def recv_anysource(self, *args: object) -> EmuWork:
+        self._unsupported("recv from any source")
+
+    def allreduce_sparse(self, *args: object) -> EmuWork:
+        self._unsupported("all_reduce of sparse tensors")
+
+
+def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> EmuBackend:
+    """The creator c10d calls for backend `emu` (Backend.register_backend)."""
+    return EmuBackend(store, rank, size, timeout)
