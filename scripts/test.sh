@@ -8,5 +8,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 cmake -S . -B build/core -G Ninja -DEMUGPU_BUILD_TORCH=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/core
 ctest --test-dir build/core --output-on-failure
-ruff check torch_emugpu torch_emugpu_autoload.py test benchmarks
+ruff check torch_emugpu torch_emugpu_autoload.py test benchmarks examples
 python -m pytest "$@"

@@ -107,6 +107,9 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
     c.device_count = *request.device_count;
   } else if (auto v = env("EMUGPU_DEVICE_COUNT")) {
     c.device_count = parse_device_count(*v, "EMUGPU_DEVICE_COUNT");
+  } else if (auto v = env("LOCAL_WORLD_SIZE")) {
+    // Under torchrun every rank sees the node's GPUs, one per local rank.
+    c.device_count = parse_device_count(*v, "LOCAL_WORLD_SIZE (set by torchrun)");
   }
   if (request.mode) {
     c.mode = parse_mode(*request.mode, "mode");

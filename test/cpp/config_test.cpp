@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "error.h"
 
@@ -14,7 +15,7 @@ using emugpu::Mode;
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
     for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
-                          "EMUGPU_NET_LATENCY_US"}) unsetenv(v);
+                          "EMUGPU_NET_LATENCY_US", "LOCAL_WORLD_SIZE"}) unsetenv(v);
   }
   void TearDown() override { SetUp(); }
 };
@@ -27,6 +28,21 @@ TEST_F(CleanEnvironment, DefaultsNeedNothingSet) {
   EXPECT_EQ(c.catalog_path, "/x/gpus.json");
   EXPECT_EQ(c.net_gbps, 100);  // 4 x 200 Gb/s InfiniBand per node
   EXPECT_EQ(c.net_latency_us, 3);
+}
+
+TEST_F(CleanEnvironment, TorchrunsLocalWorldSizeIsTheDefaultDeviceCount) {
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  EXPECT_EQ(emugpu::resolve_config({}, "").device_count, 4);
+  setenv("EMUGPU_DEVICE_COUNT", "8", 1);  // an explicit count wins
+  EXPECT_EQ(emugpu::resolve_config({}, "").device_count, 8);
+  unsetenv("EMUGPU_DEVICE_COUNT");
+  setenv("LOCAL_WORLD_SIZE", "many", 1);
+  try {
+    emugpu::resolve_config({}, "");
+    FAIL() << "expected an error";
+  } catch (const emugpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOCAL_WORLD_SIZE"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CleanEnvironment, NetworkComesFromTheEnvironmentOrTheCaller) {
