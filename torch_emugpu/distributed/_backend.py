@@ -1,12 +1,14 @@
 """The torch.distributed backend `emu` for emugpu tensors.
 
 Every collective is a barrier plus a sleep on the emulated timeline: it is
-launched on the rank's current emugpu stream like a kernel, starts on rank r
-when that stream reaches it (t_r), and ends on every rank at max_r t_r plus
-its modelled duration (core/collective_cost.h). The host does not wait for it
-(except `barrier`, which blocks the host as ProcessGroupNCCL's does); later
-work on the stream does, and `Work.wait()` makes the caller's current stream
-wait. Ranks exchange t_r through `_exchange.Exchange`.
+launched on the backend's own stream of the device (which first waits for the
+caller's current stream, as NCCL's does), starts on rank r when that stream
+reaches it (t_r), and ends on every rank at max_r t_r plus its modelled
+duration (core/collective_cost.h). The host does not wait for it (except
+`barrier`, which blocks the host as ProcessGroupNCCL's does); `Work.wait()`
+and the Work's future make the caller's current stream wait, so compute
+launched in between overlaps it. Ranks exchange t_r through
+`_exchange.Exchange`.
 
 Data: tensors of at most DATA_THRESHOLD_BYTES bytes whose bytes are real on
 every rank, and every tensor in compute mode, carry their real bytes (through
@@ -18,10 +20,11 @@ values are.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -68,7 +71,10 @@ class EmuWork(dist._Work):
         self._device = device
         self._end_ns = end_ns
         self._blocks_host = blocks_host
-        self._future: torch.futures.Future = torch.futures.Future()
+        # Made on the collective's stream: waiting on the future (DDP's Reducer
+        # does) makes the waiter's current stream wait for the collective, as
+        # a CUDA future's events do.
+        self._future: torch.futures.Future = torch.futures.Future(devices=[torch.device("emugpu", device)])
         self._future.set_result(outputs)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
@@ -119,6 +125,25 @@ class EmuBackend(_C10dBackend):
         # All ranks of one machine share a node unless torchrun says otherwise.
         local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
         self._ranks_per_node = local if 0 < local <= size and size % local == 0 else size
+        self._comm_streams: dict[int, torch.Stream] = {}
+
+    def _comm_stream(self, dev: int) -> torch.Stream:
+        stream = self._comm_streams.get(dev)
+        if stream is None:
+            stream = self._comm_streams[dev] = torch.emugpu.Stream(device=dev)
+        return stream
+
+    @contextlib.contextmanager
+    def _on_comm_stream(self, dev: int) -> Iterator[None]:
+        """Collectives run on the backend's own stream of each device, as
+        NCCL's do: it first waits for the caller's current stream, so compute
+        launched after a collective overlaps it (DDP's buckets overlap the
+        backward pass); Work.wait() and the Work's future order the caller's
+        stream after it."""
+        comm = self._comm_stream(dev)
+        comm.wait_stream(torch.emugpu.current_stream(dev))
+        with torch.emugpu.stream(comm):
+            yield
 
     def getBackendName(self) -> str:  # noqa: N802  (c10d's name)
         return "emu"
@@ -170,6 +195,15 @@ class EmuBackend(_C10dBackend):
         if signed is None:
             signed = tensors
         signature = _signature((name, extra, [(tuple(t.shape), t.dtype) for t in signed]))
+        with self._on_comm_stream(dev):
+            return self._launch(name, model_kind, model_bytes, inputs, received, outputs, move, blocks_host, dev,
+                                real, compute, largest, signature, signed, extra)
+
+    def _launch(self, name: str, model_kind: str, model_bytes: float, inputs: Sequence[torch.Tensor],
+                received: Sequence[torch.Tensor], outputs: list[torch.Tensor], move: Callable[[], None],
+                blocks_host: bool, dev: int, real: bool, compute: bool, largest: int, signature: int,
+                signed: Sequence[torch.Tensor], extra: object) -> EmuWork:
+        ext = _C()
         start = ext._collective_begin(dev)
         words = self._exchange.gather_words(
             [start, int(real), int(compute), signature, int(model_bytes), largest], name)
@@ -449,6 +483,12 @@ class EmuBackend(_C10dBackend):
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         shape = _signature([(tuple(t.shape), t.dtype) for t in tensors])
         what = f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}"
+        with self._on_comm_stream(dev):
+            return self._point_to_point(kind, peer, tag, tensors, dev, compute, real, nbytes, shape, what)
+
+    def _point_to_point(self, kind: str, peer: int, tag: int, tensors: Sequence[torch.Tensor], dev: int,
+                        compute: bool, real: bool, nbytes: int, shape: int, what: str) -> EmuWork:
+        ext = _C()
         start = ext._collective_begin(dev)
         theirs = self._exchange.swap_words(
             [start, int(real), int(compute), shape, nbytes, int(kind == "send")], peer, tag, what).tolist()
