@@ -9,6 +9,7 @@ keep PyTorch's own functions; ``reduce_add(_coalesced)`` are generic already.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -105,12 +106,9 @@ def scatter(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None,
     results = []
     for i, (part, d) in enumerate(zip(parts, indices, strict=True)):
         stream = streams[i] if streams is not None else None
-        with torch.accelerator.device_index(d):
-            if stream is not None:
-                with torch.emugpu.stream(stream):
-                    results.append(part.contiguous().to(_emu(d), non_blocking=True))
-            else:
-                results.append(part.contiguous().to(_emu(d), non_blocking=True))
+        on_stream = torch.emugpu.stream(stream) if stream is not None else contextlib.nullcontext()
+        with torch.accelerator.device_index(d), on_stream:
+            results.append(part.contiguous().to(_emu(d), non_blocking=True))
     return tuple(results)
 
 

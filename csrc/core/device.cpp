@@ -44,24 +44,28 @@ void Device::block_until(TimeNs t) {
   blocked_ns_ += clock_.now() - start;
 }
 
-TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
-  EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
+template <typename Place>
+TimeNs Device::place_when_queued(Place&& place) {
   for (;;) {
     TimeNs wait = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const TimeNs now = clock_.now();
       wait = timeline_.queue_wait(now);
-      if (wait == 0) {
-        const TimeNs start = timeline_.start_of(stream, engine, now);
-        const TimeNs duration = engine == Engine::kCompute && regions_.active()
-                                    ? regions_.retime(estimate, start, stream)
-                                    : estimate;
-        return place_locked(stream, engine, start, duration, now);
-      }
+      if (wait == 0) return place(now);
     }
     block_until(wait);  // the launch queue is full, as CUDA's gets
   }
+}
+
+TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
+  EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
+  return place_when_queued([&](TimeNs now) {
+    const TimeNs start = timeline_.start_of(stream, engine, now);
+    const TimeNs duration =
+        engine == Engine::kCompute && regions_.active() ? regions_.retime(estimate, start, stream) : estimate;
+    return place_locked(stream, engine, start, duration, now);
+  });
 }
 
 TimeNs Device::collective_start(int64_t stream) const {
@@ -71,19 +75,10 @@ TimeNs Device::collective_start(int64_t stream) const {
 
 TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) {
   EMUGPU_CHECK(duration >= 0, kValue, "device ", index_, ": expected a collective duration >= 0 ns, got ", duration);
-  for (;;) {
-    TimeNs wait = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const TimeNs now = clock_.now();
-      wait = timeline_.queue_wait(now);
-      if (wait == 0) {
-        const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, now));
-        return place_locked(stream, Engine::kCollective, begin, duration, now);
-      }
-    }
-    block_until(wait);
-  }
+  return place_when_queued([&](TimeNs now) {
+    const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, now));
+    return place_locked(stream, Engine::kCollective, begin, duration, now);
+  });
 }
 
 void Device::settle() {

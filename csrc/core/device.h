@@ -112,6 +112,9 @@ class Device {
 
  private:
   TimeNs place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
+  // Calls place(now) under the lock once the launch queue has room, blocking while it is full.
+  template <typename Place>
+  TimeNs place_when_queued(Place&& place);
   // Returns whether a region closed complete.
   bool close_locked(RegionOutcome outcome);
   // A chained region starts where the one before ended; otherwise at `host_time`.

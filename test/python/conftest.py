@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -37,3 +39,18 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
+
+
+@contextlib.contextmanager
+def child_env(**env: str) -> Iterator[None]:
+    """Environment variables for the children started inside (spawn copies os.environ)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

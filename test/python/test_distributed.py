@@ -9,38 +9,24 @@ with port 0; every wait is bounded. Each child runs one scenario and reports
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import queue as queue_module
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import child_env
 
 CTX = mp.get_context("spawn")
 TIMEOUT = 120  # seconds for any one wait on a child
 PG_TIMEOUT = datetime.timedelta(seconds=20)
-
-
-@contextlib.contextmanager
-def child_env(**env: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _init(rank: int, world: int, port: int, init: str, timeout: datetime.timedelta) -> None:

@@ -7,8 +7,6 @@ used the device) and configure themselves from EMUGPU_* variables.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import warnings
 from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
@@ -17,27 +15,12 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import run_python
+from conftest import child_env, run_python
 
 import torch_emugpu
 
 TIMEOUT = 120  # seconds for any one wait on a child
 CTX = mp.get_context("spawn")
-
-
-@contextlib.contextmanager
-def child_env(**env: str) -> Iterator[None]:
-    """EMUGPU_* variables for the children started inside (spawn copies os.environ)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def start(target: Any, *args: Any, **env: str) -> Any:
