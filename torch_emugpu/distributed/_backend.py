@@ -121,11 +121,38 @@ class EmuBackend(_C10dBackend):
         super().__init__(rank, size)
         self._rank = rank
         self._size = size
+        self._timeout = timeout
         self._exchange = Exchange(store, rank, size, timeout)
-        # All ranks of one machine share a node unless torchrun says otherwise.
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
-        self._ranks_per_node = local if 0 < local <= size and size % local == 0 else size
+        self._ranks_per_node = self._topology()
         self._comm_streams: dict[int, torch.Stream] = {}
+
+    def _topology(self) -> int:
+        """Ranks per emulated node for the cost model, from every member's
+        node (torchrun's GROUP_RANK, else RANK // LOCAL_WORLD_SIZE; one node
+        without torchrun). Exchanged, so groups of any ranks (DeviceMesh's
+        split groups, new_group) see their own layout. A group spread
+        unevenly over nodes is timed as one rank per node: its slowest links
+        are the network's anyway."""
+        node = _node_of_this_process()
+        nodes = self._exchange.gather_words([node], "topology")[:, 0].tolist()
+        per_node = [nodes.count(n) for n in set(nodes)]
+        return per_node[0] if len(set(per_node)) == 1 else 1
+
+    # c10d splits groups through this (DeviceMesh with a bound device, split_group).
+    supports_splitting = property(lambda self: True)
+
+    @property
+    def options(self) -> _C10dBackend.Options:
+        """What a split copies (the base property would recurse through the trampoline)."""
+        return _C10dBackend.Options("emu", self._timeout)
+
+    def split(self, store: dist.Store, ranks: list[int], opts: object = None) -> EmuBackend | None:
+        """The backend of the sub-group `ranks` (ranks of this group), or
+        None where this rank is not one of them."""
+        if self._rank not in ranks:
+            return None
+        timeout = getattr(opts, "_timeout", None) or self._timeout
+        return EmuBackend(store, list(ranks).index(self._rank), len(ranks), timeout)
 
     def _comm_stream(self, dev: int) -> torch.Stream:
         stream = self._comm_streams.get(dev)
@@ -151,7 +178,6 @@ class EmuBackend(_C10dBackend):
     # c10d's capability flags. A Python subclass must define them as
     # properties: the trampoline reads them by attribute, and the base
     # class's property would call back into the trampoline forever.
-    supports_splitting = property(lambda self: False)
     supports_coalescing = property(lambda self: False)
     supports_time_estimate = property(lambda self: False)
     supports_shrinking = property(lambda self: False)
@@ -521,6 +547,13 @@ class EmuBackend(_C10dBackend):
 
     def allreduce_sparse(self, *args: object) -> EmuWork:
         self._unsupported("all_reduce of sparse tensors")
+
+
+def _node_of_this_process() -> int:
+    if "GROUP_RANK" in os.environ:
+        return int(os.environ["GROUP_RANK"])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    return int(os.environ.get("RANK", "0")) // local if local > 0 else 0
 
 
 def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> EmuBackend:

@@ -225,6 +225,19 @@ namespace {
 // aten::record_stream: emugpu's allocator has nothing to defer.
 void record_stream(at::Tensor&, c10::Stream) {}
 
+// aten::_has_compatible_shallow_copy_type: `param.data = t` (FSDP2's move to
+// the device, Module._apply) needs dense CPU and emugpu tensors to be
+// interchangeable, as c10 makes dense CPU and CUDA ones.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  const auto dense = [](c10::DispatchKeySet ks) {
+    constexpr auto backends = c10::DispatchKeySet({c10::BackendComponent::CPUBit, c10::BackendComponent::PrivateUse1Bit});
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(backends) &&
+           !ks.has(c10::DispatchKey::Python);
+  };
+  return dense(self.key_set()) && dense(from.key_set());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -235,6 +248,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("equal", TORCH_FN(equal));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
   m.impl("set_.source_Storage", TORCH_FN(set_storage));
