@@ -22,7 +22,7 @@ else:
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it
 __all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
-           "__version__"]
+           "host_bound_report", "__version__"]
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
                "the profiler and importers work without it")
@@ -75,6 +75,22 @@ def _ensure_configured() -> None:
 def utilization(device: int | None = None) -> int:
     """Percent of the last second the emulated GPU's compute engine was busy (torch.cuda.utilization)."""
     return torch.emugpu.utilization(device)
+
+
+def host_bound_report(device: int | None = None) -> dict[str, float | int]:
+    """Whether the emulated GPU sat idle waiting for this host to launch work.
+
+    Host time is cut into windows of at least half a second, closed at host
+    waits (synchronize, .item(), D2H copies); the first is warm-up. A window
+    is host-bound when the device sat idle more than 10% of it: times measured
+    then are this machine's host (and the ranks sharing its cores), not the
+    GPU's. Keys: windows, host_bound_windows, last_idle_fraction,
+    worst_idle_fraction, idle_ns (total idle time so far). A warning says so
+    the first time it happens.
+    """
+    _ensure_configured()
+    index = torch.emugpu.current_device() if device is None else torch.device("emugpu", device).index
+    return dict(_C._host_bound_stats(index))
 
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:

@@ -26,11 +26,14 @@ namespace py = pybind11;
 // Runs `fn`, turning core and c10 errors into the matching Python exceptions.
 template <typename Fn>
 auto guarded(Fn&& fn) -> decltype(fn()) {
+  torch::PyWarningHandler warnings;  // TORCH_WARN inside becomes a Python warning, as in torch's own bindings
   try {
     return translate_errors(std::forward<Fn>(fn));
   } catch (const py::error_already_set&) {
+    warnings.set_in_exception();
     throw;
   } catch (...) {
+    warnings.set_in_exception();
     torch::translate_exception_to_python(std::current_exception());
     throw py::error_already_set();
   }
@@ -106,6 +109,14 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-emugpu's compiled core: emulated GPU devices for PyTorch";
   register_hooks();  // before any use: pin_memory() may come before the first emugpu tensor
   set_wait_interrupt_check(&check_python_signals);
+  // Once per process: a host-bound run's times are this machine's, not the GPU's.
+  set_host_bound_handler([](int device, double idle_fraction) {
+    TORCH_WARN_ONCE("emugpu:", device, " is host-bound: in the last ", HostBoundMonitor::kWindowNs / 1e9,
+                    " s or more the emulated GPU sat idle ", static_cast<int>(idle_fraction * 100),
+                    "% of the time waiting for this host to launch work, so iteration times now measure this "
+                    "machine's host (and the ranks sharing its cores), not the GPU. Give each rank a core, use "
+                    "fewer ranks or larger batches; torch_emugpu.host_bound_report() counts such windows.");
+  });
   m.attr("DEFAULT_GPU") = kDefaultGpu;
 
   // Arguments left as None come from the environment (core/config.h).
@@ -310,6 +321,19 @@ PYBIND11_MODULE(_C, m) {
         d[names[e]] = py::make_tuple(s.launches, s.busy_ns);
       }
       d["host_blocked_ns"] = Runtime::get().device(index).host_blocked_ns();
+      return d;
+    });
+  });
+  m.def("_host_bound_stats", [](int index) {
+    return guarded([&] {
+      const Device& dev = Runtime::get().device(index);
+      const HostBoundStats s = dev.host_bound_stats();
+      py::dict d;
+      d["windows"] = s.windows;
+      d["host_bound_windows"] = s.host_bound;
+      d["last_idle_fraction"] = s.last_idle_fraction;
+      d["worst_idle_fraction"] = s.worst_idle_fraction;
+      d["idle_ns"] = dev.host_idle_ns();
       return d;
     });
   });

@@ -90,6 +90,10 @@ TimeNs Timeline::place(int64_t stream, Engine engine, TimeNs start, TimeNs durat
   EMUGPU_CHECK(duration >= 0, kValue, "operation duration must be >= 0 ns, got ", duration);
   const int e = static_cast<int>(engine);
   const TimeNs end = start + duration;
+  // Work that starts no later than its launch, after every engine went idle,
+  // waited for the host. A device never used has nothing to be idle from.
+  const TimeNs busy_until = *std::max_element(engine_ready_.begin(), engine_ready_.end());
+  if (busy_until > 0 && start > busy_until && start <= now) host_idle_ns_ += start - busy_until;
   TimeNs& ready = stream_ready_[stream];
   ready = std::max(ready, end);
   engine_ready_[e] = std::max(engine_ready_[e], end);

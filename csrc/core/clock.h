@@ -88,12 +88,17 @@ class Timeline {
   void stream_wait(int64_t stream, TimeNs t);
 
   EngineStats engine_stats(Engine engine) const { return stats_[static_cast<int>(engine)]; }
+  // Device time every engine sat idle before work that could not start
+  // earlier because it was launched late (the host, or another rank's host
+  // for a collective): the measure of a host-bound run.
+  TimeNs host_idle_ns() const { return host_idle_ns_; }
   void reset_stats() { stats_ = {}; }
 
  private:
   size_t queue_depth_;
   std::unordered_map<int64_t, TimeNs> stream_ready_;
   std::array<TimeNs, kEngineCount> engine_ready_{};
+  TimeNs host_idle_ns_ = 0;
   std::array<EngineStats, kEngineCount> stats_{};
   std::deque<TimeNs> pending_;  // end times of launched work, in launch order
 };

@@ -38,6 +38,12 @@ TimeNs Device::place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs 
 
 void Device::block_until(TimeNs t) {
   const TimeNs start = clock_.now();
+  double host_bound = -1;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    host_bound = host_bound_.observe(start, timeline_.host_idle_ns());
+  }
+  if (host_bound >= 0) report_host_bound(index_, host_bound);
   if (t <= start) return;
   clock_.sleep_until(t);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -208,6 +214,16 @@ EngineStats Device::engine_stats(Engine engine) const {
 TimeNs Device::host_blocked_ns() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return blocked_ns_;
+}
+
+HostBoundStats Device::host_bound_stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return host_bound_.stats();
+}
+
+TimeNs Device::host_idle_ns() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return timeline_.host_idle_ns();
 }
 
 int Device::utilization() const {

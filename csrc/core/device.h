@@ -27,6 +27,7 @@
 #include "catalog.h"
 #include "clock.h"
 #include "cost_model.h"
+#include "host_bound.h"
 #include "regions.h"
 
 namespace emugpu {
@@ -102,6 +103,10 @@ class Device {
   // Statistics.
   EngineStats engine_stats(Engine engine) const;
   TimeNs host_blocked_ns() const;
+  // Whether the device sat idle waiting for the host (host_bound.h), judged
+  // at host waits; `idle_ns` is the total idle time so far.
+  HostBoundStats host_bound_stats() const;
+  TimeNs host_idle_ns() const;
   // Percent of the last second (host time) the compute engine was busy, as
   // nvmlDeviceGetUtilizationRates reports it.
   int utilization() const;
@@ -133,6 +138,7 @@ class Device {
   Regions regions_;
   std::deque<std::pair<TimeNs, TimeNs>> busy_;  // recent compute intervals, merged
   TimeNs blocked_ns_ = 0;
+  HostBoundMonitor host_bound_;
   int64_t next_pool_[2] = {0, 0};
 };
 

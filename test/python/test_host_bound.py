@@ -1,0 +1,52 @@
+"""Host-bound detection: a loop whose host takes longer to launch work than
+the emulated GPU takes to run it is reported (a warning, once, and
+torch_emugpu.host_bound_report()), and a device-bound loop is not."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+import torch_emugpu
+
+
+def _loop(size: int, host_s: float, seconds: float) -> list[str]:
+    """Iterations of five size x size matmuls, the host sleeping `host_s`
+    after each launch, a synchronize per iteration, for `seconds` of wall time."""
+    x = torch.randn(size, size, device="emugpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(5):
+                x @ x
+                if host_s:
+                    time.sleep(host_s)
+            torch.emugpu.synchronize()
+    return [str(w.message) for w in caught if "host-bound" in str(w.message)]
+
+
+def test_device_bound_loop_is_not_host_bound() -> None:
+    before = torch_emugpu.host_bound_report()
+    # 4096^2 fp32 matmuls: milliseconds each on the emulated GPU, microseconds to launch.
+    assert not _loop(4096, 0.0, 2.0)
+    after = torch_emugpu.host_bound_report()
+    assert after["windows"] > before["windows"]
+    assert after["host_bound_windows"] == before["host_bound_windows"]
+    assert after["last_idle_fraction"] < 0.10
+
+
+def test_host_bound_loop_is_reported() -> None:
+    before = torch_emugpu.host_bound_report()
+    # 64^2 matmuls take microseconds; the host takes 2 ms per launch.
+    messages = _loop(64, 0.002, 2.0)
+    after = torch_emugpu.host_bound_report()
+    assert after["host_bound_windows"] > before["host_bound_windows"]
+    assert after["last_idle_fraction"] > 0.5
+    assert after["idle_ns"] > before["idle_ns"]
+    # The warning comes once per process: here, unless an earlier test already drew it.
+    assert len(messages) <= 1
+    if messages:
+        assert "torch_emugpu.host_bound_report()" in messages[0]
