@@ -7,7 +7,11 @@ are in test_ddp.py.
 
 from __future__ import annotations
 
+import datetime
 import os
+import pathlib
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -17,6 +21,7 @@ import distributed_ranks
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import REPO
 from distributed_ranks import PG_TIMEOUT
 
 
@@ -439,6 +444,59 @@ def test_bad_input_errors() -> None:
         assert "recv from any source is not supported yet" in e["unsupported"]
 
 
+# A torchrun layout that does not fit the emulated devices: every rank raises
+# at construction, before the rendezvous (a hang here means it came after).
+@pytest.mark.parametrize("env,size,message", [
+    ({"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"}, 4,
+     "expected an emulated GPU per rank of the node (LOCAL_WORLD_SIZE=4), got 2 emulated device(s); "
+     "set EMUGPU_DEVICE_COUNT"),
+    ({"LOCAL_RANK": "2"}, 2, "LOCAL_RANK=2 expected an emulated device emugpu:2, got 2 emulated device(s)"),
+    ({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "3"}, 3,
+     "expected whole nodes of LOCAL_WORLD_SIZE=2 ranks (torchrun's --nproc-per-node), got a world of 3"),
+    ({"LOCAL_WORLD_SIZE": "two"}, 2, "LOCAL_WORLD_SIZE (set by torchrun) expected an integer >= 1, got 'two'"),
+])
+def test_layout_that_does_not_fit_the_emulated_devices(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                       size: int, message: str) -> None:
+    from torch_emugpu.distributed import create_backend
+
+    assert torch.emugpu.device_count() == 2
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as info:
+        create_backend(dist.HashStore(), 0, size, datetime.timedelta(seconds=5))
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("env,size,want", [
+    ({}, 3, 3),  # no torchrun: one node
+    ({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4"}, 4, 2),  # two nodes of two
+    ({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4"}, 3, 3),  # a subgroup of 3 may span nodes partly
+])
+def test_layout_that_fits(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], size: int, want: int) -> None:
+    from torch_emugpu.distributed._backend import _ranks_per_node
+
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _ranks_per_node(size) == want
+
+
+def test_torchrun_with_too_few_emulated_devices_fails_at_init(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "init.py"
+    script.write_text("import torch.distributed as dist\nimport torch_emugpu\n\ndist.init_process_group('emu')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
+    env["EMUGPU_DEVICE_COUNT"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    start = time.monotonic()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode != 0
+    # both ranks raise at once, not at the process group's timeout
+    assert r.stderr.count("ValueError: emu backend: expected an emulated GPU per rank of the node "
+                          "(LOCAL_WORLD_SIZE=2), got 1 emulated device(s)") == 2, r.stderr[-3000:]
+    assert time.monotonic() - start < 120
+
+
 def test_rank_exit_raises_within_timeout() -> None:
     out = run_ranks("rank_dies", dying=(1,))
     assert 0.5 < out[0]["seconds"] < PG_TIMEOUT.total_seconds()
@@ -454,11 +512,6 @@ def test_rank_that_never_arrives_raises_at_the_timeout() -> None:
 def test_torchrun_runs_the_ddp_example_on_one_emulated_node():
     # torchrun's rendezvous on a free loopback port; the device count comes
     # from its LOCAL_WORLD_SIZE.
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(REPO, "examples", "ddp_resnet.py"), "--model", "resnet18", "--batch-size", "4",

@@ -114,6 +114,43 @@ def _describe(tensors: Sequence[torch.Tensor]) -> str:
     return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors) or "no tensors"
 
 
+def _env_int(name: str, minimum: int) -> int | None:
+    text = os.environ.get(name)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"emu backend: {name} (set by torchrun) expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def _ranks_per_node(size: int) -> int:
+    """Ranks per emulated node for a group of `size` ranks, after checking
+    that torchrun's layout fits the emulated devices: each of a node's
+    LOCAL_WORLD_SIZE ranks drives its own GPU, emugpu:LOCAL_RANK (NCCL refuses
+    two ranks on one GPU), and the world is whole nodes."""
+    local = _env_int("LOCAL_WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    devices = int(_C()._device_count())
+    fix = "set EMUGPU_DEVICE_COUNT to LOCAL_WORLD_SIZE or more (unset, it defaults to LOCAL_WORLD_SIZE)"
+    if local is not None and local > devices:
+        raise ValueError(f"emu backend: expected an emulated GPU per rank of the node (LOCAL_WORLD_SIZE={local}), "
+                         f"got {devices} emulated device(s); {fix}")
+    if local_rank is not None and local_rank >= devices:
+        raise ValueError(f"emu backend: LOCAL_RANK={local_rank} expected an emulated device emugpu:{local_rank}, "
+                         f"got {devices} emulated device(s); {fix}")
+    if local is None:
+        return size  # all ranks of one machine share a node unless torchrun says otherwise
+    world = _env_int("WORLD_SIZE", 1)
+    if size == world and size % local:  # the default group (a subgroup may span nodes partly)
+        raise ValueError(f"emu backend: expected whole nodes of LOCAL_WORLD_SIZE={local} ranks (torchrun's "
+                         f"--nproc-per-node), got a world of {size}; make WORLD_SIZE a multiple of LOCAL_WORLD_SIZE")
+    return local if local <= size and size % local == 0 else size
+
+
 class EmuBackend(_C10dBackend):
     """Backend `emu`: see the module docstring."""
 
@@ -121,10 +158,9 @@ class EmuBackend(_C10dBackend):
         super().__init__(rank, size)
         self._rank = rank
         self._size = size
+        # Before the exchange's rendezvous, so every rank raises at once instead of waiting for the others.
+        self._ranks_per_node = _ranks_per_node(size)
         self._exchange = Exchange(store, rank, size, timeout)
-        # All ranks of one machine share a node unless torchrun says otherwise.
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
-        self._ranks_per_node = local if 0 < local <= size and size % local == 0 else size
         self._comm_streams: dict[int, torch.Stream] = {}
 
     def _comm_stream(self, dev: int) -> torch.Stream:
