@@ -1,95 +1,33 @@
 """The torch.distributed backend `emu`: values, time on the timeline, the
-data rule, bad input and DDP, over real processes.
+data rule and bad input, over real processes.
 
-Ranks are spawned processes (one emugpu device each, emugpu:rank, from
-EMUGPU_DEVICE_COUNT) that meet through a TCPStore the test opens on loopback
-with port 0; every wait is bounded. Each child runs one scenario and reports
-"ok" or its traceback through a queue.
+Ranks are spawned processes (distributed_ranks.run_ranks); DDP's own tests
+are in test_ddp.py.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import queue as queue_module
+import pathlib
+import subprocess
+import sys
 import time
-import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+import distributed_ranks
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import child_env
-
-CTX = mp.get_context("spawn")
-TIMEOUT = 120  # seconds for any one wait on a child
-PG_TIMEOUT = datetime.timedelta(seconds=20)
+from conftest import REPO
+from distributed_ranks import PG_TIMEOUT
 
 
-def _init(rank: int, world: int, port: int, init: str, timeout: datetime.timedelta) -> None:
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=PG_TIMEOUT)
-    kwargs: dict[str, Any] = {"store": store, "rank": rank, "world_size": world, "timeout": timeout}
-    if init == "emu":
-        dist.init_process_group("emu", **kwargs)
-    elif init == "default":
-        dist.init_process_group(**kwargs)
-    elif init == "device_id":
-        dist.init_process_group(device_id=torch.device("emugpu", rank), **kwargs)
-    elif init == "mixed":
-        dist.init_process_group("cpu:gloo,emugpu:emu", **kwargs)
-    else:
-        raise ValueError(init)
-
-
-def _child(rank: int, world: int, port: int, scenario: str, init: str, timeout: float, results: Any) -> None:
-    try:
-        import torch_emugpu  # noqa: F401  (registers emugpu and backend `emu`)
-
-        torch.emugpu.set_device(rank)
-        _init(rank, world, port, init, datetime.timedelta(seconds=timeout))
-        outcome = SCENARIOS[scenario](rank, world)
-        results.put((rank, "ok", outcome))
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001  (reported to the parent, which fails the test)
-        results.put((rank, "error", traceback.format_exc()))
-
-
-def run_ranks(scenario: str, world: int = 2, mode: str = "compute", init: str = "emu",
-              dying: tuple[int, ...] = (), timeout: float = PG_TIMEOUT.total_seconds()) -> dict[int, Any]:
-    """Runs `scenario` on `world` spawned ranks; returns each rank's result.
-    Ranks in `dying` exit on purpose and report nothing."""
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, timeout=PG_TIMEOUT, wait_for_workers=False)
-    results = CTX.Queue()
-    procs = []
-    with child_env(EMUGPU_DEVICE_COUNT=str(world), EMUGPU_MODE=mode):
-        for rank in range(world):
-            args = (rank, world, store.port, scenario, init, timeout, results)
-            p = CTX.Process(target=_child, args=args, daemon=True)
-            p.start()
-            procs.append(p)
-    out: dict[int, Any] = {}
-    errors = []
-    try:
-        for _ in range(world - len(dying)):
-            try:
-                rank, status, value = results.get(timeout=TIMEOUT)
-            except queue_module.Empty:
-                pytest.fail(f"{scenario}: a rank reported nothing within {TIMEOUT} s")
-            if status == "ok":
-                out[rank] = value
-            else:
-                errors.append(f"rank {rank}:\n{value}")
-    finally:
-        for p in procs:
-            p.join(TIMEOUT)
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-    assert not errors, "\n".join(errors)
-    return out
+def run_ranks(scenario: str, **kwargs: Any) -> dict[int, Any]:
+    """distributed_ranks.run_ranks on one of this module's SCENARIOS, by name."""
+    return distributed_ranks.run_ranks(SCENARIOS[scenario], **kwargs)
 
 
 # --- scenarios (module level, so spawned children can import them) ----------
@@ -404,55 +342,11 @@ def _rank_hangs(rank: int, world: int) -> dict[str, Any]:
     raise AssertionError("expected a DistBackendError when a rank does not arrive")
 
 
-class _Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(6, 5)
-        self.b = torch.nn.Linear(5, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(x)))
-
-
-def _ddp(rank: int, world: int) -> dict[str, Any]:
-    """DDP over emu: rank 0's parameters are broadcast at construction and
-    gradients are averaged; compared with one process on the whole batch."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    dev = torch.device("emugpu", rank)
-    torch.manual_seed(100)
-    reference = _Net()  # rank 0's initial parameters
-    torch.manual_seed(100 + rank)  # rank 1 starts from other parameters: DDP must overwrite them
-    net = _Net().to(dev)
-    ddp = DDP(net, device_ids=[rank])
-    compute = torch.emugpu.is_available() and os.environ["EMUGPU_MODE"] == "compute"
-    if compute:
-        for p, q in zip(net.parameters(), reference.parameters(), strict=True):
-            assert torch.equal(p.detach().cpu(), q.detach()), "DDP did not broadcast rank 0's parameters"
-    g = torch.Generator().manual_seed(7)
-    data, target = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
-    mine = slice(4 * rank, 4 * rank + 4)
-    loss = torch.nn.functional.mse_loss(ddp(data[mine].to(dev)), target[mine].to(dev))
-    loss.backward()
-    torch.nn.functional.mse_loss(reference(data), target).backward()
-    if compute:
-        for p, q in zip(net.parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(data[mine].to(dev)), target[mine].to(dev)).backward()
-        opt.step()
-    torch.emugpu.synchronize()
-    return {"collectives": torch.emugpu.engine_stats()["collective_launches"],
-            "params": [p.detach().cpu().tolist() for p in net.parameters()] if compute else None}
-
-
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
     "dtype_mismatch": _dtype_mismatch,
-    "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs, "ddp": _ddp,
+    "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs,
 }
 
 
@@ -550,6 +444,71 @@ def test_bad_input_errors() -> None:
         assert "recv from any source is not supported yet" in e["unsupported"]
 
 
+# A torchrun layout that does not fit the emulated devices: every rank raises
+# at construction, before the rendezvous (a hang here means it came after).
+@pytest.mark.parametrize("env,size,message", [
+    ({"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"}, 4,
+     "expected an emulated GPU per rank of the node (LOCAL_WORLD_SIZE=4), got 2 emulated device(s); "
+     "set EMUGPU_DEVICE_COUNT"),
+    ({"LOCAL_RANK": "2"}, 2, "LOCAL_RANK=2 expected an emulated device emugpu:2, got 2 emulated device(s)"),
+    ({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "3"}, 3,
+     "expected whole nodes of LOCAL_WORLD_SIZE=2 ranks (torchrun's --nproc-per-node), got a world of 3"),
+    ({"LOCAL_WORLD_SIZE": "two"}, 2, "LOCAL_WORLD_SIZE (set by torchrun) expected an integer >= 1, got 'two'"),
+])
+def test_layout_that_does_not_fit_the_emulated_devices(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                       size: int, message: str) -> None:
+    from torch_emugpu.distributed import create_backend
+
+    assert torch.emugpu.device_count() == 2
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as info:
+        create_backend(dist.HashStore(), 0, size, datetime.timedelta(seconds=5))
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("env,node", [
+    ({}, 0),  # no torchrun: one node
+    ({"LOCAL_WORLD_SIZE": "2", "RANK": "3"}, 1),  # the second node of two ranks each
+    ({"LOCAL_WORLD_SIZE": "2", "RANK": "3", "GROUP_RANK": "5"}, 5),  # torchrun's node rank wins
+])
+def test_node_of_a_rank(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], node: int) -> None:
+    from torch_emugpu.distributed._backend import _node_of_this_process
+
+    for name in ("LOCAL_WORLD_SIZE", "RANK", "GROUP_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _node_of_this_process() == node
+
+
+@pytest.mark.parametrize("nodes,want", [
+    ([0, 0, 0], 3),  # one node
+    ([0, 0, 1, 1], 2),  # two nodes of two
+    ([1, 0, 1, 0], 2),  # a mesh dimension's group, strided over nodes
+    ([0, 0, 1], 1),  # uneven: timed as one rank per node (the network's links are the slowest)
+])
+def test_ranks_per_node_of_a_group(nodes: list[int], want: int) -> None:
+    from torch_emugpu.distributed._backend import _ranks_per_node
+
+    assert _ranks_per_node(nodes) == want
+
+
+def test_torchrun_with_too_few_emulated_devices_fails_at_init(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "init.py"
+    script.write_text("import torch.distributed as dist\nimport torch_emugpu\n\ndist.init_process_group('emu')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
+    env["EMUGPU_DEVICE_COUNT"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    start = time.monotonic()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode != 0
+    # both ranks raise at once, not at the process group's timeout
+    assert r.stderr.count("ValueError: emu backend: expected an emulated GPU per rank of the node "
+                          "(LOCAL_WORLD_SIZE=2), got 1 emulated device(s)") == 2, r.stderr[-3000:]
+    assert time.monotonic() - start < 120
+
+
 def test_rank_exit_raises_within_timeout() -> None:
     out = run_ranks("rank_dies", dying=(1,))
     assert 0.5 < out[0]["seconds"] < PG_TIMEOUT.total_seconds()
@@ -562,26 +521,9 @@ def test_rank_that_never_arrives_raises_at_the_timeout() -> None:
     assert "did not arrive within the process group's timeout (3 s)" in out[0]["error"]
 
 
-def test_ddp_matches_single_process_in_compute_mode() -> None:
-    out = run_ranks("ddp", mode="compute")
-    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
-        assert a == b, "replicas diverged"
-    assert out[0]["collectives"] > 0
-
-
-def test_ddp_runs_in_timing_mode() -> None:
-    out = run_ranks("ddp", mode="timing")
-    assert out[0]["collectives"] == out[1]["collectives"] > 3
-
-
 def test_torchrun_runs_the_ddp_example_on_one_emulated_node():
     # torchrun's rendezvous on a free loopback port; the device count comes
     # from its LOCAL_WORLD_SIZE.
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(REPO, "examples", "ddp_resnet.py"), "--model", "resnet18", "--batch-size", "4",

@@ -114,6 +114,40 @@ def _describe(tensors: Sequence[torch.Tensor]) -> str:
     return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors) or "no tensors"
 
 
+def _env_int(name: str, minimum: int) -> int | None:
+    text = os.environ.get(name)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"emu backend: {name} (set by torchrun) expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def _check_layout(size: int) -> None:
+    """Checks that torchrun's layout fits the emulated devices for a group
+    of `size` ranks: each of a node's LOCAL_WORLD_SIZE ranks drives its own
+    GPU, emugpu:LOCAL_RANK (NCCL refuses two ranks on one GPU), and the world
+    is whole nodes."""
+    local = _env_int("LOCAL_WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    devices = int(_C()._device_count())
+    fix = "set EMUGPU_DEVICE_COUNT to LOCAL_WORLD_SIZE or more (unset, it defaults to LOCAL_WORLD_SIZE)"
+    if local is not None and local > devices:
+        raise ValueError(f"emu backend: expected an emulated GPU per rank of the node (LOCAL_WORLD_SIZE={local}), "
+                         f"got {devices} emulated device(s); {fix}")
+    if local_rank is not None and local_rank >= devices:
+        raise ValueError(f"emu backend: LOCAL_RANK={local_rank} expected an emulated device emugpu:{local_rank}, "
+                         f"got {devices} emulated device(s); {fix}")
+    world = _env_int("WORLD_SIZE", 1)
+    if local is not None and size == world and size % local:  # the default group (a subgroup may span nodes partly)
+        raise ValueError(f"emu backend: expected whole nodes of LOCAL_WORLD_SIZE={local} ranks (torchrun's "
+                         f"--nproc-per-node), got a world of {size}; make WORLD_SIZE a multiple of LOCAL_WORLD_SIZE")
+
+
 class EmuBackend(_C10dBackend):
     """Backend `emu`: see the module docstring."""
 
@@ -122,6 +156,8 @@ class EmuBackend(_C10dBackend):
         self._rank = rank
         self._size = size
         self._timeout = timeout
+        # Before the exchange's rendezvous, so every rank raises at once instead of waiting for the others.
+        _check_layout(size)
         self._exchange = Exchange(store, rank, size, timeout)
         self._ranks_per_node = self._topology()
         self._comm_streams: dict[int, torch.Stream] = {}
@@ -133,10 +169,8 @@ class EmuBackend(_C10dBackend):
         split groups, new_group) see their own layout. A group spread
         unevenly over nodes is timed as one rank per node: its slowest links
         are the network's anyway."""
-        node = _node_of_this_process()
-        nodes = self._exchange.gather_words([node], "topology")[:, 0].tolist()
-        per_node = [nodes.count(n) for n in set(nodes)]
-        return per_node[0] if len(set(per_node)) == 1 else 1
+        nodes = self._exchange.gather_words([_node_of_this_process()], "topology")[:, 0].tolist()
+        return _ranks_per_node(nodes)
 
     # c10d splits groups through this (DeviceMesh with a bound device, split_group).
     supports_splitting = property(lambda self: True)
@@ -549,11 +583,19 @@ class EmuBackend(_C10dBackend):
         self._unsupported("all_reduce of sparse tensors")
 
 
+def _ranks_per_node(nodes: list[int]) -> int:
+    """Ranks per node of a group whose ranks sit on `nodes`; 1 where the
+    nodes hold different numbers of them."""
+    per_node = {nodes.count(n) for n in nodes}
+    return per_node.pop() if len(per_node) == 1 else 1
+
+
 def _node_of_this_process() -> int:
-    if "GROUP_RANK" in os.environ:
-        return int(os.environ["GROUP_RANK"])
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-    return int(os.environ.get("RANK", "0")) // local if local > 0 else 0
+    node = _env_int("GROUP_RANK", 0)
+    if node is not None:
+        return node
+    local = _env_int("LOCAL_WORLD_SIZE", 1)
+    return (_env_int("RANK", 0) or 0) // local if local else 0
 
 
 def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> EmuBackend:

@@ -1,0 +1,261 @@
+"""DistributedDataParallel, unmodified, over backend `emu` on 2 spawned ranks
+(emugpu:rank each): no_sync, find_unused_parameters, static_graph,
+gradient_as_bucket_view and the default comm hooks.
+
+Compute mode: every rank trains on its half of each batch and returns its
+gradients and parameters; the test trains the same model on the whole batch
+in one CPU process (same seeds, same data) and compares. Timing mode: every
+configuration runs a few iterations and its collectives take time on the
+emulated timeline.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from distributed_ranks import run_ranks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+SEED = 100  # rank 0's initial parameters, and the reference's
+STEPS = 3
+BATCH = 8  # per step (per micro-batch with no_sync), split evenly over the 2 ranks
+LR = 0.1
+
+# DDP's keyword arguments per configuration; "plain" is DDP's defaults.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "no_sync": {},
+    "find_unused": {"find_unused_parameters": True},
+    "static_graph": {"static_graph": True},
+    "bucket_view": {"gradient_as_bucket_view": True},
+    "fp16_hook": {},
+    "bf16_hook": {},
+    "allreduce_hook": {},
+}
+
+
+class _Net(torch.nn.Module):
+    """Two layers and a branch that forward uses only when told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(6, 5)
+        self.b = torch.nn.Linear(5, 3)
+        self.branch = torch.nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor, use_branch: bool) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        y = self.b(h)
+        return y + self.branch(h) if use_branch else y
+
+
+def _uses_branch(config: str, step: int) -> bool:
+    """DDP without find_unused_parameters needs every parameter used in every
+    step; with it, the branch sits out odd steps; a static graph may leave
+    parameters unused as long as it is always the same ones."""
+    if config == "find_unused":
+        return step % 2 == 0
+    return config != "static_graph"
+
+
+def _batches(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The step's micro-batches (two with no_sync, else one), whole."""
+    g = torch.Generator().manual_seed(7 + step)
+    return [(torch.randn(BATCH, 6, generator=g), torch.randn(BATCH, 3, generator=g)) for _ in range(2)]
+
+
+def _grads(model: torch.nn.Module) -> list[list[float] | None]:
+    return [None if p.grad is None else p.grad.detach().cpu().reshape(-1).tolist() for p in model.parameters()]
+
+
+def _params(model: torch.nn.Module) -> list[list[float]]:
+    return [p.detach().cpu().reshape(-1).tolist() for p in model.parameters()]
+
+
+def _register_hook(ddp: torch.nn.parallel.DistributedDataParallel, config: str) -> None:
+    # None and the process group are both valid hook states (the group to use).
+    if config == "fp16_hook":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif config == "bf16_hook":
+        ddp.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
+    elif config == "allreduce_hook":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+
+
+@contextlib.contextmanager
+def _counting_collectives() -> Iterator[collections.Counter[str]]:
+    """Counts the collectives c10d hands backend `emu`, by method name."""
+    from torch_emugpu.distributed import EmuBackend
+
+    counts: collections.Counter[str] = collections.Counter()
+    names = ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base", "reduce_scatter",
+             "_reduce_scatter_base")
+    originals = {name: getattr(EmuBackend, name) for name in names}
+
+    def counted(name: str) -> Any:
+        def method(self: EmuBackend, *args: Any) -> Any:
+            counts[name] += 1
+            return originals[name](self, *args)
+        return method
+
+    for name in names:
+        setattr(EmuBackend, name, counted(name))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(EmuBackend, name, original)
+
+
+def _train(config: str, rank: int, world: int) -> dict[str, Any]:
+    """STEPS steps of SGD under DDP with `config` on this rank's half of each
+    batch; returns what the test compares (values only in compute mode)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torch_emugpu import _C
+
+    dev = torch.device("emugpu", rank)
+    compute = _C._mode() == "compute"
+    torch.manual_seed(SEED + rank)  # rank 1 starts elsewhere: DDP's broadcast must overwrite it
+    net = _Net().to(dev)
+    ddp = DDP(net, device_ids=[rank], **CONFIGS[config])
+    _register_hook(ddp, config)
+    out: dict[str, Any] = {"initial": _params(net) if compute else None, "grads": [], "in_no_sync": [],
+                           "launches_per_step": [], "all_reduces_per_step": []}
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    torch.emugpu.synchronize()
+    torch.emugpu.reset_engine_stats()
+    start = torch.emugpu.Event(enable_timing=True)
+    start.record()
+
+    def backward(x: torch.Tensor, y: torch.Tensor, use_branch: bool) -> None:
+        loss = torch.nn.functional.mse_loss(ddp(x[mine].to(dev), use_branch=use_branch), y[mine].to(dev))
+        loss.backward()
+
+    def launches() -> int:
+        return int(torch.emugpu.engine_stats()["collective_launches"])
+
+    for step in range(STEPS):
+        opt.zero_grad()
+        batches = _batches(step)
+        use_branch = _uses_branch(config, step)
+        before = launches()
+        with _counting_collectives() as counts:
+            if config == "no_sync":  # accumulate the first micro-batch locally, reduce with the second
+                with ddp.no_sync():
+                    backward(*batches[0], use_branch)
+                out["in_no_sync"].append({"launches": launches() - before, **counts})
+                backward(*batches[1], use_branch)
+            else:
+                backward(*batches[0], use_branch)
+        out["launches_per_step"].append(launches() - before)
+        out["all_reduces_per_step"].append(counts["allreduce"])
+        if config == "bucket_view":
+            # Every gradient is a view into the one bucket (a small model fits the first).
+            storages = {p.grad.untyped_storage().data_ptr() for p in net.parameters()}
+            offsets = {p.grad.storage_offset() for p in net.parameters()}
+            assert len(storages) == 1 and len(offsets) == len(list(net.parameters())), (storages, offsets)
+        if compute:
+            out["grads"].append(_grads(net))
+        opt.step()
+    end = torch.emugpu.Event(enable_timing=True)
+    end.record()
+    end.synchronize()
+    stats = torch.emugpu.engine_stats()
+    out.update(params=_params(net) if compute else None, elapsed_s=start.elapsed_time(end) / 1e3,
+               collective_launches=stats["collective_launches"], collective_busy_s=stats["collective_busy_s"])
+    return out
+
+
+def _reference(config: str) -> dict[str, Any]:
+    """The same training in one CPU process on whole batches."""
+    torch.manual_seed(SEED)
+    net = _Net()
+    out: dict[str, Any] = {"initial": _params(net), "grads": []}
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for x, y in _batches(step)[: 2 if config == "no_sync" else 1]:
+            torch.nn.functional.mse_loss(net(x, _uses_branch(config, step)), y).backward()
+        out["grads"].append(_grads(net))
+        opt.step()
+    out["params"] = _params(net)
+    return out
+
+
+def _assert_close(got: list[list[float] | None], want: list[list[float] | None], what: str, **tol: float) -> None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert (g is None) == (w is None), f"{what}, parameter {i}: gradient {g} but the reference has {w}"
+        if g is not None:
+            torch.testing.assert_close(torch.tensor(g), torch.tensor(w),
+                                       msg=lambda m, i=i: f"{what}, parameter {i}: {m}", **tol)
+
+
+# fp16/bf16 hooks reduce gradients rounded to 11/8 significant bits.
+TOLERANCE: dict[str, dict[str, float]] = {
+    "fp16_hook": {"rtol": 2e-3, "atol": 1e-3},
+    "bf16_hook": {"rtol": 2e-2, "atol": 1e-2},
+}
+COMPRESSED = {"fp16_hook": torch.float16, "bf16_hook": torch.bfloat16}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_ddp_matches_one_process_in_compute_mode(config: str) -> None:
+    out = run_ranks(functools.partial(_train, config), mode="compute")
+    ref = _reference(config)
+    tol = TOLERANCE.get(config, {"rtol": 1e-5, "atol": 1e-6})
+    for rank in (0, 1):
+        _assert_close(out[rank]["initial"], ref["initial"], f"rank {rank} after DDP's broadcast",
+                      rtol=0, atol=0)
+        for step in range(STEPS):
+            _assert_close(out[rank]["grads"][step], ref["grads"][step], f"rank {rank} step {step}", **tol)
+        _assert_close(out[rank]["params"], ref["params"], f"rank {rank} after {STEPS} steps", **tol)
+    assert out[0]["params"] == out[1]["params"], "the replicas diverged"
+    if config in COMPRESSED:  # the hook ran: every reduced gradient came back from the compressed dtype
+        for grad in out[0]["grads"][0]:
+            g = torch.tensor(grad)
+            assert torch.equal(g.to(COMPRESSED[config]).float(), g), f"{config}: gradient not compressed: {grad}"
+    for rank in (0, 1):
+        _assert_no_sync_reduced_nothing(config, out[rank]["in_no_sync"])
+        assert all(n > 0 for n in out[rank]["all_reduces_per_step"]), out[rank]["all_reduces_per_step"]
+
+
+def _assert_no_sync_reduced_nothing(config: str, in_no_sync: list[dict[str, int]]) -> None:
+    """Inside no_sync() DDP all-reduces nothing. What it may launch there is
+    its one-time bucket rebuild at the second iteration's forward: two
+    broadcasts of the bucket order from rank 0, as over NCCL."""
+    if config != "no_sync":
+        return
+    assert len(in_no_sync) == STEPS
+    for step, seen in enumerate(in_no_sync):
+        assert seen.get("allreduce", 0) == 0, f"step {step}: DDP all-reduced inside no_sync(): {seen}"
+        rebuild = 2 if step == 1 else 0
+        assert seen["launches"] == seen.get("broadcast", 0) == rebuild, f"step {step}: {seen}"
+
+
+def _train_every_config(rank: int, world: int) -> dict[str, dict[str, Any]]:
+    """Timing mode: every configuration in turn, in one process group."""
+    return {config: _train(config, rank, world) for config in CONFIGS}
+
+
+def test_every_config_runs_in_timing_mode() -> None:
+    out = run_ranks(_train_every_config, mode="timing")
+    for rank in (0, 1):
+        for config, got in out[rank].items():
+            # every step all-reduced, and the emulated collective engine ran each
+            for launched, all_reduces in zip(got["launches_per_step"], got["all_reduces_per_step"], strict=True):
+                assert launched >= all_reduces > 0, (rank, config, got["launches_per_step"], all_reduces)
+            assert got["collective_launches"] == out[1 - rank][config]["collective_launches"], (rank, config)
+            assert got["collective_busy_s"] > 0, (rank, config)
+            # The collectives sit between the two events on the timeline:
+            # the caller's stream waited for each bucket's all-reduce.
+            assert got["elapsed_s"] >= got["collective_busy_s"], (rank, config, got)
+            _assert_no_sync_reduced_nothing(config, got["in_no_sync"])
