@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-import torch_emugpu  # noqa: F401  registers the emugpu device and the emu backend
+import torch_emugpu  # registers the emugpu device and the emu backend
 
 
 class Block(nn.Module):
@@ -129,9 +129,12 @@ def main() -> None:
         if i > 0:  # the first iteration fills the shape caches and FSDP's lazy state
             times.append(time.perf_counter() - start)
 
-    peak = torch.tensor([torch.emugpu.max_memory_allocated(device)], dtype=torch.float64, device=device)
-    peaks = [torch.zeros_like(peak) for _ in range(world)]
-    dist.all_gather(peaks, peak)
+    # Per rank: peak memory, and whether the host kept the emulated GPU waiting (times then measure this host).
+    host = torch_emugpu.host_bound_report(local_rank)
+    mine = torch.tensor([torch.emugpu.max_memory_allocated(device), host["host_bound_windows"],
+                         host["worst_idle_fraction"]], dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
     if rank == 0:
         it = statistics.median(times)
         params = sum(p.to_local().numel() for p in model.parameters())
@@ -141,7 +144,11 @@ def main() -> None:
         print(f"parameters       {params / 1e6:.1f} M on rank 0 (its shard)")
         print(f"iteration time   {it * 1e3:.2f} ms (median of {len(times)})")
         print(f"throughput       {world // args.tp * args.batch_size * args.context / it:.0f} tokens/s")
-        print("peak memory      " + ", ".join(f"rank {r}: {p.item() / 2**30:.2f} GiB" for r, p in enumerate(peaks)))
+        print("peak memory      " + ", ".join(f"rank {r}: {e[0].item() / 2**30:.2f} GiB" for r, e in enumerate(every)))
+        late = [r for r, e in enumerate(every) if e[1].item() > 0]
+        worst = max(e[2].item() for e in every)
+        print(f"host-bound       {'ranks ' + str(late) if late else 'no'} (the emulated GPUs sat idle up to "
+              f"{worst:.0%} of a window waiting for their hosts{'; these times measure this host' if late else ''})")
     dist.destroy_process_group()
 
 
