@@ -5,6 +5,11 @@ defaults to torchrun's local world size:
 
     EMUGPU_GPU=a100-sxm4-80gb torchrun --standalone --nproc-per-node 8 examples/ddp_resnet.py
 
+Several emulated nodes: one torchrun per node (examples/README.md), e.g.
+
+    torchrun --nnodes 2 --node-rank N --nproc-per-node 4 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:29400 examples/ddp_resnet.py
+
 Written as for CUDA, with "emugpu" as the device: synthetic batches are copied
 from the host each iteration, gradients are all-reduced by DDP over the `emu`
 backend, and rank 0 prints the iteration time, throughput and every rank's

@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(g++ nlohmann-json3-dev libgtest-dev libboost-dev ninja-build)
+# iproute2: `ip netns` for test_torchrun.py's emulated nodes in network namespaces.
+packages=(g++ nlohmann-json3-dev libgtest-dev libboost-dev ninja-build iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -467,33 +467,6 @@ def test_layout_that_does_not_fit_the_emulated_devices(monkeypatch: pytest.Monke
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize("env,node", [
-    ({}, 0),  # no torchrun: one node
-    ({"LOCAL_WORLD_SIZE": "2", "RANK": "3"}, 1),  # the second node of two ranks each
-    ({"LOCAL_WORLD_SIZE": "2", "RANK": "3", "GROUP_RANK": "5"}, 5),  # torchrun's node rank wins
-])
-def test_node_of_a_rank(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], node: int) -> None:
-    from torch_emugpu.distributed._backend import _node_of_this_process
-
-    for name in ("LOCAL_WORLD_SIZE", "RANK", "GROUP_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert _node_of_this_process() == node
-
-
-@pytest.mark.parametrize("nodes,want", [
-    ([0, 0, 0], 3),  # one node
-    ([0, 0, 1, 1], 2),  # two nodes of two
-    ([1, 0, 1, 0], 2),  # a mesh dimension's group, strided over nodes
-    ([0, 0, 1], 1),  # uneven: timed as one rank per node (the network's links are the slowest)
-])
-def test_ranks_per_node_of_a_group(nodes: list[int], want: int) -> None:
-    from torch_emugpu.distributed._backend import _ranks_per_node
-
-    assert _ranks_per_node(nodes) == want
-
-
 def test_torchrun_with_too_few_emulated_devices_fails_at_init(tmp_path: pathlib.Path) -> None:
     script = tmp_path / "init.py"
     script.write_text("import torch.distributed as dist\nimport torch_emugpu\n\ndist.init_process_group('emu')\n")
@@ -519,16 +492,3 @@ def test_rank_that_never_arrives_raises_at_the_timeout() -> None:
     out = run_ranks("rank_hangs", timeout=3.0)
     assert 2.5 < out[0]["seconds"] < 7.5
     assert "did not arrive within the process group's timeout (3 s)" in out[0]["error"]
-
-
-def test_torchrun_runs_the_ddp_example_on_one_emulated_node():
-    # torchrun's rendezvous on a free loopback port; the device count comes
-    # from its LOCAL_WORLD_SIZE.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.join(REPO, "examples", "ddp_resnet.py"), "--model", "resnet18", "--batch-size", "4",
-           "--iterations", "1"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resnet18 DDP on 2 x NVIDIA" in r.stdout
-    assert "rank 0:" in r.stdout and "rank 1:" in r.stdout

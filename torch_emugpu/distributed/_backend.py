@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import hashlib
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -105,6 +106,46 @@ class EmuWork(dist._Work):
         return self._end_ns
 
 
+def _node_key() -> int:
+    """Which node this rank runs on: torchrun's node rank (GROUP_RANK), one
+    per torchrun; -1 where no launcher says (then LOCAL_WORLD_SIZE, if set,
+    else one node for all)."""
+    try:
+        return int(os.environ["GROUP_RANK"])
+    except (KeyError, ValueError):
+        return -1
+
+
+def _topology(nodes_of_ranks: list[int], size: int) -> tuple[int, int]:
+    """(ranks per node, nodes) for the cost model, from every rank's node
+    key; by node rather than by LOCAL_WORLD_SIZE alone, so a subgroup that
+    spans nodes pays the network and one within a node does not."""
+    if -1 in nodes_of_ranks:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        per_node = local if 0 < local <= size and size % local == 0 else size
+        return per_node, size // per_node
+    counts = [nodes_of_ranks.count(n) for n in set(nodes_of_ranks)]
+    # The cost model needs whole, equal nodes; for uneven ones, the largest
+    # equal split no wider than the smallest node never hides a network hop.
+    per_node = max(d for d in range(1, min(counts) + 1) if size % d == 0)
+    return per_node, size // per_node
+
+
+def _clock_key() -> int:
+    """Equal for processes that read the same CLOCK_MONOTONIC: one boot of
+    one kernel, and one time namespace's offset (containers may set one)."""
+    parts = []
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/timens_offsets"):
+        try:
+            with open(path) as f:
+                parts.append(f.read())
+        except OSError:
+            parts.append("")
+    if not parts[0]:  # no boot id to compare: trust nothing, measure
+        parts.append(str(os.getpid()) + socket.gethostname())
+    return _signature(parts)
+
+
 def _signature(parts: object) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
@@ -159,18 +200,31 @@ class EmuBackend(_C10dBackend):
         # Before the exchange's rendezvous, so every rank raises at once instead of waiting for the others.
         _check_layout(size)
         self._exchange = Exchange(store, rank, size, timeout)
-        self._ranks_per_node = self._topology()
+        words = self._exchange.gather_words([_node_key(), _clock_key()], "process group set-up")
+        self._ranks_per_node, self._nodes = _topology([int(k) for k in words[:, 0]], size)
+        self._clock_offset_ns = self._align_clocks([int(k) for k in words[:, 1]])
         self._comm_streams: dict[int, torch.Stream] = {}
 
-    def _topology(self) -> int:
-        """Ranks per emulated node for the cost model, from every member's
-        node (torchrun's GROUP_RANK, else RANK // LOCAL_WORLD_SIZE; one node
-        without torchrun). Exchanged, so groups of any ranks (DeviceMesh's
-        split groups, new_group) see their own layout. A group spread
-        unevenly over nodes is timed as one rank per node: its slowest links
-        are the network's anyway."""
-        nodes = self._exchange.gather_words([_node_of_this_process()], "topology")[:, 0].tolist()
-        return _ranks_per_node(nodes)
+    def _align_clocks(self, keys: list[int]) -> int:
+        """This rank's steady clock minus rank 0's: 0 where both read one
+        clock (one machine, one time namespace), else measured once by one
+        rank per clock against rank 0, so that ranks sharing a clock share
+        the same offset and keep exact times among themselves."""
+        if len(set(keys)) == 1:
+            return 0
+        leaders: dict[int, int] = {}
+        for r, key in enumerate(keys):
+            leaders.setdefault(key, r)
+        now = _C()._host_now_ns
+        mine = 0
+        if self._rank == 0:
+            for key, leader in leaders.items():
+                if key != keys[0]:
+                    self._exchange.serve_clock(leader, now)
+        elif leaders[keys[self._rank]] == self._rank and keys[self._rank] != keys[0]:
+            mine = self._exchange.clock_offset(0, now)
+        offsets = self._exchange.gather_words([mine], "process group set-up (clock offsets)")
+        return int(offsets[leaders[keys[self._rank]], 0])
 
     # c10d splits groups through this (DeviceMesh with a bound device, split_group).
     supports_splitting = property(lambda self: True)
@@ -264,7 +318,8 @@ class EmuBackend(_C10dBackend):
                 blocks_host: bool, dev: int, real: bool, compute: bool, largest: int, signature: int,
                 signed: Sequence[torch.Tensor], extra: object) -> EmuWork:
         ext = _C()
-        start = ext._collective_begin(dev)
+        # Start times cross processes in rank 0's clock (see _align_clocks).
+        start = ext._collective_begin(dev) - self._clock_offset_ns
         words = self._exchange.gather_words(
             [start, int(real), int(compute), signature, int(model_bytes), largest], name)
         if bool((words[:, 3] != signature).any()):
@@ -279,7 +334,7 @@ class EmuBackend(_C10dBackend):
                 ext._set_materialized(t, moves)
         duration = ext._collective_duration(dev, model_kind, float(model_bytes), self._size,
                                             self._ranks_per_node) if self._size > 1 else 0
-        end = ext._collective_end(dev, int(words[:, 0].max()), duration)
+        end = ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
         return EmuWork(outputs, dev, end, blocks_host)
 
     def _mismatch(self, name: str, signed: Sequence[torch.Tensor], extra: object, signatures: torch.Tensor) -> None:
@@ -549,7 +604,7 @@ class EmuBackend(_C10dBackend):
     def _point_to_point(self, kind: str, peer: int, tag: int, tensors: Sequence[torch.Tensor], dev: int,
                         compute: bool, real: bool, nbytes: int, shape: int, what: str) -> EmuWork:
         ext = _C()
-        start = ext._collective_begin(dev)
+        start = ext._collective_begin(dev) - self._clock_offset_ns  # rank 0's clock, as in _launch
         theirs = self._exchange.swap_words(
             [start, int(real), int(compute), shape, nbytes, int(kind == "send")], peer, tag, what).tolist()
         if theirs[5] != int(kind == "send") and theirs[3] != shape:
@@ -573,7 +628,7 @@ class EmuBackend(_C10dBackend):
                 ext._set_materialized(t, moves)
         duration = ext._collective_duration(dev, "send_recv", float(max(nbytes, theirs[4])), self._size,
                                             self._ranks_per_node)
-        end = ext._collective_end(dev, max(start, theirs[0]), duration)
+        end = ext._collective_end(dev, max(start, theirs[0]) + self._clock_offset_ns, duration)
         return EmuWork(tensors, dev, end, pending=pending)
 
     def recv_anysource(self, *args: object) -> EmuWork:
@@ -581,21 +636,6 @@ class EmuBackend(_C10dBackend):
 
     def allreduce_sparse(self, *args: object) -> EmuWork:
         self._unsupported("all_reduce of sparse tensors")
-
-
-def _ranks_per_node(nodes: list[int]) -> int:
-    """Ranks per node of a group whose ranks sit on `nodes`; 1 where the
-    nodes hold different numbers of them."""
-    per_node = {nodes.count(n) for n in nodes}
-    return per_node.pop() if len(per_node) == 1 else 1
-
-
-def _node_of_this_process() -> int:
-    node = _env_int("GROUP_RANK", 0)
-    if node is not None:
-        return node
-    local = _env_int("LOCAL_WORLD_SIZE", 1)
-    return (_env_int("RANK", 0) or 0) // local if local else 0
 
 
 def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> EmuBackend:

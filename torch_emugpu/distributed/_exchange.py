@@ -2,17 +2,23 @@
 per rank per collective (emulated start times, flags, a signature of the
 tensors), and the real bytes of small (or compute-mode) tensors.
 
-The transport is an internal gloo group over loopback/TCP, bootstrapped from
-the process group's Store under its own prefix, so no port is fixed and the
+The transport is an internal gloo group over TCP, bootstrapped from the
+process group's Store under its own prefix, so no port is fixed and the
 rendezvous is the one the user already configured. It knows nothing of the
-timeline: a later mode that does not sleep at all reuses it as is.
+timeline: a later mode that does not sleep at all reuses it as is (clocks
+come in as functions).
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
+import os
 import pickle
-from collections.abc import Sequence
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,8 +36,19 @@ class Exchange:
         self.rank = rank
         self.size = size
         self.timeout = timeout
-        # The prefix keeps gloo's rendezvous keys apart from c10d's own.
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("emu_exchange/", store), rank, size, timeout)
+        # The prefix keeps gloo's rendezvous keys apart from c10d's own, and
+        # from those of this group's earlier instances (see _fresh_namespace).
+        base = dist.PrefixStore("emu_exchange/", store)
+        prefixed = dist.PrefixStore(_fresh_namespace(base, rank, size, timeout) + "/", base)
+        address = _address_towards_store(store)
+        if address is None:
+            self._gloo = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+        else:
+            opts = dist.ProcessGroupGloo._Options()
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+            opts._timeout = timeout
+            opts._threads = 2  # what the timeout-only constructor gives one device
+            self._gloo = dist.ProcessGroupGloo(prefixed, rank, size, opts)
 
     def _wait(self, work: dist.Work, what: str) -> None:
         try:
@@ -78,6 +95,31 @@ class Exchange:
     def recv_bytes(self, host: torch.Tensor, peer: int, tag: int, what: str) -> None:
         self._wait(self._gloo.recv([host], peer, 2 * tag + 1), what)
 
+    def clock_offset(self, peer: int, clock: Callable[[], int], rounds: int = 16) -> int:
+        """This rank's `clock` minus `peer`'s, in its units, while `peer` runs
+        serve_clock(self.rank, ...): NTP's estimate from the round trip with
+        the shortest time (its error is at most half that round trip)."""
+        best_rtt, best = None, 0
+        what = f"clock offset to rank {peer}"
+        for _ in range(rounds):
+            mine = torch.tensor([clock()], dtype=torch.int64)
+            theirs = torch.empty_like(mine)
+            self._wait(self._gloo.send([mine], peer, _CLOCK_TAG), what)
+            self._wait(self._gloo.recv([theirs], peer, _CLOCK_TAG), what)
+            back = clock()
+            sent = int(mine[0])
+            if best_rtt is None or back - sent < best_rtt:
+                best_rtt, best = back - sent, (sent + back) // 2 - int(theirs[0])
+        return best
+
+    def serve_clock(self, peer: int, clock: Callable[[], int], rounds: int = 16) -> None:
+        """The other side of `peer`'s clock_offset()."""
+        what = f"clock offset for rank {peer}"
+        for _ in range(rounds):
+            asked = torch.empty(1, dtype=torch.int64)
+            self._wait(self._gloo.recv([asked], peer, _CLOCK_TAG), what)
+            self._wait(self._gloo.send([torch.tensor([clock()], dtype=torch.int64)], peer, _CLOCK_TAG), what)
+
     def run(self, work: dist.Work, what: str) -> None:
         """Waits for a gloo collective started on `self.gloo`, with the exchange's error."""
         self._wait(work, what)
@@ -85,3 +127,92 @@ class Exchange:
     @property
     def gloo(self) -> dist.ProcessGroupGloo:
         return self._gloo
+
+
+# Above every tag swap_words and the byte transfers derive from c10d's (small) ones.
+_CLOCK_TAG = 1 << 30
+
+
+def _fresh_namespace(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> str:
+    """A key prefix that no earlier instance of this process group used, the
+    same on every rank.
+
+    torchrun's agent keeps one TCPStore for all its restarts, so the keys of
+    the failed attempt's group are still there: without a new prefix, gloo
+    reads the dead ranks' addresses and the restarted job hangs (torch's own
+    gloo groups fail the same way; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 avoids
+    it for them). TORCHELASTIC_RESTART_COUNT cannot name the attempt: each
+    agent counts its own restarts, and they differ across nodes. So rank 0
+    draws a random id, and gives it to each rank that asks with a nonce of its
+    own (a key only this attempt can have written); a stale request is
+    answered too, to no one. Rank 0 goes on once every rank has acknowledged
+    under the new id."""
+    if size == 1:
+        return uuid.uuid4().hex
+    deadline = time.monotonic() + timeout.total_seconds()
+
+    def too_late(waiting_for: str) -> ExchangeError:
+        return ExchangeError(
+            f"emu backend: rank {rank} of {size}: process group set-up failed: {waiting_for} did not arrive within "
+            f"the process group's timeout ({timeout.total_seconds():g} s). Check the other ranks' output for their "
+            f"error.")
+
+    if rank != 0:
+        nonce = uuid.uuid4().hex
+        store.set(f"hello/{rank}", nonce)
+        try:
+            store.wait([f"welcome/{rank}/{nonce}"], timeout)
+        except RuntimeError as e:
+            raise too_late("rank 0") from e
+        namespace = store.get(f"welcome/{rank}/{nonce}").decode()
+        store.set(f"{namespace}/joined/{rank}", "1")
+        return namespace
+    namespace = uuid.uuid4().hex
+    answered: dict[int, bytes] = {}
+    waiting = set(range(1, size))
+    while waiting:
+        for r in sorted(waiting):
+            if store.check([f"{namespace}/joined/{r}"]):
+                waiting.discard(r)
+            elif store.check([f"hello/{r}"]):
+                nonce = store.get(f"hello/{r}")
+                if answered.get(r) != nonce:
+                    store.set(f"welcome/{r}/{nonce.decode()}", namespace)
+                    answered[r] = nonce
+        if waiting and time.monotonic() > deadline:
+            raise too_late("rank " + ", ".join(map(str, sorted(waiting))))
+        if waiting:
+            time.sleep(0.002)
+    return namespace
+
+
+def _tcp_store_host(store: dist.Store) -> str | None:
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, dist.TCPStore) else None
+
+
+def _address_towards_store(store: dist.Store) -> str | None:
+    """The local address from which this host reaches the process group's
+    TCPStore, for gloo to bind and advertise; None keeps gloo's own choice
+    (GLOO_SOCKET_IFNAME, else the address the hostname resolves to).
+
+    gloo's own choice fails across machines (or network namespaces) when the
+    hostname resolves to a loopback address, as Debian's /etc/hosts makes it
+    (127.0.1.1): every rank then advertises an address the others cannot
+    reach. The address facing the store is one the other nodes reach, since
+    they all reach the store."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    host = _tcp_store_host(store)
+    if not host:
+        return None
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)[0]
+        if ipaddress.ip_address(sockaddr[0]).is_loopback:
+            return None  # one machine: gloo's own choice works
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(sockaddr)  # UDP: picks the route, sends nothing
+            return probe.getsockname()[0]
+    except (OSError, ValueError):
+        return None
