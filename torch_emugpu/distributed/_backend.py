@@ -234,6 +234,10 @@ class EmuBackend(_C10dBackend):
         """What a split copies (the base property would recurse through the trampoline)."""
         return _C10dBackend.Options("emu", self._timeout)
 
+    def perform_nocolor_split(self, device: torch.device) -> None:
+        """new_group's call on ranks outside the new group (NCCL's split needs
+        every rank): each group's exchange is its own, so they take no part."""
+
     def split(self, store: dist.Store, ranks: list[int], opts: object = None) -> EmuBackend | None:
         """The backend of the sub-group `ranks` (ranks of this group), or
         None where this rank is not one of them."""
