@@ -95,16 +95,19 @@ def scatter(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None,
         raise RuntimeError("scatter: expected 'devices' or 'out', got neither")
     indices = _indices(devices)
     if chunk_sizes is None:
+        # As CUDA's: Tensor.chunk, so a small batch fills only the first
+        # devices (5 over 4: 2+2+1), and DataParallel replicates to as many.
         parts = tensor.chunk(len(indices), dim)
     else:
+        if len(chunk_sizes) != len(indices):
+            raise ValueError(f"scatter: expected one chunk size per device ({len(indices)}), got "
+                             f"{len(chunk_sizes)}: {list(chunk_sizes)}")
         if sum(chunk_sizes) != tensor.size(dim):
             raise ValueError(f"scatter: chunk sizes {list(chunk_sizes)} add up to {sum(chunk_sizes)}, expected "
                              f"the size of dimension {dim}: {tensor.size(dim)}")
         parts = tensor.split(list(chunk_sizes), dim)
-    if len(parts) != len(indices):
-        raise ValueError(f"scatter: {len(parts)} chunks for {len(indices)} devices")
     results = []
-    for i, (part, d) in enumerate(zip(parts, indices, strict=True)):
+    for i, (part, d) in enumerate(zip(parts, indices[: len(parts)], strict=True)):
         stream = streams[i] if streams is not None else None
         on_stream = torch.emugpu.stream(stream) if stream is not None else contextlib.nullcontext()
         with torch.accelerator.device_index(d), on_stream:

@@ -119,6 +119,18 @@ def test_scatter_and_gather_through_the_host(compute_mode):
     torch.testing.assert_close(back, x)
     with pytest.raises(ValueError, match="add up to 5"):
         comm.scatter(x, [0, 1], chunk_sizes=[2, 3])
+    with pytest.raises(ValueError, match=r"one chunk size per device \(2\), got 3"):
+        comm.scatter(x, [0, 1], chunk_sizes=[2, 2, 2])
+
+
+def test_a_batch_smaller_than_the_devices_fills_the_first_ones(compute_mode):
+    from torch.nn.parallel import comm
+
+    assert [p.device.index for p in comm.scatter(torch.arange(3.0), [0, 1, 0, 1])] == [0, 1, 0]  # chunks of 1
+    x = torch.randn(1, 16)
+    model = small_model()
+    out = torch.nn.DataParallel(small_model().to("emugpu"), device_ids=[0, 1])(x.to("emugpu"))
+    torch.testing.assert_close(out.cpu(), model(x))
 
 
 def test_cuda_tensors_keep_pytorchs_own_functions():
