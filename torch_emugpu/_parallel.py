@@ -5,12 +5,18 @@ They are built from emugpu copies, so every GPU-to-GPU transfer is charged
 over NVLink or PCIe peer-to-peer (as the catalog says) and ordered between
 the two devices' streams as PyTorch orders CUDA peer copies. Other devices
 keep PyTorch's own functions; ``reduce_add(_coalesced)`` are generic already.
+
+``data_parallel_span`` tells the region planner (profiles.py) which devices
+an ``nn.DataParallel`` step runs on, so that a profile's N-GPU table times
+the whole step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -95,16 +101,19 @@ def scatter(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None,
         raise RuntimeError("scatter: expected 'devices' or 'out', got neither")
     indices = _indices(devices)
     if chunk_sizes is None:
+        # As CUDA's: Tensor.chunk, so a small batch fills only the first
+        # devices (5 over 4: 2+2+1), and DataParallel replicates to as many.
         parts = tensor.chunk(len(indices), dim)
     else:
+        if len(chunk_sizes) != len(indices):
+            raise ValueError(f"scatter: expected one chunk size per device ({len(indices)}), got "
+                             f"{len(chunk_sizes)}: {list(chunk_sizes)}")
         if sum(chunk_sizes) != tensor.size(dim):
             raise ValueError(f"scatter: chunk sizes {list(chunk_sizes)} add up to {sum(chunk_sizes)}, expected "
                              f"the size of dimension {dim}: {tensor.size(dim)}")
         parts = tensor.split(list(chunk_sizes), dim)
-    if len(parts) != len(indices):
-        raise ValueError(f"scatter: {len(parts)} chunks for {len(indices)} devices")
     results = []
-    for i, (part, d) in enumerate(zip(parts, indices, strict=True)):
+    for i, (part, d) in enumerate(zip(parts, indices[: len(parts)], strict=True)):
         stream = streams[i] if streams is not None else None
         on_stream = torch.emugpu.stream(stream) if stream is not None else contextlib.nullcontext()
         with torch.accelerator.device_index(d), on_stream:
@@ -131,6 +140,36 @@ def gather(tensors: Sequence[torch.Tensor], dim: int = 0, destination: _DeviceLi
     for part, t in zip(out.split([t.size(dim) for t in tensors], dim), tensors, strict=True):
         part.copy_(t, non_blocking=True)
     return out
+
+
+@dataclass(frozen=True)
+class Span:
+    """The devices one ``nn.DataParallel`` step runs on."""
+
+    gpu_count: int  # devices with a replica
+    primary: int  # device_ids[0]: holds the module; gradients are reduced and the optimizer steps there
+    others: tuple[int, ...]  # the other replicas' devices, and the output device if it is none of them
+
+
+def batch_dim(module: torch.nn.Module) -> int:
+    """The dimension nn.DataParallel scatters its inputs along (0 for other modules)."""
+    return module.dim if isinstance(module, torch.nn.DataParallel) else 0
+
+
+def data_parallel_span(module: torch.nn.Module, batch: int) -> Span | None:
+    """For an ``nn.DataParallel`` over emugpu devices that scatters `batch`
+    over two or more of them, the devices its step runs on; else None."""
+    if not isinstance(module, torch.nn.DataParallel) or module.src_device_obj.type != "emugpu":
+        return None
+    ids = list(module.device_ids)
+    # scatter splits with Tensor.chunk: ceil(batch / N) per chunk, so a small
+    # batch may fill fewer devices than device_ids names (5 over 4: 2+2+1).
+    per_chunk = math.ceil(batch / len(ids)) if ids else 0
+    used = ids[: math.ceil(batch / per_chunk)] if per_chunk else []
+    if len(used) < 2:
+        return None
+    output = module.output_device
+    return Span(len(used), used[0], tuple(used[1:]) + (() if output in used or output < 0 else (output,)))
 
 
 def install() -> None:

@@ -9,6 +9,12 @@ GPU (by name, given with `use_profile`/`profiled_as`, or by its parameter
 count), its forward pass is charged the profiled forward time for the
 observed batch size, and everything from the end of the forward to the next
 forward (loss, backward, optimizer step) the profiled backward+update time.
+An nn.DataParallel over N emugpu devices is timed as one model by the
+profile's N-GPU table (its `data_parallel` entry for N) at the batch it is
+given: its regions open on every device it runs on, so the replicas' work is
+budgeted within the step, which ends on device_ids[0] (where the gradients are
+reduced and the optimizer steps). Without an N-GPU table it keeps the 1-GPU
+time of the whole batch on device_ids[0], and says so once.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 import torch
 
-from torch_emugpu import _C
+from torch_emugpu import _C, _parallel
 
 __all__ = ["search_path", "user_profile_dir", "reload", "available", "lookup", "use_profile", "profiled_as",
            "region_report"]
@@ -140,13 +146,22 @@ def plot(doc: dict[str, Any], path: str | Path) -> None:
 
 @dataclass
 class _Plan:
-    device: int
+    device: int  # its regions end the iteration: the model's device (DataParallel: device_ids[0])
     label: str
     forward_key: str
     backward_key: str
     forward_s: float
     backward_s: float
     entry: dict[str, Any]
+    # nn.DataParallel over several devices: its gradients are reduced onto `device`
+    replicated: bool = False
+    # with an N-GPU table, its other devices: regions with the same targets
+    # budget the replicas' work there, so it cannot hold the step up past its time
+    others: tuple[int, ...] = ()
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return (self.device, *self.others)
 
 
 def _grad_tensors(output: Any, limit: int = 16) -> list[torch.Tensor]:
@@ -196,6 +211,8 @@ class _Planner:
         self.sources: dict[str, dict[str, Any]] = {}
         self.warned: set[str] = set()
         self.hooks_installed = False
+        # the module inside a DataParallel -> its parameters' gradient hooks from the last forward
+        self.reduction_hooks: weakref.WeakKeyDictionary[torch.nn.Module, list[Any]] = weakref.WeakKeyDictionary()
 
     def forget(self) -> None:
         with self.lock:
@@ -210,6 +227,11 @@ class _Planner:
             warnings.warn(message, stacklevel=_user_stacklevel())
 
     def device_and_parameters(self, module: torch.nn.Module) -> tuple[int, int] | None:
+        if module.__dict__.get("_is_replica", False):
+            # nn.DataParallel's copy of its module for one device (under no_grad,
+            # the first one holds the parameters themselves): its forward is
+            # part of the DataParallel step, which is timed as a whole.
+            return None
         if module in self.module_info:
             return self.module_info[module]
         info = None
@@ -219,20 +241,40 @@ class _Planner:
         self.module_info[module] = info
         return info
 
+    def name_of(self, module: torch.nn.Module) -> str | None:
+        """The profile name given for `module`, if any."""
+        name = self.explicit.get(module)
+        if name is None and isinstance(module, torch.nn.DataParallel):
+            name = self.explicit.get(module.module)  # use_profile(model, ...) before wrapping it
+        return name or getattr(self.scoped, "model", None)
+
     def plan_for(self, module: torch.nn.Module, info: tuple[int, int], args: tuple[Any, ...]) -> _Plan | None:
         """The plan of a root module on emugpu (`info`: its device and parameter count)."""
-        batch = _batch_size(args)
+        batch = _batch_size(args, _parallel.batch_dim(module))
         if batch is None or batch < 1:
             return None
         device, parameters = info
-        name = self.explicit.get(module) or getattr(self.scoped, "model", None)
+        name = self.name_of(module)
         cached = self.plans.setdefault(module, {})
         if (batch, name) in cached:
             return cached[(batch, name)]
         gpu = torch.emugpu.get_device_name(device)
-        entry = lookup(model=name, batch_size=batch, gpu=gpu, parameters=None if name else parameters)
-        plan = None
         label = name or f"{type(module).__name__}({parameters} parameters)"
+        fingerprint = None if name else parameters
+        span = _parallel.data_parallel_span(module, batch)
+        gpus = span.gpu_count if span is not None else 1
+        entry = lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint, gpu_count=gpus)
+        if entry is None and span is not None:
+            entry = lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint)
+            if entry is not None:
+                gpus = 1
+                self.warn_once(f"data parallel fallback:{entry['path']}:{span.gpu_count}",
+                               f"emugpu: {entry['path']} has no {span.gpu_count}-GPU table, so nn.DataParallel over "
+                               f"emugpu devices {[span.primary, *span.others]} takes the 1-GPU time of its whole "
+                               f"batch ({batch}) on device {span.primary}, and its other replicas the cost model. "
+                               f"Add a 'data_parallel' entry with gpu_count {span.gpu_count} to that profile "
+                               f"(profiles/README.md) to time the step as measured on {span.gpu_count} GPUs")
+        plan = None
         if entry is None:
             self.sources[label] = {"source": "cost model", "batch_size": batch}
             why = (f"no profile for model '{name}'" if name else
@@ -244,14 +286,22 @@ class _Planner:
         else:
             model = entry["model"]
             if entry["kind"] == "extrapolated":
-                sizes = entry["tables"][0][1]
-                self.warn_once(f"extrapolated:{entry['path']}",
+                sizes = next(s for count, s in entry["tables"] if count == gpus)
+                table = f"the {gpus}-GPU table of " if gpus > 1 else ""
+                self.warn_once(f"extrapolated:{entry['path']}:{gpus}",
                                f"emugpu: batch size {batch} lies outside the profiled range {sizes[0]}-{sizes[-1]} "
-                               f"of {entry['path']}; extrapolating linearly")
-            plan = _Plan(device, label, f"{model}@{batch}:forward", f"{model}@{batch}:backward",
-                         entry["forward_s"], entry["backward_s"], entry)
+                               f"of {table}{entry['path']}; extrapolating linearly")
+            at = f"{model}@{batch}" if gpus == 1 else f"{model}@{batch}:dp{gpus}"
+            plan = _Plan(device, label, f"{at}:forward", f"{at}:backward", entry["forward_s"], entry["backward_s"],
+                         entry, span is not None, span.others if gpus > 1 and span is not None else ())
+            source = {"source": entry["path"], "kind": entry["kind"], "batch_size": batch, "gpu_count": gpus}
+            if gpus > 1:
+                source["devices"] = list(plan.devices)
+            elif span is not None:
+                source["note"] = (f"nn.DataParallel over {span.gpu_count} GPUs without a {span.gpu_count}-GPU "
+                                  f"table: the 1-GPU time of the whole batch")
             for region in (plan.forward_key, plan.backward_key):
-                self.sources[region] = {"source": entry["path"], "kind": entry["kind"], "batch_size": batch}
+                self.sources[region] = source
         cached[(batch, name)] = plan
         return plan
 
@@ -263,7 +313,8 @@ class _Planner:
         called_at = _C._host_now_ns()  # this hook's own work belongs to the forward, as in a profile
         if running is not None:
             if running[1] is not None:  # its last forward never returned (KeyboardInterrupt)
-                _C._region_abort(running[1].device)
+                for device in running[1].devices:
+                    _C._region_abort(device)
         info = self.device_and_parameters(module)
         if info is None:
             return  # not on emugpu
@@ -272,7 +323,15 @@ class _Planner:
         if plan is None:
             return
         _use_measured_transfer(plan, args)
-        if _C._forward_begin(plan.device, plan.forward_key, plan.forward_s, called_at) > 0:
+        host_bound = 0
+        for device in plan.devices:
+            if device != plan.device:
+                # The loop waits on device_ids[0] only; the other devices reach a
+                # sync point here, so their last backward region closes now and
+                # their forward starts with device_ids[0]'s, not where that one ended.
+                torch.Event(device=torch.device("emugpu", device)).record(torch.emugpu.current_stream(device))
+            host_bound += _C._forward_begin(device, plan.forward_key, plan.forward_s, called_at)
+        if host_bound > 0:
             self.warn_once("host-bound", "emugpu: the host launched a profiled region's work later than the "
                            "profiled time allows (host-bound), so that region took longer than its profile; "
                            "torch_emugpu.region_report() lists which ('host_bound')")
@@ -287,16 +346,40 @@ class _Planner:
         if plan is None:
             return
         if sys.exc_info()[0] is not None:  # the forward raised (e.g. out of memory): close, charge nothing more
-            _C._region_abort(plan.device)
+            for device in plan.devices:
+                _C._region_abort(device)
             return
         # Loss, backward and the optimizer step run until the next forward, or
         # until the loop waits for the device; only if autograd will run.
+        # DataParallel's other devices close after the gather was launched, so
+        # their pads come after the copies it waits for.
         outputs = _grad_tensors(output) if torch.is_grad_enabled() else []
-        _C._forward_end(plan.device, plan.backward_key, plan.backward_s, bool(outputs))
-        if outputs:
-            reached = _BackwardReached(plan)
-            for t in outputs:
-                t.register_hook(reached)
+        for device in plan.devices:
+            _C._forward_end(device, plan.backward_key, plan.backward_s, bool(outputs))
+        self.watch_backward(module, plan, outputs)
+
+    def watch_backward(self, module: torch.nn.Module, plan: _Plan, outputs: list[torch.Tensor]) -> None:
+        """Gradient hooks that say when autograd reached the model, so its backward + update is under way."""
+        if not plan.replicated:
+            if outputs:
+                reached = _BackwardReached(plan)
+                for t in outputs:
+                    t.register_hook(reached)
+            return
+        # Autograd records events on every device while DataParallel's
+        # backward crosses devices, and a recorded event closes a started
+        # backward region (csrc/core/device.h). So its regions start when the
+        # reduced gradients reach the parameters, once the replicas' backward
+        # and the reduction onto device_ids[0] were launched. Parameter hooks
+        # outlive the forward: the last forward's go first, fired or not.
+        inner = module.module
+        for handle in self.reduction_hooks.pop(inner, []):
+            handle.remove()
+        if not outputs:
+            return
+        reached = _BackwardReached(plan)
+        params = [p for p in inner.parameters() if p.requires_grad]
+        self.reduction_hooks[inner] = [t.register_hook(reached) for t in params or outputs]
 
     def install(self) -> None:
         with self.lock:
@@ -308,8 +391,9 @@ class _Planner:
 
 
 class _BackwardReached:
-    """Gradient hook on a root module's outputs: autograd reached the model,
-    so its backward + update region is under way (once per backward pass)."""
+    """Gradient hook on a root module's outputs (a DataParallel's: on its
+    parameters): autograd reached the model, so its backward + update regions
+    are under way (once per backward pass)."""
 
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
@@ -318,7 +402,8 @@ class _BackwardReached:
     def __call__(self, grad: torch.Tensor) -> None:
         if not self.fired:
             self.fired = True
-            _C._backward_reached(self.plan.device, self.plan.backward_key, self.plan.backward_s)
+            for device in self.plan.devices:
+                _C._backward_reached(device, self.plan.backward_key, self.plan.backward_s)
 
 
 _planner = _Planner()
@@ -391,10 +476,10 @@ def profiled_as(model: str) -> Iterator[None]:
         _planner.scoped.model = previous
 
 
-def _batch_size(args: tuple[Any, ...]) -> int | None:
+def _batch_size(args: tuple[Any, ...], dim: int = 0) -> int | None:
     for a in args:
         if isinstance(a, torch.Tensor):
-            return int(a.shape[0]) if a.dim() > 0 else None
+            return int(a.shape[dim]) if -a.dim() <= dim < a.dim() else None
     return None
 
 

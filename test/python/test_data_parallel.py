@@ -1,14 +1,20 @@
 """nn.DataParallel over emulated GPUs: replicas on every device, values as on
 one device, peer copies charged over the GPU's link and ordered between the
-devices' streams."""
+devices' streams; a profile's N-GPU table times the whole step."""
 
 from __future__ import annotations
+
+import json
+import statistics
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import run_python
 
 import torch_emugpu
+from torch_emugpu import _parallel, profiles
 
 
 @pytest.fixture
@@ -119,6 +125,18 @@ def test_scatter_and_gather_through_the_host(compute_mode):
     torch.testing.assert_close(back, x)
     with pytest.raises(ValueError, match="add up to 5"):
         comm.scatter(x, [0, 1], chunk_sizes=[2, 3])
+    with pytest.raises(ValueError, match=r"one chunk size per device \(2\), got 3"):
+        comm.scatter(x, [0, 1], chunk_sizes=[2, 2, 2])
+
+
+def test_a_batch_smaller_than_the_devices_fills_the_first_ones(compute_mode):
+    from torch.nn.parallel import comm
+
+    assert [p.device.index for p in comm.scatter(torch.arange(3.0), [0, 1, 0, 1])] == [0, 1, 0]  # chunks of 1
+    x = torch.randn(1, 16)
+    model = small_model()
+    out = torch.nn.DataParallel(small_model().to("emugpu"), device_ids=[0, 1])(x.to("emugpu"))
+    torch.testing.assert_close(out.cpu(), model(x))
 
 
 def test_cuda_tensors_keep_pytorchs_own_functions():
@@ -140,3 +158,112 @@ def test_scripts_exit_cleanly_after_data_parallel_backward():
     for _ in range(3):
         r = run_python(code, env={"EMUGPU_DEVICE_COUNT": "2"})
         assert r.returncode == 0 and "terminate called" not in r.stderr, r.stderr[-2000:]
+
+
+# --- a profile's N-GPU table times the DataParallel step ------------------------------
+
+# Synthetic timings (seconds) at batch sizes 16 and 32: on one GPU, and on two.
+ONE_GPU = [{"batch_size": 16, "forward_s": 0.040, "backward_s": 0.080},
+           {"batch_size": 32, "forward_s": 0.070, "backward_s": 0.140}]
+TWO_GPUS = [{"batch_size": 16, "forward_s": 0.030, "backward_s": 0.060},
+            {"batch_size": 32, "forward_s": 0.045, "backward_s": 0.095}]
+
+
+def write_profile(directory: Path, model: str, parameters: int | None, data_parallel: bool) -> Path:
+    doc = {
+        "schema": "torch-emugpu profile v1", "gpu": "Tesla T4", "model": model,
+        "fingerprint": {"parameters": parameters} if parameters else None,
+        "provenance": {"tool": "test", "torch": torch.__version__, "dtype": "float32", "date": "2026-11-22",
+                       "source": "synthetic test profile"},
+        "batches": ONE_GPU,
+    }
+    if data_parallel:
+        doc["data_parallel"] = [{"gpu_count": 2, "batches": TWO_GPUS}]
+    path = directory / f"{model}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture
+def profile_dir(tmp_path, monkeypatch):
+    """An EMUGPU_PROFILE_PATH directory and an empty user directory; two T4s (PCIe, no NVLink)."""
+    monkeypatch.setenv("EMUGPU_PROFILE_PATH", str(tmp_path / "env"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "env").mkdir()
+    torch_emugpu.configure(gpu="t4", device_count=2)
+    yield tmp_path / "env"
+    monkeypatch.delenv("EMUGPU_PROFILE_PATH")
+    profiles.reload()
+
+
+def step_times(net: torch.nn.Module, model: torch.nn.Module, batch: int, iterations: int = 6,
+               warmup: int = 2) -> list[float]:
+    """Seconds per training iteration (forward, loss, backward, SGD step) on
+    device 0's emulated clock, after `warmup` iterations."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.empty(batch, 16, device="emugpu")
+    y = torch.zeros(batch, dtype=torch.long, device="emugpu")
+    times = []
+    for i in range(warmup + iterations):
+        start, end = torch.emugpu.Event(enable_timing=True), torch.emugpu.Event(enable_timing=True)
+        start.record()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end) / 1e3)
+    return times
+
+
+def test_data_parallel_step_takes_the_n_gpu_tables_time(profile_dir):
+    model = small_model().to("emugpu")
+    write_profile(profile_dir, "mlp", sum(p.numel() for p in model.parameters()), data_parallel=True)
+    profiles.reload()
+    dp = torch.nn.DataParallel(model, device_ids=[0, 1])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        measured = statistics.median(step_times(dp, model, batch=32))
+    assert measured == pytest.approx(0.045 + 0.095, rel=0.02)
+    assert measured < 0.8 * (0.070 + 0.140)  # not the 1-GPU table's time
+    assert not [w for w in caught if "no 2-GPU table" in str(w.message)]
+    for device in (0, 1):  # the replica's device budgets its work within the same step
+        report = {r["key"]: r for r in torch_emugpu.region_report(device)}
+        forward, backward = report["mlp@32:dp2:forward"], report["mlp@32:dp2:backward"]
+        assert forward["gpu_count"] == 2 and forward["devices"] == [0, 1]
+        assert forward["last_s"] == pytest.approx(0.045, rel=1e-6)
+        assert backward["last_s"] == pytest.approx(0.095, rel=1e-6)
+        # Only the first iteration may be host-bound: its host work computes the shape rules.
+        assert forward["host_bound"] <= 1 and backward["host_bound"] <= 1
+    # An interpolated batch size reads the same table; a forward alone takes its forward time.
+    assert statistics.median(step_times(dp, model, batch=24, iterations=3)) == pytest.approx(
+        0.0375 + 0.0775, rel=0.02)
+    with torch.no_grad():
+        assert forward_time(dp, torch.empty(32, 16, device="emugpu")) / 1e3 == pytest.approx(0.045, rel=0.02)
+
+
+def test_without_an_n_gpu_table_data_parallel_keeps_the_one_gpu_time_and_says_so(profile_dir):
+    write_profile(profile_dir, "my_mlp", None, data_parallel=False)
+    profiles.reload()
+    model = torch_emugpu.use_profile(small_model().to("emugpu"), "my_mlp")  # named before it is wrapped
+    dp = torch.nn.DataParallel(model, device_ids=[0, 1])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        measured = statistics.median(step_times(dp, model, batch=32))
+    notes = [str(w.message) for w in caught if "no 2-GPU table" in str(w.message)]
+    assert len(notes) == 1 and "takes the 1-GPU time of its whole batch (32) on device 0" in notes[0]
+    assert measured == pytest.approx(0.070 + 0.140, rel=0.02)
+    report = {r["key"]: r for r in torch_emugpu.region_report(0)}
+    assert report["my_mlp@32:forward"]["gpu_count"] == 1
+    assert "without a 2-GPU table" in report["my_mlp@32:backward"]["note"]
+    assert not any(r["key"].startswith("my_mlp") for r in torch_emugpu.region_report(1))
+
+
+def test_the_batch_decides_how_many_devices_a_step_uses():
+    dp = torch.nn.DataParallel(small_model().to("emugpu"), device_ids=[0, 1])
+    assert _parallel.data_parallel_span(dp, 1) is None  # one chunk: one replica
+    span = _parallel.data_parallel_span(dp, 3)
+    assert (span.gpu_count, span.primary, span.others) == (2, 0, (1,))
+    assert _parallel.data_parallel_span(small_model().to("emugpu"), 8) is None
