@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torchvision
 
-import torch_emugpu  # noqa: F401  registers the emugpu device and the emu backend
+import torch_emugpu  # registers the emugpu device and the emu backend
 
 
 def main() -> None:
@@ -61,15 +61,22 @@ def main() -> None:
         if i > 0:  # the first iteration builds DDP's buckets and the shape caches
             times.append(time.perf_counter() - start)
 
-    peak = torch.tensor([torch.emugpu.max_memory_allocated(device)], dtype=torch.float64, device=device)
-    peaks = [torch.zeros_like(peak) for _ in range(world)]
-    dist.all_gather(peaks, peak)
+    # Per rank: peak memory, and whether the host kept the emulated GPU waiting (times then measure this host).
+    host = torch_emugpu.host_bound_report(local_rank)
+    mine = torch.tensor([torch.emugpu.max_memory_allocated(device), host["host_bound_windows"],
+                         host["worst_idle_fraction"]], dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
     if rank == 0:
         it = statistics.median(times)
         print(f"{args.model} DDP on {world} x {torch.emugpu.get_device_name(device)}, batch {args.batch_size} per GPU")
         print(f"iteration time   {it * 1e3:.2f} ms (median of {len(times)})")
         print(f"throughput       {world * args.batch_size / it:.1f} samples/s")
-        print("peak memory      " + ", ".join(f"rank {r}: {p.item() / 2**30:.2f} GiB" for r, p in enumerate(peaks)))
+        print("peak memory      " + ", ".join(f"rank {r}: {e[0].item() / 2**30:.2f} GiB" for r, e in enumerate(every)))
+        late = [r for r, e in enumerate(every) if e[1].item() > 0]
+        worst = max(e[2].item() for e in every)
+        print(f"host-bound       {'ranks ' + str(late) if late else 'no'} (the emulated GPUs sat idle up to "
+              f"{worst:.0%} of a window waiting for their hosts{'; these times measure this host' if late else ''})")
     dist.destroy_process_group()
 
 

@@ -243,6 +243,19 @@ def test_torchrun_runs_the_ddp_example_on_one_emulated_node(tmp_path: Path) -> N
     assert o.returncode == 0, _describe([o])
     assert "resnet18 DDP on 2 x NVIDIA" in o.output
     assert "rank 0:" in o.output and "rank 1:" in o.output
+    assert "host-bound       " in o.output
+
+
+def test_torchrun_runs_the_fsdp_example_with_tensor_parallelism(tmp_path: Path) -> None:
+    # A 1 x 2 mesh: the example's FSDP2 and parallelize_module paths, tiny.
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", os.path.join(REPO, "examples", "fsdp_gpt.py"),
+           "--layers", "1", "--dim", "64", "--heads", "4", "--vocab", "256", "--context", "32", "--batch-size", "2",
+           "--iterations", "1", "--tp", "2"]
+    (o,) = run_together([cmd], tmp_path, _env())
+    assert o.returncode == 0, _describe([o])
+    assert "FSDP2 on 2 x NVIDIA" in o.output and "mesh dp=1 x tp=2" in o.output
+    assert "rank 0:" in o.output and "rank 1:" in o.output
+    assert "host-bound       " in o.output
 
 
 def test_two_emulated_nodes_on_loopback(tmp_path: Path) -> None:
