@@ -82,7 +82,10 @@ TimeNs Device::collective_start(int64_t stream) const {
 TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) {
   EMUGPU_CHECK(duration >= 0, kValue, "device ", index_, ": expected a collective duration >= 0 ns, got ", duration);
   return place_when_queued([&](TimeNs now) {
-    const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, now));
+    // Not `now`: the ranks' starts already include their launches, and the
+    // host may learn them late (a deferred collective is placed when the
+    // last rank's start arrives); the exchange's own wall time is not the GPU's.
+    const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, 0));
     return place_locked(stream, Engine::kCollective, begin, duration, now);
   });
 }

@@ -59,7 +59,8 @@ class Device {
   // is when the collective launched now on `stream` would start on this device
   // (the stream, the collective engine and the host all reached it): ranks
   // exchange it. collective_launch enqueues it on `stream` from `start` (the
-  // latest over ranks) for `duration` on the collective engine, never re-timed
+  // latest over ranks; possibly in the host's past: it may be placed when the
+  // last rank's start arrives) for `duration` on the collective engine, never re-timed
   // by a profiled region (its time belongs to the network, not the model).
   // Blocks only while the launch queue is full. Returns its end.
   TimeNs collective_start(int64_t stream) const;

@@ -290,6 +290,16 @@ TEST(Device, CollectiveStartsAtTheLatestRankAndHoldsOnlyItsStream) {
   EXPECT_THROW(l.dev.collective_launch(0, now, -1), emugpu::Error);
 }
 
+// Placed when the last rank's start arrives, later than that start: the
+// collective still starts there (the ranks agree on its end), not when this
+// host learned it.
+TEST(Device, CollectivePlacedLateStartsAtTheRanksLatestStart) {
+  Loop l;
+  const TimeNs t = l.dev.collective_start(0);
+  l.clock.advance(3 * kMs);  // the exchange took this long
+  EXPECT_EQ(l.dev.collective_launch(0, t + 1 * kMs, 2 * kMs), t + 3 * kMs);
+}
+
 TEST(Device, CollectiveIsNotRetimedByAProfiledRegion) {
   Loop l;
   l.dev.forward_begin(0, "model", 100 * kMs);

@@ -342,7 +342,32 @@ def _rank_hangs(rank: int, world: int) -> dict[str, Any]:
     raise AssertionError("expected a DistBackendError when a rank does not arrive")
 
 
+def _host_goes_on(rank: int, world: int) -> dict[str, float]:
+    """Rank 1 reaches an async all_reduce of a large tensor 0.5 s after rank
+    0 (timing mode: no bytes move): rank 0's host returns from launching it
+    at once, as with NCCL; its future and wait() complete once rank 1
+    arrived, and the collective ends after rank 1's start."""
+    from torch_emugpu import _C
+
+    big = torch.empty(1 << 24, device=torch.device("emugpu", rank))  # 64 MiB
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+    start = time.monotonic()
+    work = dist.all_reduce(big, async_op=True)
+    launched = time.monotonic() - start
+    future = work.get_future()
+    future.wait()
+    completed = time.monotonic() - start
+    work.wait()
+    torch.emugpu.synchronize()
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("emugpu", rank))
+    return {"launched": launched, "completed": completed, "end": backend._last_deferred.result(),
+            "now": _C._host_now_ns()}
+
+
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
+    "host_goes_on": _host_goes_on,
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
     "dtype_mismatch": _dtype_mismatch,
@@ -404,6 +429,14 @@ def test_compute_overlaps_an_async_collective() -> None:
         # Overlapped: about the kernel's 50 ms (plus the ranks' skew in
         # reaching the collective); serialized it would be 50 + collective_ms.
         assert 50 <= out[rank]["elapsed_ms"] < 50 + 0.5 * collective_ms, out[rank]
+
+
+def test_host_does_not_wait_for_other_ranks_when_launching() -> None:
+    out = run_ranks("host_goes_on", mode="timing")
+    assert out[0]["launched"] < 0.25, out[0]  # NCCL's host does not wait for the peers either
+    assert out[0]["completed"] > 0.3, out[0]  # the future completes once rank 1 launched it too
+    assert out[0]["end"] == out[1]["end"]
+    assert out[0]["now"] >= out[0]["end"]  # synchronize waited for it
 
 
 def test_large_tensors_move_no_bytes_in_timing_mode() -> None:

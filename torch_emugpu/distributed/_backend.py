@@ -20,11 +20,15 @@ values are.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import hashlib
 import os
+import queue
 import socket
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -62,37 +66,46 @@ class EmuWork(dist._Work):
 
     wait() makes the caller's current stream wait for it (as WorkNCCL's
     does); for a barrier it blocks the host until then. The future's value is
-    the output tensors."""
+    the output tensors. A deferred collective (`resolved`) learns its end
+    when the other ranks' start times arrive: wait() waits for that (the
+    host then blocks until every rank launched it), its future completes
+    then, on the collective's stream."""
 
-    def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int, blocks_host: bool = False,
-                 pending: Callable[[], None] | None = None) -> None:
+    def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int | None = None, blocks_host: bool = False,
+                 pending: Callable[[], None] | None = None, resolved: concurrent.futures.Future | None = None,
+                 future: torch.futures.Future | None = None) -> None:
         super().__init__()
         self._pending = pending  # a send's bytes still on their way (waited for by wait())
         self._outputs = outputs
         self._device = device
         self._end_ns = end_ns
+        self._resolved = resolved
         self._blocks_host = blocks_host
-        # Made on the collective's stream: waiting on the future (DDP's Reducer
-        # does) makes the waiter's current stream wait for the collective, as
-        # a CUDA future's events do.
-        self._future: torch.futures.Future = torch.futures.Future(devices=[torch.device("emugpu", device)])
-        self._future.set_result(outputs)
+        if future is None:
+            # Made on the collective's stream: waiting on the future (DDP's
+            # Reducer does) makes the waiter's current stream wait for the
+            # collective, as a CUDA future's events do.
+            future = torch.futures.Future(devices=[torch.device("emugpu", device)])
+            future.set_result(outputs)
+        self._future = future
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending()
         if self._blocks_host:
-            _C()._collective_wait_host(self._device, self._end_ns)
+            _C()._collective_wait_host(self._device, self.end_ns)
         else:
-            _C()._collective_stream_wait(self._device, self._end_ns)
+            _C()._collective_stream_wait(self._device, self.end_ns)
         return True
 
     def is_completed(self) -> bool:
-        return _C()._host_now_ns() >= self._end_ns
+        if self._resolved is not None and not self._resolved.done():
+            return False
+        return _C()._host_now_ns() >= self.end_ns
 
     def is_success(self) -> bool:
-        return True
+        return self._resolved is None or not self._resolved.done() or self._resolved.exception() is None
 
     def result(self) -> list[torch.Tensor]:
         return self._outputs
@@ -102,7 +115,11 @@ class EmuWork(dist._Work):
 
     @property
     def end_ns(self) -> int:
-        """When the collective ends on the emulated device (steady-clock ns)."""
+        """When the collective ends on the emulated device (steady-clock ns);
+        for a deferred one, waits until that is known."""
+        if self._end_ns is None:
+            assert self._resolved is not None
+            self._end_ns = self._resolved.result()
         return self._end_ns
 
 
@@ -151,6 +168,11 @@ def _signature(parts: object) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
+def _disagree(rank: int, mine: object, other: int, theirs: object) -> str:
+    return (f"emu backend: ranks disagree on a collective: rank {rank} called {mine} but rank {other} called "
+            f"{theirs}; every rank must call the same collective with the same shapes and dtypes")
+
+
 def _describe(tensors: Sequence[torch.Tensor]) -> str:
     return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors) or "no tensors"
 
@@ -189,6 +211,28 @@ def _check_layout(size: int) -> None:
                          f"--nproc-per-node), got a world of {size}; make WORLD_SIZE a multiple of LOCAL_WORLD_SIZE")
 
 
+class _Resolver:
+    """Runs calls one at a time, in order, on a daemon thread (a process
+    exiting with collectives whose peers died must not wait for them)."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], int], concurrent.futures.Future]] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="emu-collectives", daemon=True).start()
+
+    def submit(self, call: Callable[[], int]) -> concurrent.futures.Future:
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((call, done))
+        return done
+
+    def _loop(self) -> None:
+        while True:
+            call, done = self._calls.get()
+            try:
+                done.set_result(call())
+            except BaseException as e:  # noqa: BLE001  (handed to whoever waits)
+                done.set_exception(e)
+
+
 class EmuBackend(_C10dBackend):
     """Backend `emu`: see the module docstring."""
 
@@ -204,6 +248,12 @@ class EmuBackend(_C10dBackend):
         self._ranks_per_node, self._nodes = _topology([int(k) for k in words[:, 0]], size)
         self._clock_offset_ns = self._align_clocks([int(k) for k in words[:, 1]])
         self._comm_streams: dict[int, torch.Stream] = {}
+        # Bytes of this rank's tensors that collectives carried (the data rule's real bytes), for benchmarks.
+        self.payload_bytes_moved = 0
+        # Completes deferred collectives in launch order (see _launch); started on first use.
+        self._resolver: _Resolver | None = None
+        self._deferred_count = 0
+        self._last_deferred: concurrent.futures.Future | None = None
 
     def _align_clocks(self, keys: list[int]) -> int:
         """This rank's steady clock minus rank 0's: 0 where both read one
@@ -324,8 +374,14 @@ class EmuBackend(_C10dBackend):
         ext = _C()
         # Start times cross processes in rank 0's clock (see _align_clocks).
         start = ext._collective_begin(dev) - self._clock_offset_ns
-        words = self._exchange.gather_words(
+        gathered = self._exchange.start_gather_words(
             [start, int(real), int(compute), signature, int(model_bytes), largest], name)
+        if not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real):
+            # No rank can move these bytes, so nothing needs the others' words now.
+            mine = f"{name} on [{_describe(signed)}]" + (f", {extra}" if extra is not None else "")
+            return self._defer(name, model_kind, received, outputs, dev, signature, gathered, mine)
+        self.drain()  # what this one's timing rests on (the stream's earlier collectives) is placed first
+        words = gathered()
         if bool((words[:, 3] != signature).any()):
             self._mismatch(name, signed, extra, words[:, 3])
         model_bytes = int(words[:, 4].max())
@@ -333,6 +389,7 @@ class EmuBackend(_C10dBackend):
                                             and bool(words[:, 1].all()))
         if moves:
             move()
+            self.payload_bytes_moved += sum(t.numel() * t.element_size() for t in inputs)
         if not compute:
             for t in received:
                 ext._set_materialized(t, moves)
@@ -341,13 +398,56 @@ class EmuBackend(_C10dBackend):
         end = ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
         return EmuWork(outputs, dev, end, blocks_host)
 
+    def _defer(self, name: str, model_kind: str, received: Sequence[torch.Tensor], outputs: list[torch.Tensor],
+               dev: int, signature: int, gathered: Callable[[], torch.Tensor], mine: str) -> EmuWork:
+        """A collective whose bytes stay put: the host goes on at once, as
+        NCCL's does. A thread of this backend waits for the other ranks'
+        words, places the collective on this stream (after the stream's
+        earlier collectives, so every rank times it alike) and completes the
+        Work's future there; wait() and synchronize() wait for that."""
+        ext = _C()
+        for t in received:
+            ext._set_materialized(t, False)
+        future = torch.futures.Future(devices=[torch.device("emugpu", dev)])
+        comm = self._comm_stream(dev)
+        self._deferred_count += 1
+        sequence = self._deferred_count  # the same on every rank: each defers the same collectives
+
+        def resolve() -> int:
+            try:
+                words = gathered()
+                if bool((words[:, 3] != signature).any()):
+                    other = next(r for r in range(self._size) if int(words[r, 3]) != signature)
+                    theirs = self._exchange.report(f"mismatch/{sequence}", mine, other, f"{name} (mismatch report)")
+                    raise ValueError(_disagree(self._rank, mine, other, theirs))
+                duration = ext._collective_duration(dev, model_kind, float(words[:, 4].max()), self._size,
+                                                    self._ranks_per_node) if self._size > 1 else 0
+                with torch.emugpu.stream(comm):
+                    end = ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
+                    future.set_result(outputs)
+                return end
+            except BaseException as e:
+                future.set_exception(e)
+                raise
+
+        if self._resolver is None:
+            self._resolver = _Resolver()
+        self._last_deferred = resolved = self._resolver.submit(resolve)
+        _deferred_backends.add(self)
+        return EmuWork(outputs, dev, resolved=resolved, future=future)
+
+    def drain(self) -> None:
+        """Waits until every deferred collective launched so far is placed
+        on the timeline (raising the first one's error)."""
+        last = self._last_deferred
+        if last is not None:
+            last.result()
+
     def _mismatch(self, name: str, signed: Sequence[torch.Tensor], extra: object, signatures: torch.Tensor) -> None:
         mine = f"{name} on [{_describe(signed)}]" + (f", {extra}" if extra is not None else "")
         every = self._exchange.gather_objects(mine, f"{name} (mismatch report)")
         other = next(r for r in range(self._size) if int(signatures[r]) != int(signatures[self._rank]))
-        raise ValueError(f"emu backend: ranks disagree on a collective: rank {self._rank} called {every[self._rank]}"
-                         f" but rank {other} called {every[other]}; every rank must call the same collective with "
-                         f"the same shapes and dtypes")
+        raise ValueError(_disagree(self._rank, every[self._rank], other, every[other]))
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return _C()._host_view(t)
@@ -602,6 +702,7 @@ class EmuBackend(_C10dBackend):
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         shape = _signature([(tuple(t.shape), t.dtype) for t in tensors])
         what = f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}"
+        self.drain()
         with self._on_comm_stream(dev):
             return self._point_to_point(kind, peer, tag, tensors, dev, compute, real, nbytes, shape, what)
 
@@ -620,6 +721,7 @@ class EmuBackend(_C10dBackend):
         pending: Callable[[], None] | None = None
         if moves and kind == "send":
             works = [self._exchange.send_bytes(self._host(t), peer, tag) for t in tensors]
+            self.payload_bytes_moved += nbytes
 
             def pending() -> None:
                 for w in works:
@@ -640,6 +742,17 @@ class EmuBackend(_C10dBackend):
 
     def allreduce_sparse(self, *args: object) -> EmuWork:
         self._unsupported("all_reduce of sparse tensors")
+
+
+# Backends with deferred collectives: torch.emugpu.synchronize() drains them,
+# as cudaDeviceSynchronize waits for NCCL's streams too.
+_deferred_backends: weakref.WeakSet[EmuBackend] = weakref.WeakSet()
+
+
+def drain_all() -> None:
+    """Places every deferred collective of this process on the timeline."""
+    for backend in list(_deferred_backends):
+        backend.drain()
 
 
 def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> EmuBackend:

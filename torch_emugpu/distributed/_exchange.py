@@ -40,6 +40,7 @@ class Exchange:
         # from those of this group's earlier instances (see _fresh_namespace).
         base = dist.PrefixStore("emu_exchange/", store)
         prefixed = dist.PrefixStore(_fresh_namespace(base, rank, size, timeout) + "/", base)
+        self._reports = dist.PrefixStore("reports/", prefixed)
         address = _address_towards_store(store)
         if address is None:
             self._gloo = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
@@ -62,10 +63,21 @@ class Exchange:
 
     def gather_words(self, words: Sequence[int], what: str) -> torch.Tensor:
         """Every rank's `words` (same count on every rank), as a [size, len(words)] int64 tensor."""
+        return self.start_gather_words(words, what)()
+
+    def start_gather_words(self, words: Sequence[int], what: str) -> Callable[[], torch.Tensor]:
+        """gather_words without waiting: returns the call that waits and
+        gives the result (from any thread). Gathers pair up across ranks in
+        the order they are started."""
         mine = torch.tensor(list(words), dtype=torch.int64)
         out = torch.empty(self.size * mine.numel(), dtype=torch.int64)
-        self._wait(self._gloo._allgather_base(out, mine), what)
-        return out.view(self.size, mine.numel())
+        work = self._gloo._allgather_base(out, mine)
+
+        def finish() -> torch.Tensor:
+            self._wait(work, what)
+            return out.view(self.size, mine.numel())
+
+        return finish
 
     def gather_objects(self, obj: object, what: str) -> list[object]:
         """Every rank's picklable `obj` (rare paths only: error reports)."""
@@ -77,6 +89,17 @@ class Exchange:
         self._wait(self._gloo._allgather_base(out, padded), what)
         rows = out.view(self.size, -1)
         return [pickle.loads(rows[i, :n].numpy().tobytes()) for i, n in enumerate(lengths)]
+
+    def report(self, key: str, obj: object, peer: int, what: str) -> object:
+        """Posts this rank's picklable `obj` under `key` and returns `peer`'s,
+        through the store: a side channel that works while gathers are in
+        flight (error reports of collectives already launched)."""
+        self._reports.set(f"{key}/{self.rank}", pickle.dumps(obj))
+        try:
+            return pickle.loads(self._reports.get(f"{key}/{peer}"))
+        except RuntimeError as e:
+            raise ExchangeError(f"emu backend: rank {self.rank} of {self.size}: {what} failed: rank {peer} did not "
+                                f"report within the store's timeout. Transport said: {e}") from e
 
     def swap_words(self, words: Sequence[int], peer: int, tag: int, what: str) -> torch.Tensor:
         """Sends `words` to `peer` and returns the peer's (send/recv pairs,
