@@ -77,12 +77,16 @@ double ring(const Topology& t, const Rates& r, double steps, double wire) {
 // GPU sends the whole buffer twice (up and down). A node sends 2x the buffer
 // on the network (interior in one tree with two children, leaf in the other),
 // but only 1x with two nodes, where each tree is a single edge.
+// NCCL's tuner (tuning.cc) rates tree all_reduce at 92% of the links' bus
+// bandwidth, for every protocol.
+constexpr double kTreeAllReduceShare = 0.92;
+
 double tree_all_reduce(const Topology& t, const Rates& r, double bytes) {
   const int depth = t.nodes > 1 ? static_cast<int>(std::ceil(std::log2(t.nodes))) : 0;
   const double latency = 2.0 * ((t.ranks_per_node - 1) * r.intra_hop + depth * r.inter_hop);
   const double chain = t.ranks_per_node > 1 ? 2 * bytes / r.intra_bw : 0.0;
   const double net = t.nodes > 1 ? (t.nodes == 2 ? bytes : 2 * bytes) / r.inter_bw : 0.0;
-  return latency + std::max(chain, net) * 1e9;
+  return latency + std::max(chain, net) / kTreeAllReduceShare * 1e9;
 }
 
 // Point-to-point traffic, all peers at once: `local` bytes leave a GPU over

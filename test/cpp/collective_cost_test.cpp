@@ -91,8 +91,8 @@ TEST(CollectiveCost, SmallAllReduceAcrossNodesPicksTreeAndLL) {
   EXPECT_EQ(c.algorithm, Algorithm::kTree);
   EXPECT_EQ(c.protocol, Protocol::kLL);
   // launch + 2 x (7 NVLink hops + log2(4) network hops) + the buffer twice
-  // through the network at a quarter of 96 GB/s (LL)
-  const double expected = kLaunch + 2 * (7 * 600 + 2 * 3000) + 2 * 1024 / (96e9 * 0.25) * 1e9;
+  // through the network at a quarter of 96 GB/s (LL), of which NCCL's tuner gives tree all_reduce 92%
+  const double expected = kLaunch + 2 * (7 * 600 + 2 * 3000) + 2 * 1024 / (96e9 * 0.25 * 0.92) * 1e9;
   EXPECT_NEAR(c.duration, expected, 1);
 }
 
@@ -110,7 +110,7 @@ TEST(CollectiveCost, TwoNodeTreeSendsTheBufferOnceOverTheNetwork) {
   const auto t = emugpu::make_topology(a100(), 16, 8);
   const auto c = emugpu::collective_time(Collective::kAllReduce, kGiB, t);
   EXPECT_EQ(c.algorithm, Algorithm::kTree);
-  EXPECT_NEAR(c.duration, kLaunch + 2 * (7 * 2200 + 1 * 4600) + kGiB / 96e9 * 1e9, 1);
+  EXPECT_NEAR(c.duration, kLaunch + 2 * (7 * 2200 + 1 * 4600) + kGiB / (96e9 * 0.92) * 1e9, 1);
   // so its bus bandwidth exceeds the NICs', as nccl-tests shows on two nodes
   EXPECT_GT(kGiB / (c.duration * 1e-9) * c.bus_factor, 96e9 * 1.5);
 }
