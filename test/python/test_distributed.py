@@ -141,7 +141,7 @@ def _values(rank: int, world: int) -> None:
         assert torch.equal(got.cpu(), base * 7)
     got = torch.zeros(4, device=dev)
     ops = [dist.P2POp(dist.isend, t(base + 100 * rank), peer), dist.P2POp(dist.irecv, got, peer)]
-    for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
+    for work in dist.batch_isend_irecv(ops):  # both ranks send first: a send pairs with the peer's recv
         work.wait()
     assert torch.equal(got.cpu(), base + 100 * peer)
 
@@ -366,7 +366,38 @@ def _host_goes_on(rank: int, world: int) -> dict[str, float]:
             "now": _C._host_now_ns()}
 
 
+def _ring(rank: int, world: int) -> dict[str, Any]:
+    """A ring exchange (pipeline parallelism's pattern): every rank sends to
+    the next and receives from the previous in one batch_isend_irecv, send
+    first; then a large placeholder the same way in timing mode. Returns
+    the value received and when each message ended."""
+    from torch_emugpu import _C
+
+    dev = torch.device("emugpu", rank)
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    got = torch.zeros(4, device=dev)
+    ops = [dist.P2POp(dist.isend, torch.full((4,), float(rank)).to(dev), nxt), dist.P2POp(dist.irecv, got, prev)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    value = got.cpu().tolist()
+    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+    _C._set_mode("timing")
+    big, into = torch.empty(1 << 22, device=dev), torch.empty(1 << 22, device=dev)  # 16 MiB placeholders
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.3)  # the latest sender: its message ends after it launched it
+    launch = _C._host_now_ns()
+    send, recv = (dist.P2POp(dist.isend, big, nxt), dist.P2POp(dist.irecv, into, prev))
+    works = dist.batch_isend_irecv([send, recv])
+    sent_end = backend._last_deferred  # the recv's resolution
+    for work in works:
+        work.wait()
+    torch.emugpu.synchronize()
+    return {"value": value, "recv_end": sent_end.result(), "launch": launch, "materialized": _C._is_materialized(into)}
+
+
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
+    "ring": _ring,
     "host_goes_on": _host_goes_on,
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
@@ -437,6 +468,15 @@ def test_host_does_not_wait_for_other_ranks_when_launching() -> None:
     assert out[0]["completed"] > 0.3, out[0]  # the future completes once rank 1 launched it too
     assert out[0]["end"] == out[1]["end"]
     assert out[0]["now"] >= out[0]["end"]  # synchronize waited for it
+
+
+def test_a_ring_of_sends_and_recvs_pairs_each_send_with_its_recv() -> None:
+    out = run_ranks("ring", world=3, mode="compute")
+    for rank in range(3):
+        assert out[rank]["value"] == [float((rank - 1) % 3)] * 4, out[rank]
+        assert not out[rank]["materialized"]  # a 16 MiB placeholder moves no bytes
+    # Rank 2 receives from rank 1, the late sender: the message ends after rank 1 launched it.
+    assert out[2]["recv_end"] > out[1]["launch"] > out[2]["launch"] + 0.2e9, out
 
 
 def test_large_tensors_move_no_bytes_in_timing_mode() -> None:

@@ -430,11 +430,15 @@ class EmuBackend(_C10dBackend):
                 future.set_exception(e)
                 raise
 
+        return EmuWork(outputs, dev, resolved=self._submit(resolve), future=future)
+
+    def _submit(self, resolve: Callable[[], int]) -> concurrent.futures.Future:
+        """Queues a deferred collective's resolution behind the earlier ones."""
         if self._resolver is None:
             self._resolver = _Resolver()
         self._last_deferred = resolved = self._resolver.submit(resolve)
         _deferred_backends.add(self)
-        return EmuWork(outputs, dev, resolved=resolved, future=future)
+        return resolved
 
     def drain(self) -> None:
         """Waits until every deferred collective launched so far is placed
@@ -689,53 +693,79 @@ class EmuBackend(_C10dBackend):
         return self._p2p("recv", tensors, src, tag)
 
     def _p2p(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> EmuWork:
-        """send or recv: the two ranks swap start times (ops pair in order per
-        peer and tag, as NCCL's do), and the message ends on both at the later
-        start plus its modelled time. batch_isend_irecv runs them one by one."""
+        """send or recv, deferred like a collective that moves no bytes: the
+        host goes on at once (so batch_isend_irecv's rings cannot deadlock),
+        and the message ends on both ranks at the later of their starts plus
+        its modelled time. A send pairs with the peer's recv in order per peer
+        and tag, as NCCL's do. The bytes travel when the sender's rule says
+        so (compute mode, or small real tensors); the receiver takes what
+        the sender's words announce."""
         if not 0 <= peer < self._size or peer == self._rank:
             raise ValueError(f"emu backend: {kind} expected a peer rank in [0, {self._size}) other than "
                              f"{self._rank}, got {peer}")
+        if not 0 <= tag < Exchange.P2P_TAGS:
+            raise ValueError(f"emu backend: {kind} expected a tag in [0, {Exchange.P2P_TAGS}), got {tag}")
         dev = self._check(kind, tensors)
         ext = _C()
         compute = ext._mode() == "compute"
-        real = compute or kind == "recv" or all(ext._is_materialized(t) for t in tensors)
+        sends = kind == "send"
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         shape = _signature([(tuple(t.shape), t.dtype) for t in tensors])
-        what = f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}"
-        self.drain()
+        carries = sends and (compute or (nbytes <= DATA_THRESHOLD_BYTES
+                                         and all(ext._is_materialized(t) for t in tensors)))
+        what = f"{kind} {'to' if sends else 'from'} rank {peer}"
         with self._on_comm_stream(dev):
-            return self._point_to_point(kind, peer, tag, tensors, dev, compute, real, nbytes, shape, what)
+            return self._point_to_point(kind, peer, tag, tensors, dev, compute, carries, nbytes, shape, what)
 
     def _point_to_point(self, kind: str, peer: int, tag: int, tensors: Sequence[torch.Tensor], dev: int,
-                        compute: bool, real: bool, nbytes: int, shape: int, what: str) -> EmuWork:
+                        compute: bool, carries: bool, nbytes: int, shape: int, what: str) -> EmuWork:
         ext = _C()
+        exchange = self._exchange
+        sends = kind == "send"
         start = ext._collective_begin(dev) - self._clock_offset_ns  # rank 0's clock, as in _launch
-        theirs = self._exchange.swap_words(
-            [start, int(real), int(compute), shape, nbytes, int(kind == "send")], peer, tag, what).tolist()
-        if theirs[5] != int(kind == "send") and theirs[3] != shape:
-            other = "recv" if kind == "send" else "send"
-            raise ValueError(f"emu backend: rank {self._rank} {kind}s [{_describe(tensors)}] but rank {peer} "
-                             f"{other}s {theirs[4]} bytes of another shape or dtype; the two must match")
-        moves = (compute and bool(theirs[2])) or (
-            max(nbytes, theirs[4]) <= DATA_THRESHOLD_BYTES and real and bool(theirs[1]))
-        pending: Callable[[], None] | None = None
-        if moves and kind == "send":
-            works = [self._exchange.send_bytes(self._host(t), peer, tag) for t in tensors]
+        mine, back = ("to_receiver", "to_sender") if sends else ("to_sender", "to_receiver")
+        posted = exchange.post_words([start, int(carries), shape, nbytes], peer, exchange.p2p_tag(tag, mine))
+        theirs_of = exchange.expect_words(4, peer, exchange.p2p_tag(tag, back), what)
+        bytes_tag = exchange.p2p_tag(tag, "bytes")
+        sent = [exchange.send_bytes(self._host(t), peer, bytes_tag) for t in tensors] if carries else []
+        if carries:
             self.payload_bytes_moved += nbytes
+        future = torch.futures.Future(devices=[torch.device("emugpu", dev)])
+        comm = self._comm_stream(dev)
 
-            def pending() -> None:
-                for w in works:
-                    self._exchange.run(w, what)
-        elif moves:
-            for t in tensors:
-                self._exchange.recv_bytes(self._host(t), peer, tag, what)
-        if kind == "recv" and not compute:
-            for t in tensors:
-                ext._set_materialized(t, moves)
-        duration = ext._collective_duration(dev, "send_recv", float(max(nbytes, theirs[4])), self._size,
-                                            self._ranks_per_node)
-        end = ext._collective_end(dev, max(start, theirs[0]) + self._clock_offset_ns, duration)
-        return EmuWork(tensors, dev, end, pending=pending)
+        def resolve() -> int:
+            try:
+                theirs = theirs_of().tolist()
+                exchange.run(posted, what)
+                if theirs[2] != shape:
+                    other = "receives" if sends else "sends"
+                    raise ValueError(f"emu backend: rank {self._rank} {kind}s [{_describe(tensors)}] but rank "
+                                     f"{peer} {other} {theirs[3]} bytes of another shape or dtype; the two must "
+                                     f"match")
+                if not sends:
+                    arrived = bool(theirs[1])
+                    if arrived:
+                        for t in tensors:
+                            exchange.recv_bytes(self._host(t), peer, bytes_tag, what)
+                    if not compute:
+                        for t in tensors:
+                            ext._set_materialized(t, arrived)
+                duration = ext._collective_duration(dev, "send_recv", float(max(nbytes, theirs[3])), self._size,
+                                                    self._ranks_per_node)
+                with torch.emugpu.stream(comm):
+                    end = ext._collective_end(dev, max(start, theirs[0]) + self._clock_offset_ns, duration)
+                    future.set_result(list(tensors))
+                return end
+            except BaseException as e:
+                future.set_exception(e)
+                raise
+
+        def pending() -> None:
+            for w in sent:
+                exchange.run(w, what)
+
+        return EmuWork(list(tensors), dev, pending=pending if sent else None, resolved=self._submit(resolve),
+                       future=future)
 
     def recv_anysource(self, *args: object) -> EmuWork:
         self._unsupported("recv from any source")

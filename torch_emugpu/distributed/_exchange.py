@@ -101,22 +101,38 @@ class Exchange:
             raise ExchangeError(f"emu backend: rank {self.rank} of {self.size}: {what} failed: rank {peer} did not "
                                 f"report within the store's timeout. Transport said: {e}") from e
 
-    def swap_words(self, words: Sequence[int], peer: int, tag: int, what: str) -> torch.Tensor:
-        """Sends `words` to `peer` and returns the peer's (send/recv pairs,
-        matched in order per peer and tag, as NCCL matches them)."""
-        mine = torch.tensor(list(words), dtype=torch.int64)
-        theirs = torch.empty_like(mine)
-        sent = self._gloo.send([mine], peer, 2 * tag)
-        self._wait(self._gloo.recv([theirs], peer, 2 * tag), what)
-        self._wait(sent, what)
-        return theirs
+    # Point-to-point channels per user tag: a sender's words to its receiver,
+    # the receiver's words back, and the message's bytes. gloo matches each
+    # channel in order per peer, so a rank's k-th send to a peer pairs with
+    # that peer's k-th recv from it (NCCL's rule), whatever else is in flight.
+    P2P_TAGS = 1 << 28
+
+    @staticmethod
+    def p2p_tag(tag: int, channel: str) -> int:
+        return 4 * tag + {"to_receiver": 0, "to_sender": 1, "bytes": 2}[channel]
+
+    def post_words(self, words: Sequence[int], peer: int, tag: int) -> dist.Work:
+        """Starts sending `words` to `peer` on gloo tag `tag`; wait with run()."""
+        return self._gloo.send([torch.tensor(list(words), dtype=torch.int64)], peer, tag)
+
+    def expect_words(self, count: int, peer: int, tag: int, what: str) -> Callable[[], torch.Tensor]:
+        """Starts receiving `count` words from `peer` on `tag`; returns the
+        call that waits for them (from any thread)."""
+        theirs = torch.empty(count, dtype=torch.int64)
+        work = self._gloo.recv([theirs], peer, tag)
+
+        def finish() -> torch.Tensor:
+            self._wait(work, what)
+            return theirs
+
+        return finish
 
     def send_bytes(self, host: torch.Tensor, peer: int, tag: int) -> dist.Work:
-        """Starts sending a CPU tensor's bytes; wait with run()."""
-        return self._gloo.send([host], peer, 2 * tag + 1)
+        """Starts sending a CPU tensor's bytes on `tag`; wait with run()."""
+        return self._gloo.send([host], peer, tag)
 
     def recv_bytes(self, host: torch.Tensor, peer: int, tag: int, what: str) -> None:
-        self._wait(self._gloo.recv([host], peer, 2 * tag + 1), what)
+        self._wait(self._gloo.recv([host], peer, tag), what)
 
     def clock_offset(self, peer: int, clock: Callable[[], int], rounds: int = 16) -> int:
         """This rank's `clock` minus `peer`'s, in its units, while `peer` runs
@@ -152,7 +168,7 @@ class Exchange:
         return self._gloo
 
 
-# Above every tag swap_words and the byte transfers derive from c10d's (small) ones.
+# Above every tag the point-to-point channels derive from c10d's (small) ones (Exchange.P2P_TAGS).
 _CLOCK_TAG = 1 << 30
 
 
