@@ -12,15 +12,16 @@ import torch
 import torch_emugpu
 
 
-def _loop(size: int, host_s: float, seconds: float) -> list[str]:
-    """Iterations of five size x size matmuls, the host sleeping `host_s`
-    after each launch, a synchronize per iteration, for `seconds` of wall time."""
+def _loop(size: int, per_iteration: int, host_s: float, seconds: float) -> list[str]:
+    """Iterations of `per_iteration` size x size matmuls, the host sleeping
+    `host_s` after each launch, a synchronize per iteration, for `seconds` of
+    wall time."""
     x = torch.randn(size, size, device="emugpu")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            for _ in range(5):
+            for _ in range(per_iteration):
                 x @ x
                 if host_s:
                     time.sleep(host_s)
@@ -30,8 +31,9 @@ def _loop(size: int, host_s: float, seconds: float) -> list[str]:
 
 def test_device_bound_loop_is_not_host_bound() -> None:
     before = torch_emugpu.host_bound_report()
-    # 4096^2 fp32 matmuls: milliseconds each on the emulated GPU, microseconds to launch.
-    assert not _loop(4096, 0.0, 2.0)
+    # 8192^2 fp32 matmuls: tens of milliseconds each on the emulated GPU, microseconds to launch; an
+    # iteration of 1.6 s hides even a loaded machine's wake-up latency after each synchronize.
+    assert not _loop(8192, 20, 0.0, 4.0)
     after = torch_emugpu.host_bound_report()
     assert after["windows"] > before["windows"]
     assert after["host_bound_windows"] == before["host_bound_windows"]
@@ -41,7 +43,7 @@ def test_device_bound_loop_is_not_host_bound() -> None:
 def test_host_bound_loop_is_reported() -> None:
     before = torch_emugpu.host_bound_report()
     # 64^2 matmuls take microseconds; the host takes 2 ms per launch.
-    messages = _loop(64, 0.002, 2.0)
+    messages = _loop(64, 5, 0.002, 2.0)
     after = torch_emugpu.host_bound_report()
     assert after["host_bound_windows"] > before["host_bound_windows"]
     assert after["last_idle_fraction"] > 0.5
