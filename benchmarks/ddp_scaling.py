@@ -198,9 +198,13 @@ def worker(args: argparse.Namespace) -> None:
     copy_ms = {index: _time_copies(device, sizes, torch.float32) for index, sizes in gradients.items()}
 
     iterations = []
-    for start, backward_end, end, its_buckets in records[args.warmup:]:
+    for i in range(args.warmup, len(records)):
+        start, backward_end, end, its_buckets = records[i]
         iterations.append({
-            "iteration_ms": start.elapsed_time(end),
+            # From this iteration's start to the next one's (to its own end for the last): idle gaps the
+            # host leaves between iterations count, as they cost throughput.
+            "iteration_ms": start.elapsed_time(records[i + 1][0] if i + 1 < len(records) else end),
+            "end_ms": start.elapsed_time(end),
             "backward_end_ms": start.elapsed_time(backward_end),
             "buckets": [{"index": index, "bytes": nbytes, "ready_ms": start.elapsed_time(ready),
                          "done_ms": start.elapsed_time(done), "copy_back_ms": copy_ms.get(index, 0.0)}
@@ -372,7 +376,8 @@ def predict_iteration(baseline: dict[str, Any], it: dict[str, Any], ranks_per_no
       gradients (copy_back_k, timed by the 1-rank worker). In the 1-rank run these copies are the last
       sum(copy_back) ms of the backward, so compute ends at backward_end - sum(copy_back); for N ranks
       t = compute end, then t = max(t, end_k) + copy_back_k.
-    - The optimizer (iteration end - backward end) follows unchanged."""
+    - The optimizer (iteration end - backward end) follows unchanged; the next iteration starts at its end
+      (the 1-rank run must not be host-bound)."""
     gpu = baseline["gpu"]
     broadcast = sum(collective_seconds("broadcast", n, gpu, ranks_per_node, nodes, args) * 1e3
                     for n in baseline["buffers"].values())
@@ -385,7 +390,13 @@ def predict_iteration(baseline: dict[str, Any], it: dict[str, Any], ranks_per_no
     t = it["backward_end_ms"] + broadcast - sum(b["copy_back_ms"] for b in it["buckets"])
     for b, e in zip(it["buckets"], ends, strict=True):
         t = max(t, e) + b["copy_back_ms"]
-    return t + it["iteration_ms"] - it["backward_end_ms"], ends
+    return t + it["end_ms"] - it["backward_end_ms"], ends
+
+
+def network(args: argparse.Namespace) -> str:
+    gbps = args.net_gbps if args.net_gbps is not None else os.environ.get("EMUGPU_NET_GBPS", 100)
+    latency = args.net_latency_us if args.net_latency_us is not None else os.environ.get("EMUGPU_NET_LATENCY_US", 3)
+    return f"{gbps} GB/s, {latency} us"
 
 
 def fmt(value: float, spec: str) -> str:
@@ -471,6 +482,7 @@ def plot(rows: list[Row], baseline: Row | None, args: argparse.Namespace, path: 
         effs = [base / ms * 100 for r in rows if r.ok for ms in (r.iteration_ms, r.predicted_ms)
                 if not math.isnan(ms)]
         ax_eff.set_ylim(min([90.0] + [e - 5 for e in effs]), 102)
+    ax_tp.set_yscale("log")  # log-log: linear scaling is a straight line
     for ax, title, unit in ((ax_tp, "throughput", "samples/s"), (ax_eff, "scaling efficiency vs 1 GPU", "%")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ranks, [str(r) for r in ranks])
@@ -480,7 +492,8 @@ def plot(rows: list[Row], baseline: Row | None, args: argparse.Namespace, path: 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     gpu = baseline.ranks[0]["gpu"] if baseline is not None and baseline.ok else args.gpu
-    fig.suptitle(f"DDP {args.model}, batch {args.batch_size} per GPU, {gpu} (emugpu)", fontsize=10)
+    fig.suptitle(f"DDP {args.model}, batch {args.batch_size} per GPU, {gpu} (emugpu); network {network(args)}",
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
@@ -614,8 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                 row.predicted_ms = predict_ms(baseline.ranks[0], row.config.ranks_per_node, row.config.nodes, args)
     gpu = baseline.ranks[0]["gpu"] if baseline is not None and baseline.ok else args.gpu
     print(f"\nDDP {args.model}, batch {args.batch_size} per GPU, {gpu}, timing mode; {args.iterations} timed "
-          f"iterations after {args.warmup}; network {args.net_gbps or os.environ.get('EMUGPU_NET_GBPS', 100)} GB/s, "
-          f"{args.net_latency_us or os.environ.get('EMUGPU_NET_LATENCY_US', 3)} us; host: {os.cpu_count()} cores, "
+          f"iterations after {args.warmup}; network {network(args)}; host: {os.cpu_count()} cores, "
           f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after\n")
     print(table(rows, baseline, args))
     print()
