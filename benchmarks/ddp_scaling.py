@@ -422,7 +422,7 @@ def table(rows: list[Row], baseline: Row | None, args: argparse.Namespace) -> st
             f"| {cfg.label} | {cfg.ranks} | {cfg.nodes} | {row.iteration_ms:.2f} | "
             f"{row.samples_per_s(args.batch_size, row.iteration_ms):.1f} | {fmt(base / row.iteration_ms * 100, '.1f')}%"
             f" | {fmt(row.predicted_ms, '.2f')} | {fmt(base / row.predicted_ms * 100, '.1f')}% | "
-            f"{fmt(error, '+.2f')}% | {verdict} | {peak:.2f} | {rss:.0f} | {pss:.0f} |")
+            f"{fmt(error, '+.3f')}% | {verdict} | {peak:.2f} | {rss:.0f} | {pss:.0f} |")
     return "\n".join(lines)
 
 
@@ -433,7 +433,7 @@ def accuracy_summary(rows: list[Row]) -> list[str]:
     if judged:
         errors = [abs(r.iteration_ms - r.predicted_ms) / r.predicted_ms * 100 for r in judged]
         lines.append(f"prediction error over {len(judged)} multi-rank configurations that were not host-bound: "
-                     f"median {statistics.median(errors):.2f}%, worst {max(errors):.2f}% (target: within 2%)")
+                     f"median {statistics.median(errors):.3f}%, worst {max(errors):.3f}% (target: within 2%)")
     else:
         lines.append("prediction error: no multi-rank configuration that was not host-bound")
     if excluded:
