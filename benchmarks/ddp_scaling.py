@@ -38,6 +38,7 @@ GPU: marked HOST-BOUND, left out of the accuracy summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -304,6 +305,52 @@ def _child_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Ends torchruns that ran past the timeout, and their ranks (which torchrun may have put in sessions of
+    their own): SIGTERM to each torchrun (it stops its ranks), then SIGKILL to whatever is left, by pid."""
+    tree = {pid: _cmdline(pid) for p in procs for pid in _descendants(p.pid)}
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for pid, cmdline in tree.items():
+        if cmdline and _cmdline(pid) == cmdline:  # still the same process
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def run_config(cfg: Config, args: argparse.Namespace, workdir: Path) -> Row:
     """Launches one configuration's torchrun(s), bounded by --timeout; reads the ranks' JSON."""
     out = workdir / cfg.label.replace(" ", "_")
@@ -318,17 +365,17 @@ def run_config(cfg: Config, args: argparse.Namespace, workdir: Path) -> Row:
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + args.timeout
     timed_out = False
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    if timed_out:
-        for p in procs:  # each torchrun leads its own session: end it and its ranks
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+    try:
         for p in procs:
-            p.wait()
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+    except KeyboardInterrupt:  # the torchruns lead sessions of their own: Ctrl-C did not reach them
+        stop([p for p in procs if p.poll() is None])
+        raise
+    if timed_out:
+        stop([p for p in procs if p.poll() is None])
     for log in logs:
         log.close()
     files = sorted(out.glob("rank*.json"))
@@ -427,7 +474,7 @@ def table(rows: list[Row], baseline: Row | None, args: argparse.Namespace) -> st
 
 
 def accuracy_summary(rows: list[Row]) -> list[str]:
-    judged = [r for r in rows if r.ok and r.config.ranks > 1 and not r.host_bound]
+    judged = [r for r in rows if r.ok and r.config.ranks > 1 and not r.host_bound and not math.isnan(r.predicted_ms)]
     excluded = [r.config.label for r in rows if r.ok and r.config.ranks > 1 and r.host_bound]
     lines = []
     if judged:
@@ -435,7 +482,8 @@ def accuracy_summary(rows: list[Row]) -> list[str]:
         lines.append(f"prediction error over {len(judged)} multi-rank configurations that were not host-bound: "
                      f"median {statistics.median(errors):.3f}%, worst {max(errors):.3f}% (target: within 2%)")
     else:
-        lines.append("prediction error: no multi-rank configuration that was not host-bound")
+        lines.append("prediction error: no multi-rank configuration that was not host-bound (and predicted: the "
+                     "prediction needs the 1-rank run)")
     if excluded:
         lines.append("left out of that summary as HOST-BOUND (their times measure this host, not the GPU): "
                      + ", ".join(excluded))
