@@ -294,7 +294,9 @@ def _commands(cfg: Config, args: argparse.Namespace, out: Path) -> list[list[str
 
 
 def _child_env(args: argparse.Namespace) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
+    # The rest of EMUGPU_* (network, catalog, profile path) passes through: this process reads the same for
+    # the prediction. The device count comes from torchrun's LOCAL_WORLD_SIZE.
+    env = {k: v for k, v in os.environ.items() if k != "EMUGPU_DEVICE_COUNT"}
     env.update(EMUGPU_GPU=args.gpu, EMUGPU_MODE="timing", OMP_NUM_THREADS="1")
     if args.net_gbps is not None:
         env["EMUGPU_NET_GBPS"] = str(args.net_gbps)
