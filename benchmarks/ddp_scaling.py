@@ -127,7 +127,10 @@ def worker(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
 
-    model = torchvision.models.get_model(args.model, num_classes=1000).to(device)
+    # Built on the device, as with `torch.device("cuda")`: in timing mode its parameters are then
+    # placeholders that cost no host memory (moved from the CPU they would be real bytes twice over).
+    with torch.device(device):
+        model = torchvision.models.get_model(args.model, num_classes=1000)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
 
     def event() -> torch.Event:
@@ -184,6 +187,8 @@ def worker(args: argparse.Namespace) -> None:
         optimizer.step()
         end.record()
         records.append((start, backward_end, end, buckets))
+        # As `for x, y in loader: x = x.to(device)` does: the batch is let go before the next one is copied in.
+        del x, y, loss
         # One iteration in flight, as a loop that logs the previous step's
         # loss: the host waits here (closing host-bound windows) without
         # leaving the device idle while it is ahead.
