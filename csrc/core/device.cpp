@@ -245,6 +245,7 @@ void Device::reset_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   timeline_.reset_stats();
   blocked_ns_ = 0;
+  host_bound_ = HostBoundMonitor();  // windows start over, the first again a warm-up
 }
 
 int64_t Device::pool_stream(bool high_priority) {

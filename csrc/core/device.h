@@ -105,7 +105,8 @@ class Device {
   EngineStats engine_stats(Engine engine) const;
   TimeNs host_blocked_ns() const;
   // Whether the device sat idle waiting for the host (host_bound.h), judged
-  // at host waits; `idle_ns` is the total idle time so far.
+  // at host waits (reset_stats starts the windows over); host_idle_ns is the
+  // total idle time so far.
   HostBoundStats host_bound_stats() const;
   TimeNs host_idle_ns() const;
   // Percent of the last second (host time) the compute engine was busy, as

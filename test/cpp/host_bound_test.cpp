@@ -110,4 +110,17 @@ TEST(HostBoundMonitor, HostBoundLoopIsReported) {
   EXPECT_GT(l.dev.host_idle_ns(), 0);
 }
 
+TEST(HostBoundMonitor, ResetStatsStartsTheWindowsOver) {
+  Loop l;
+  for (int i = 0; i < 20; ++i) l.iteration(20, 1 * kMs, 3 * kMs);  // host-bound
+  ASSERT_GT(l.dev.host_bound_stats().host_bound, 0);
+  l.dev.reset_stats();
+  EXPECT_EQ(l.dev.host_bound_stats().windows, 0);
+  l.clock.advance(10'000 * kMs);  // a long pause: the first window after the reset is warm-up
+  for (int i = 0; i < 40; ++i) l.iteration(20, 2 * kMs, kMs / 10);  // device-bound
+  const auto s = l.dev.host_bound_stats();
+  EXPECT_GE(s.windows, 2);
+  EXPECT_EQ(s.host_bound, 0);
+}
+
 }  // namespace

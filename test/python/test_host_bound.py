@@ -30,17 +30,14 @@ def _loop(size: int, per_iteration: int, host_s: float, seconds: float) -> list[
 
 
 def test_device_bound_loop_is_not_host_bound() -> None:
-    # One iteration first: its synchronize closes a window earlier tests left open (their idle time
-    # between tests is judged there), so the windows counted below hold this loop only.
-    _loop(8192, 20, 0.0, 0.1)
-    before = torch_emugpu.host_bound_report()
+    torch.emugpu.reset_engine_stats()  # windows start over, the first a warm-up: earlier tests' gaps stay out
     # 8192^2 fp32 matmuls: tens of milliseconds each on the emulated GPU, microseconds to launch; an
     # iteration of 1.6 s hides even a loaded machine's wake-up latency after each synchronize.
-    assert not _loop(8192, 20, 0.0, 4.0)
-    after = torch_emugpu.host_bound_report()
-    assert after["windows"] > before["windows"]
-    assert after["host_bound_windows"] == before["host_bound_windows"]
-    assert after["last_idle_fraction"] < 0.10
+    assert not _loop(8192, 20, 0.0, 5.0)
+    report = torch_emugpu.host_bound_report()
+    assert report["windows"] >= 1, report
+    assert report["host_bound_windows"] == 0, report
+    assert report["worst_idle_fraction"] < 0.10, report
 
 
 def test_host_bound_loop_is_reported() -> None:
