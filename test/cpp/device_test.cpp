@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "error.h"
+#include "test_gpu.h"
 
 namespace {
 
@@ -18,16 +19,7 @@ using emugpu::TimeNs;
 
 constexpr TimeNs kUs = 1'000, kMs = 1'000'000;
 
-emugpu::GpuSpec test_gpu() {
-  emugpu::GpuSpec g;
-  g.name = "Test GPU";
-  g.memory_bytes = 16ull << 30;
-  g.fp32_flops = 10e12;
-  g.memory_bandwidth = 1e12;
-  g.pcie_generation = 4;
-  g.pcie_width = 16;
-  return g;
-}
+using emugpu::testing::test_gpu;
 
 // A model's ops: cost-model estimates, launched with host gaps between them.
 struct Loop {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "device.h"
+#include "test_gpu.h"
 
 namespace {
 
@@ -16,16 +17,7 @@ using emugpu::TimeNs;
 
 constexpr TimeNs kMs = 1'000'000;
 
-emugpu::GpuSpec test_gpu() {
-  emugpu::GpuSpec g;
-  g.name = "Test GPU";
-  g.memory_bytes = 16ull << 30;
-  g.fp32_flops = 10e12;
-  g.memory_bandwidth = 1e12;
-  g.pcie_generation = 4;
-  g.pcie_width = 16;
-  return g;
-}
+using emugpu::testing::test_gpu;
 
 // An iteration: `kernels` kernels of `kernel` each, the host taking `host`
 // to launch each, then a synchronize.
