@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import pathlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,3 +55,19 @@ def child_env(**env: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def profile_search_dir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                       device_count: int) -> Iterator[pathlib.Path]:
+    """An EMUGPU_PROFILE_PATH directory and an empty user directory, on
+    `device_count` T4s; the profile cache is reloaded after."""
+    from torch_emugpu import profiles
+
+    monkeypatch.setenv("EMUGPU_PROFILE_PATH", str(tmp_path / "env"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "env").mkdir()
+    torch_emugpu.configure(gpu="t4", device_count=device_count)
+    yield tmp_path / "env"
+    monkeypatch.delenv("EMUGPU_PROFILE_PATH")
+    profiles.reload()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_python
+from conftest import profile_search_dir, run_python
 
 import torch_emugpu
 from torch_emugpu import _parallel, profiles
@@ -187,13 +187,8 @@ def write_profile(directory: Path, model: str, parameters: int | None, data_para
 @pytest.fixture
 def profile_dir(tmp_path, monkeypatch):
     """An EMUGPU_PROFILE_PATH directory and an empty user directory; two T4s (PCIe, no NVLink)."""
-    monkeypatch.setenv("EMUGPU_PROFILE_PATH", str(tmp_path / "env"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    (tmp_path / "env").mkdir()
-    torch_emugpu.configure(gpu="t4", device_count=2)
-    yield tmp_path / "env"
-    monkeypatch.delenv("EMUGPU_PROFILE_PATH")
-    profiles.reload()
+    with profile_search_dir(tmp_path, monkeypatch, device_count=2) as directory:
+        yield directory
 
 
 def step_times(net: torch.nn.Module, model: torch.nn.Module, batch: int, iterations: int = 6,

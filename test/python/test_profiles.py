@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import REPO, run_python
+from conftest import REPO, profile_search_dir, run_python
 
 import torch_emugpu
 from torch_emugpu import importers, profiles
@@ -40,13 +40,8 @@ def write_profile(directory: Path, gpu: str = "Tesla T4", model: str = "resnet18
 @pytest.fixture
 def profile_dir(tmp_path, monkeypatch):
     """An EMUGPU_PROFILE_PATH directory and an empty user directory; the GPU is a T4."""
-    monkeypatch.setenv("EMUGPU_PROFILE_PATH", str(tmp_path / "env"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    (tmp_path / "env").mkdir()
-    torch_emugpu.configure(gpu="t4", device_count=1)
-    yield tmp_path / "env"
-    monkeypatch.delenv("EMUGPU_PROFILE_PATH")
-    profiles.reload()
+    with profile_search_dir(tmp_path, monkeypatch, device_count=1) as directory:
+        yield directory
 
 
 def train_iterations(model: torch.nn.Module, batch: int, iterations: int, warmup: int = 2) -> float:

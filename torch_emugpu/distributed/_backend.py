@@ -378,7 +378,10 @@ class EmuBackend(_C10dBackend):
             [start, int(real), int(compute), signature, int(model_bytes), largest], name)
         if not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real):
             # No rank can move these bytes, so nothing needs the others' words now.
-            mine = f"{name} on [{_describe(signed)}]" + (f", {extra}" if extra is not None else "")
+            # Described only if the ranks disagree: this path is every DDP bucket's.
+            def mine() -> str:
+                return f"{name} on [{_describe(signed)}]" + (f", {extra}" if extra is not None else "")
+
             return self._defer(name, model_kind, received, outputs, dev, signature, gathered, mine)
         self.drain()  # what this one's timing rests on (the stream's earlier collectives) is placed first
         words = gathered()
@@ -399,7 +402,7 @@ class EmuBackend(_C10dBackend):
         return EmuWork(outputs, dev, end, blocks_host)
 
     def _defer(self, name: str, model_kind: str, received: Sequence[torch.Tensor], outputs: list[torch.Tensor],
-               dev: int, signature: int, gathered: Callable[[], torch.Tensor], mine: str) -> EmuWork:
+               dev: int, signature: int, gathered: Callable[[], torch.Tensor], mine: Callable[[], str]) -> EmuWork:
         """A collective whose bytes stay put: the host goes on at once, as
         NCCL's does. A thread of this backend waits for the other ranks'
         words, places the collective on this stream (after the stream's
@@ -418,8 +421,10 @@ class EmuBackend(_C10dBackend):
                 words = gathered()
                 if bool((words[:, 3] != signature).any()):
                     other = next(r for r in range(self._size) if int(words[r, 3]) != signature)
-                    theirs = self._exchange.report(f"mismatch/{sequence}", mine, other, f"{name} (mismatch report)")
-                    raise ValueError(_disagree(self._rank, mine, other, theirs))
+                    described = mine()
+                    theirs = self._exchange.report(f"mismatch/{sequence}", described, other,
+                                                   f"{name} (mismatch report)")
+                    raise ValueError(_disagree(self._rank, described, other, theirs))
                 duration = ext._collective_duration(dev, model_kind, float(words[:, 4].max()), self._size,
                                                     self._ranks_per_node) if self._size > 1 else 0
                 with torch.emugpu.stream(comm):
