@@ -4,12 +4,16 @@ group, plus the real bytes where the data rule moves them), over `--world`
 spawned ranks on loopback, and the payload bytes each call moved. Emulated
 device time is not measured here.
 
-    python benchmarks/distributed_host_cost.py [--world 8] [--iters N]
+    python benchmarks/distributed_host_cost.py [--world 8] [--iters N] [--transport tcp]
 
-Prints, per (mode, size): microseconds per call (median over ranks of each
-rank's mean), its ratio to a gloo all-gather of the six exchange words alone
-(the baseline, measured in the same processes), and payload bytes moved per
-call and rank. Timing mode moves the bytes of tensors up to 64 KiB only.
+Prints, per (mode, size): wall microseconds per call (median over ranks of
+each rank's mean), its ratio to an all-gather of the six exchange words
+alone (the baseline, measured in the same processes), the rank's own CPU
+time per call (all its threads: when ranks outnumber cores, wall time is
+about CPU time x ranks / cores, as every synchronous all_reduce waits for
+every rank), and payload bytes moved per call and rank. Timing mode moves
+the bytes of tensors up to 64 KiB only. `--transport tcp` measures the TCP
+exchange instead of shared memory.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import queue
 import statistics
 import time
 
@@ -41,10 +46,11 @@ def rank_main(rank: int, world: int, port: int, iters: int, results: mp.Queue) -
     # Baseline: the exchange's all-gather of six int64 words, with nothing else.
     for _ in range(10):
         exchange.gather_words([0] * 6, "baseline")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(iters):
         exchange.gather_words([0] * 6, "baseline")
-    results.put(("baseline", 48, (time.perf_counter() - start) / iters * 1e6, 0))
+    results.put(("baseline", 48, (time.perf_counter() - start) / iters * 1e6,
+                 (time.process_time() - cpu) / iters * 1e6, 0))
 
     for mode, nbytes in CASES:
         torch_emugpu.configure(mode=mode)
@@ -53,11 +59,12 @@ def rank_main(rank: int, world: int, port: int, iters: int, results: mp.Queue) -
             dist.all_reduce(x)
         dist.barrier()
         moved = backend.payload_bytes_moved
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(iters):
             dist.all_reduce(x)
-        seconds = time.perf_counter() - start
-        results.put((mode, nbytes, seconds / iters * 1e6, (backend.payload_bytes_moved - moved) / iters))
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+        results.put((mode, nbytes, seconds / iters * 1e6, cpu_seconds / iters * 1e6,
+                     (backend.payload_bytes_moved - moved) / iters))
         torch.emugpu.synchronize()
         dist.barrier()
     dist.destroy_process_group()
@@ -67,28 +74,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=8, help="ranks, one emulated GPU each (default: 8)")
     parser.add_argument("--iters", type=int, default=100, help="timed calls per case (default: 100)")
+    parser.add_argument("--transport", choices=["auto", "tcp", "shm"], default="auto",
+                        help="the exchange's transport (EMUGPU_EXCHANGE; default: auto, shared memory here)")
     args = parser.parse_args()
     world = args.world
+    transport = args.transport
     os.environ["EMUGPU_DEVICE_COUNT"] = str(world)
+    os.environ["EMUGPU_EXCHANGE"] = transport
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
     results = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, world, store.port, args.iters, results)) for r in range(world)]
     for p in procs:
         p.start()
-    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    rows: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for _ in tqdm(range(world * (len(CASES) + 1)), desc="rank results", unit="result"):
-        mode, nbytes, us, moved = results.get(timeout=1200)
-        rows.setdefault((mode, nbytes), []).append((us, moved))
+        while True:
+            try:
+                mode, nbytes, us, cpu_us, moved = results.get(timeout=5)
+                break
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:
+                    raise SystemExit(f"rank(s) {dead} failed (their traceback is above)") from None
+        rows.setdefault((mode, nbytes), []).append((us, cpu_us, moved))
     for p in procs:
         p.join(60)
-    baseline = statistics.median(us for us, _ in rows.pop(("baseline", 48)))
-    print(f"{world} ranks on loopback; baseline (exchange all-gather of 6 words): {baseline:.1f} us")
-    print(f"{'mode':8} {'bytes':>10} {'us/all_reduce':>14} {'x baseline':>11} {'payload bytes moved/call':>25}")
+    base = rows.pop(("baseline", 48))
+    baseline = statistics.median(v[0] for v in base)
+    print(f"{world} ranks on loopback, transport {transport}; baseline (exchange all-gather of 6 words): "
+          f"{baseline:.1f} us wall, {statistics.median(v[1] for v in base):.1f} us CPU")
+    print(f"{'mode':8} {'bytes':>10} {'us/all_reduce':>14} {'x baseline':>11} {'CPU us/call':>12} "
+          f"{'payload bytes moved/call':>25}")
     for (mode, nbytes), values in rows.items():
         us = statistics.median(v[0] for v in values)
-        moved = statistics.median(v[1] for v in values)
-        print(f"{mode:8} {nbytes:>10} {us:>14.1f} {us / baseline:>11.2f} {moved:>25.0f}")
+        cpu_us = statistics.median(v[1] for v in values)
+        moved = statistics.median(v[2] for v in values)
+        print(f"{mode:8} {nbytes:>10} {us:>14.1f} {us / baseline:>11.2f} {cpu_us:>12.1f} {moved:>25.0f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The configuration in force, as the compiled core reports it.
 
-The environment (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE, EMUGPU_CATALOG)
+The environment (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE, EMUGPU_CATALOG,
+EMUGPU_EXCHANGE, ...)
 is parsed in one place, the C++ core (csrc/core/config.cpp), so that the
 device count is right whoever asks first (autograd, torch.accelerator, a
 DataLoader); `torch_emugpu.configure()` passes explicit values down.
@@ -17,3 +18,4 @@ class Config:
     device_count: int
     mode: str
     catalog: str
+    exchange: str  # how backend `emu`'s ranks exchange: auto, tcp or shm

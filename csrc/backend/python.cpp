@@ -14,6 +14,7 @@
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
 #include "core/collective_cost.h"
+#include "core/shm_exchange.h"
 
 namespace emugpu {
 
@@ -139,6 +140,7 @@ PYBIND11_MODULE(_C, m) {
       d["device_count"] = c.device_count;
       d["mode"] = mode_name(c.mode);
       d["catalog"] = c.catalog_path;
+      d["exchange"] = exchange_name(c.exchange);
       return d;
     });
   });
@@ -392,6 +394,53 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_materialized", [](const at::Tensor& t, bool value) {
     guarded([&] { set_tensor_materialized(t, value); });
   });
+  // The same-machine transport of the backend's exchange (_exchange.py).
+  // Waits release the GIL: the backend's resolver thread waits while the
+  // main thread launches.
+  auto timeout = [](double seconds) {
+    return std::chrono::nanoseconds(static_cast<int64_t>(std::min(seconds, 1e9) * 1e9));
+  };
+  py::class_<ShmExchange>(m, "_ShmExchange")
+      .def_static("create", [](const std::string& name, int size, uint64_t token) {
+        return guarded([&] { return ShmExchange::create(name, size, token); });
+      })
+      .def_static("open", [](const std::string& name, int rank, int size, uint64_t token) {
+        return guarded([&] { return ShmExchange::open(name, rank, size, token); });
+      })
+      .def_static("unlink", [](const std::string& name) { ShmExchange::unlink(name); })
+      .def("start", [timeout](ShmExchange& self, const std::vector<int64_t>& words, double timeout_s) {
+        return guarded([&] {
+          py::gil_scoped_release no_gil;
+          return self.start_gather(words.data(), static_cast<int>(words.size()), timeout(timeout_s));
+        });
+      })
+      .def("finish", [timeout](ShmExchange& self, uint64_t ticket, int count, double timeout_s) {
+        return guarded([&] {
+          at::Tensor out = at::empty({self.size(), count}, at::kLong);
+          py::gil_scoped_release no_gil;
+          self.finish_gather(ticket, out.data_ptr<int64_t>(), count, timeout(timeout_s));
+          return out;
+        });
+      })
+      .def("gather_bytes", [timeout](ShmExchange& self, const at::Tensor& mine, double timeout_s) {
+        return guarded([&] {
+          TORCH_CHECK_VALUE(mine.device().is_cpu() && mine.is_contiguous(), "gather_bytes expected a contiguous "
+                            "CPU tensor, got one on ", mine.device());
+          std::vector<at::Tensor> rows(static_cast<size_t>(self.size()));
+          py::gil_scoped_release no_gil;
+          self.gather_bytes(mine.data_ptr(), mine.nbytes(), timeout(timeout_s),
+                            [&](int rank, const void* bytes, size_t length) {
+                              at::Tensor row = at::empty({static_cast<int64_t>(length)}, at::kByte);
+                              if (length > 0) std::memcpy(row.data_ptr(), bytes, length);
+                              rows[static_cast<size_t>(rank)] = std::move(row);
+                            });
+          return rows;
+        });
+      })
+      .def_property_readonly("rank", &ShmExchange::rank)
+      .def_property_readonly("size", &ShmExchange::size)
+      .def_readonly_static("max_words", &ShmExchange::kMaxWords)
+      .def_readonly_static("capacity", &ShmExchange::kDataCapacity);
   m.def("_emulate_kernel", [](int index, double seconds) {
     return guarded([&] {
       const TimeNs duration = seconds_to_ns(seconds);

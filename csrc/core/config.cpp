@@ -81,6 +81,24 @@ Mode parse_mode(const std::string& text, const std::string& source) {
 
 const char* mode_name(Mode mode) { return mode == Mode::kCompute ? "compute" : "timing"; }
 
+ExchangeTransport parse_exchange(const std::string& text, const std::string& source) {
+  std::string name = trim(text);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (name == "auto") return ExchangeTransport::kAuto;
+  if (name == "tcp") return ExchangeTransport::kTcp;
+  if (name == "shm") return ExchangeTransport::kShm;
+  detail::throw_error(ErrorKind::kValue, source, ": expected one of auto, tcp, shm, got '", brief(text), "'");
+}
+
+const char* exchange_name(ExchangeTransport transport) {
+  switch (transport) {
+    case ExchangeTransport::kTcp: return "tcp";
+    case ExchangeTransport::kShm: return "shm";
+    case ExchangeTransport::kAuto: break;
+  }
+  return "auto";
+}
+
 int parse_device_count(const std::string& text, const std::string& source) {
   const std::string t = trim(text);
   size_t used = 0;
@@ -128,6 +146,7 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
   } else if (auto v = env("EMUGPU_NET_LATENCY_US")) {
     c.net_latency_us = parse_net_latency_us(*v, "EMUGPU_NET_LATENCY_US");
   }
+  if (auto v = env("EMUGPU_EXCHANGE")) c.exchange = parse_exchange(*v, "EMUGPU_EXCHANGE");
   c.catalog_path = env("EMUGPU_CATALOG").value_or(default_catalog);
   return c;
 }

@@ -1,7 +1,8 @@
 // The configuration of the emulated GPUs, from explicit values or the
 // environment (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE, EMUGPU_CATALOG,
-// and the inter-node network of collectives: EMUGPU_NET_GBPS,
-// EMUGPU_NET_LATENCY_US): the one place either is parsed.
+// the inter-node network of collectives: EMUGPU_NET_GBPS,
+// EMUGPU_NET_LATENCY_US, and the ranks' exchange: EMUGPU_EXCHANGE): the one
+// place either is parsed.
 #pragma once
 
 #include <optional>
@@ -10,6 +11,11 @@
 namespace emugpu {
 
 enum class Mode { kTiming, kCompute };
+// How the ranks of backend `emu` exchange start times and small payloads:
+// shared memory where every rank of a group shares this machine (auto),
+// always TCP (tcp, e.g. to exercise the network path on one machine), or
+// shared memory or an error (shm).
+enum class ExchangeTransport { kAuto, kTcp, kShm };
 
 constexpr int kMaxDevices = 64;
 constexpr const char* kDefaultGpu = "NVIDIA A100-SXM4-40GB";
@@ -27,6 +33,7 @@ struct Config {
   Mode mode = Mode::kTiming;
   double net_gbps = kDefaultNetGBps;          // GB/s (1e9 bytes/s) per direction per node
   double net_latency_us = kDefaultNetLatencyUs;  // one network hop
+  ExchangeTransport exchange = ExchangeTransport::kAuto;
 };
 
 // What a caller asks for; whatever is left out comes from the environment,
@@ -43,6 +50,8 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
 Mode parse_mode(const std::string& text, const std::string& source);
 int parse_device_count(const std::string& text, const std::string& source);
 const char* mode_name(Mode mode);
+ExchangeTransport parse_exchange(const std::string& text, const std::string& source);
+const char* exchange_name(ExchangeTransport transport);
 // A number in (0, kMaxNetGBps] GB/s; throws kValue naming `source`.
 double parse_net_gbps(const std::string& text, const std::string& source);
 // A number in [0, kMaxNetLatencyUs] microseconds; throws kValue naming `source`.

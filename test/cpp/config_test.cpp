@@ -15,7 +15,7 @@ using emugpu::Mode;
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
     for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
-                          "EMUGPU_NET_LATENCY_US", "LOCAL_WORLD_SIZE"}) unsetenv(v);
+                          "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE"}) unsetenv(v);
   }
   void TearDown() override { SetUp(); }
 };
@@ -98,6 +98,22 @@ TEST_F(CleanEnvironment, TheEnvironmentFillsWhatTheCallerLeavesOut) {
   EXPECT_EQ(c.gpu, "t4");
   EXPECT_EQ(c.device_count, 2);
   EXPECT_EQ(c.mode, Mode::kTiming);
+}
+
+TEST_F(CleanEnvironment, TheExchangeTransportComesFromTheEnvironment) {
+  EXPECT_EQ(emugpu::resolve_config({}, "").exchange, emugpu::ExchangeTransport::kAuto);
+  setenv("EMUGPU_EXCHANGE", " TCP", 1);
+  EXPECT_EQ(emugpu::resolve_config({}, "").exchange, emugpu::ExchangeTransport::kTcp);
+  setenv("EMUGPU_EXCHANGE", "shm", 1);
+  EXPECT_EQ(emugpu::resolve_config({}, "").exchange, emugpu::ExchangeTransport::kShm);
+  setenv("EMUGPU_EXCHANGE", "gloo", 1);
+  try {
+    emugpu::resolve_config({}, "");
+    ADD_FAILURE() << "gloo was accepted";
+  } catch (const emugpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("EMUGPU_EXCHANGE: expected one of auto, tcp, shm, got 'gloo'"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CleanEnvironment, BadValuesNameTheirSource) {

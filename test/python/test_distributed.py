@@ -167,6 +167,39 @@ def _values(rank: int, world: int) -> None:
     assert objs == [{"rank": r} for r in range(world)]
 
 
+def _three_ranks(rank: int, world: int) -> str:
+    """The shared-memory path's own arithmetic with three ranks: rank-order
+    chunks, reductions over every dtype family, and a coalesced payload whose
+    second tensor starts at an odd byte offset."""
+    dev = torch.device("emugpu", rank)
+    x = torch.tensor([1.5, -2.0, 4.0]).mul(rank + 1).to(dev)
+    dist.all_reduce(x)
+    assert torch.equal(x.cpu(), torch.tensor([1.5, -2.0, 4.0]) * 6)
+    for dtype, op, want in ((torch.int64, dist.ReduceOp.MAX, [2, 3, 4]), (torch.bool, dist.ReduceOp.SUM,
+                                                                          [True, True, True])):
+        x = (torch.arange(3) + rank).to(dtype).to(dev)
+        dist.all_reduce(x, op=op)
+        assert x.cpu().tolist() == want, (dtype, x.cpu())
+    got = torch.zeros(2, device=dev)
+    dist.reduce_scatter_tensor(got, torch.arange(6.0).add(10 * rank).to(dev))
+    assert got.cpu().tolist() == [3 * (2 * rank) + 30, 3 * (2 * rank + 1) + 30]
+    out = torch.zeros(9, dtype=torch.int16, device=dev)
+    dist.all_gather_into_tensor(out, torch.full((3,), rank, dtype=torch.int16).to(dev))
+    assert out.cpu().tolist() == [0] * 3 + [1] * 3 + [2] * 3
+    x = torch.full((2,), float(rank)).to(dev)
+    dist.broadcast(x, src=2)
+    assert x.cpu().tolist() == [2.0, 2.0]
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    pair = [torch.tensor([rank == 1, False, rank == 2]).to(dev), torch.tensor([rank, 1.0]).to(dev)]
+    with _coalescing_manager():  # one all_reduce_coalesced over both dtypes
+        for x in pair:
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    assert pair[0].cpu().tolist() == [True, False, True] and pair[1].cpu().tolist() == [2.0, 1.0]
+    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+    return backend._exchange.transport
+
+
 def _backend_chosen(rank: int, world: int) -> str:
     dev = torch.device("emugpu", rank)
     x = torch.ones(2, device=dev)
@@ -402,15 +435,23 @@ SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
     "dtype_mismatch": _dtype_mismatch,
-    "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs,
+    "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs, "three_ranks": _three_ranks,
 }
 
 
 # --- tests ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["compute", "timing"])
-def test_collective_values(mode: str) -> None:
-    run_ranks("values", mode=mode)
+@pytest.mark.parametrize("mode,transport", [("compute", "auto"), ("timing", "auto"), ("compute", "tcp"),
+                                            ("timing", "tcp")])
+def test_collective_values(mode: str, transport: str) -> None:
+    run_ranks("values", mode=mode, env={"EMUGPU_EXCHANGE": transport})
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_three_ranks_reduce_in_rank_order_on_either_transport(transport: str) -> None:
+    out = run_ranks("three_ranks", world=3, mode="timing", env={"EMUGPU_EXCHANGE": transport})
+    # One machine: auto picks shared memory.
+    assert set(out.values()) == {"shm" if transport == "auto" else "tcp"}
 
 
 @pytest.mark.parametrize("init,backend", [("emu", "emu"), ("default", "emu"), ("device_id", "emu"),
@@ -555,10 +596,14 @@ def test_torchrun_with_too_few_emulated_devices_fails_at_init(tmp_path: pathlib.
     assert time.monotonic() - start < 120
 
 
-def test_rank_exit_raises_within_timeout() -> None:
-    out = run_ranks("rank_dies", dying=(1,))
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_rank_exit_raises_within_timeout(transport: str) -> None:
+    out = run_ranks("rank_dies", dying=(1,), env={"EMUGPU_EXCHANGE": transport})
     assert 0.5 < out[0]["seconds"] < PG_TIMEOUT.total_seconds()
     assert "rank 0 of 2: all_reduce failed" in out[0]["error"]
+    if transport == "shm":  # noticed by its pid, well before the timeout
+        assert "rank 1 (pid" in out[0]["error"] and "exited" in out[0]["error"]
+        assert out[0]["seconds"] < 5
 
 
 def test_rank_that_never_arrives_raises_at_the_timeout() -> None:

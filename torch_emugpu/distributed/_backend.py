@@ -20,12 +20,12 @@ values are.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import datetime
 import hashlib
 import os
-import queue
 import socket
 import threading
 import weakref
@@ -43,6 +43,10 @@ DATA_THRESHOLD_BYTES = 64 * 1024
 
 _R = dist.ReduceOp.RedOpType
 _BITWISE = (_R.BAND, _R.BOR, _R.BXOR)
+# In-place combiners of the shared-memory path, by op (AVG: SUM, then divided).
+_REDUCERS = {_R.SUM: torch.add, _R.AVG: torch.add, _R.PRODUCT: torch.mul, _R.MIN: torch.minimum,
+             _R.MAX: torch.maximum, _R.BAND: torch.bitwise_and, _R.BOR: torch.bitwise_or,
+             _R.BXOR: torch.bitwise_xor}
 _OP_NAMES = {_R.SUM: "SUM", _R.AVG: "AVG", _R.PRODUCT: "PRODUCT", _R.MIN: "MIN", _R.MAX: "MAX",
              _R.BAND: "BAND", _R.BOR: "BOR", _R.BXOR: "BXOR", _R.PREMUL_SUM: "PREMUL_SUM"}
 
@@ -73,8 +77,9 @@ class EmuWork(dist._Work):
 
     def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int | None = None, blocks_host: bool = False,
                  pending: Callable[[], None] | None = None, resolved: concurrent.futures.Future | None = None,
-                 future: torch.futures.Future | None = None) -> None:
+                 future: torch.futures.Future | None = None, resolver: _Resolver | None = None) -> None:
         super().__init__()
+        self._resolver = resolver
         self._pending = pending  # a send's bytes still on their way (waited for by wait())
         self._outputs = outputs
         self._device = device
@@ -118,7 +123,8 @@ class EmuWork(dist._Work):
         """When the collective ends on the emulated device (steady-clock ns);
         for a deferred one, waits until that is known."""
         if self._end_ns is None:
-            assert self._resolved is not None
+            assert self._resolved is not None and self._resolver is not None
+            self._resolver.run_through(self._resolved)
             self._end_ns = self._resolved.result()
         return self._end_ns
 
@@ -212,25 +218,47 @@ def _check_layout(size: int) -> None:
 
 
 class _Resolver:
-    """Runs calls one at a time, in order, on a daemon thread (a process
-    exiting with collectives whose peers died must not wait for them)."""
+    """Runs calls one at a time, in submission order: on a daemon thread (a
+    process exiting with collectives whose peers died must not wait for
+    them), or inline on a thread that needs one of them done now
+    (run_through), which saves the hand-over between threads that a
+    synchronous collective would otherwise pay twice."""
 
     def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[], int], concurrent.futures.Future]] = queue.SimpleQueue()
+        self._pending: collections.deque[tuple[Callable[[], int], concurrent.futures.Future]] = collections.deque()
+        self._running = threading.Lock()  # held while one call runs
+        self._submitted = threading.Semaphore(0)
         threading.Thread(target=self._loop, name="emu-collectives", daemon=True).start()
 
     def submit(self, call: Callable[[], int]) -> concurrent.futures.Future:
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._calls.put((call, done))
+        self._pending.append((call, done))
+        self._submitted.release()
         return done
+
+    def run_through(self, target: concurrent.futures.Future) -> None:
+        """Runs the calls up to `target`'s on this thread, unless the daemon
+        thread already has."""
+        while not target.done():
+            with self._running:
+                if not target.done():
+                    self._step()
+
+    def _step(self) -> None:
+        try:
+            call, done = self._pending.popleft()
+        except IndexError:
+            return
+        try:
+            done.set_result(call())
+        except BaseException as e:  # noqa: BLE001  (handed to whoever waits)
+            done.set_exception(e)
 
     def _loop(self) -> None:
         while True:
-            call, done = self._calls.get()
-            try:
-                done.set_result(call())
-            except BaseException as e:  # noqa: BLE001  (handed to whoever waits)
-                done.set_exception(e)
+            self._submitted.acquire()
+            with self._running:
+                self._step()
 
 
 class EmuBackend(_C10dBackend):
@@ -346,14 +374,17 @@ class EmuBackend(_C10dBackend):
     def _run(self, name: str, model_kind: str, model_bytes: float, inputs: Sequence[torch.Tensor],
              received: Sequence[torch.Tensor], outputs: list[torch.Tensor], move: Callable[[], None],
              extra: object = None, blocks_host: bool = False, device: int | None = None,
-             signed: Sequence[torch.Tensor] | None = None) -> EmuWork:
+             signed: Sequence[torch.Tensor] | None = None,
+             shm_move: Callable[[list[torch.Tensor]], None] | None = None) -> EmuWork:
         """Exchanges start times (and checks the ranks agree), moves bytes
         where the data rule says so, and launches the modelled duration.
         `inputs` are the tensors whose bytes this rank contributes, `received`
         those it writes; `signed` (default: both) and `extra` (root, op) must
         match across ranks. Sizes that may differ across ranks (all_to_all's
         splits) are exchanged: every rank decides and times from the same
-        maxima."""
+        maxima. `shm_move`, where given, does what `move` does from every
+        rank's input bytes (concatenated in `inputs` order) when they fit the
+        exchange's shared memory."""
         tensors = list(inputs) + list(received)
         dev = self._check(name, tensors) if device is None else device
         ext = _C()
@@ -365,17 +396,19 @@ class EmuBackend(_C10dBackend):
         signature = _signature((name, extra, [(tuple(t.shape), t.dtype) for t in signed]))
         with self._on_comm_stream(dev):
             return self._launch(name, model_kind, model_bytes, inputs, received, outputs, move, blocks_host, dev,
-                                real, compute, largest, signature, signed, extra)
+                                real, compute, largest, signature, signed, extra, shm_move)
 
     def _launch(self, name: str, model_kind: str, model_bytes: float, inputs: Sequence[torch.Tensor],
                 received: Sequence[torch.Tensor], outputs: list[torch.Tensor], move: Callable[[], None],
                 blocks_host: bool, dev: int, real: bool, compute: bool, largest: int, signature: int,
-                signed: Sequence[torch.Tensor], extra: object) -> EmuWork:
+                signed: Sequence[torch.Tensor], extra: object,
+                shm_move: Callable[[list[torch.Tensor]], None] | None) -> EmuWork:
         ext = _C()
         # Start times cross processes in rank 0's clock (see _align_clocks).
         start = ext._collective_begin(dev) - self._clock_offset_ns
+        payload = sum(t.numel() * t.element_size() for t in inputs)
         gathered = self._exchange.start_gather_words(
-            [start, int(real), int(compute), signature, int(model_bytes), largest], name)
+            [start, int(real), int(compute), signature, int(model_bytes), largest, payload], name)
         if not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real):
             # No rank can move these bytes, so nothing needs the others' words now.
             # Described only if the ranks disagree: this path is every DDP bucket's.
@@ -391,8 +424,11 @@ class EmuBackend(_C10dBackend):
         moves = bool(words[:, 2].all()) or (int(words[:, 5].max()) <= DATA_THRESHOLD_BYTES
                                             and bool(words[:, 1].all()))
         if moves:
-            move()
-            self.payload_bytes_moved += sum(t.numel() * t.element_size() for t in inputs)
+            if shm_move is not None and int(words[:, 6].max()) <= self._exchange.shm_capacity:
+                shm_move(self._exchange.gather_bytes(self._payload(inputs), name))
+            else:
+                move()
+            self.payload_bytes_moved += payload
         if not compute:
             for t in received:
                 ext._set_materialized(t, moves)
@@ -435,7 +471,7 @@ class EmuBackend(_C10dBackend):
                 future.set_exception(e)
                 raise
 
-        return EmuWork(outputs, dev, resolved=self._submit(resolve), future=future)
+        return EmuWork(outputs, dev, resolved=self._submit(resolve), future=future, resolver=self._resolver)
 
     def _submit(self, resolve: Callable[[], int]) -> concurrent.futures.Future:
         """Queues a deferred collective's resolution behind the earlier ones."""
@@ -450,6 +486,8 @@ class EmuBackend(_C10dBackend):
         on the timeline (raising the first one's error)."""
         last = self._last_deferred
         if last is not None:
+            assert self._resolver is not None
+            self._resolver.run_through(last)
             last.result()
 
     def _mismatch(self, name: str, signed: Sequence[torch.Tensor], extra: object, signatures: torch.Tensor) -> None:
@@ -460,6 +498,42 @@ class EmuBackend(_C10dBackend):
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return _C()._host_view(t)
+
+    def _bytes(self, t: torch.Tensor) -> torch.Tensor:
+        """The host view as raw bytes: what collectives that only copy need,
+        whatever the dtype (gloo has no int16, uint16, float8, ...)."""
+        return self._host(t).reshape(-1).view(torch.uint8)
+
+    def _payload(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The inputs' bytes, one after the other, as a CPU uint8 tensor."""
+        if not inputs:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.cat([self._bytes(t) for t in inputs])
+
+    @staticmethod
+    def _unpack(row: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """A rank's payload cut back into tensors shaped and typed as `like`."""
+        out, offset = [], 0
+        for t in like:
+            n = t.numel() * t.element_size()
+            chunk = row[offset:offset + n]
+            if offset % t.element_size():  # a wider dtype after a narrower one: view() needs alignment
+                chunk = chunk.clone()
+            out.append(chunk.view(t.dtype).view(t.shape))
+            offset += n
+        return out
+
+    @staticmethod
+    def _combine(parts: Sequence[torch.Tensor], op: dist.ReduceOp, average: bool, size: int) -> torch.Tensor:
+        """Reduces the ranks' tensors in rank order: every rank computes the
+        same sums in the same order, so all hold identical results."""
+        fn = _REDUCERS[getattr(op, "op", op)]  # a ReduceOp or its RedOpType
+        acc = parts[0].clone()
+        for p in parts[1:]:
+            fn(acc, p, out=acc)
+        if average:
+            acc.div_(size)
+        return acc
 
     def _gloo(self, what: str, start: Callable[[dist.ProcessGroupGloo], dist.Work]) -> None:
         self._exchange.run(start(self._exchange.gloo), what)
@@ -503,21 +577,33 @@ class EmuBackend(_C10dBackend):
                 self._gloo(name, lambda g, h=h: g.allreduce([h], _opts(dist.AllreduceOptions, reduceOp=op)))
             self._divide(hosts, average)
 
+        def shm_move(rows: list[torch.Tensor]) -> None:
+            parts = [self._unpack(row, tensors) for row in rows]
+            for i, t in enumerate(tensors):
+                self._host(t).copy_(self._combine([p[i] for p in parts], op, average, self._size))
+
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        return self._run(name, "all_reduce", nbytes, tensors, tensors, tensors, move, extra=_OP_NAMES[reduce_op.op])
+        return self._run(name, "all_reduce", nbytes, tensors, tensors, tensors, move, extra=_OP_NAMES[reduce_op.op],
+                         shm_move=shm_move)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> EmuWork:
         root = opts.rootRank
 
         def move() -> None:
             for t in tensors:
-                h = self._host(t)
+                h = self._bytes(t)
                 self._gloo("broadcast", lambda g, h=h: g.broadcast([h], _opts(dist.BroadcastOptions, rootRank=root)))
+
+        def shm_move(rows: list[torch.Tensor]) -> None:
+            if self._rank != root:
+                for t, part in zip(tensors, self._unpack(rows[root], tensors), strict=True):
+                    self._host(t).copy_(part)
 
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         received = [] if self._rank == root else tensors
         return self._run("broadcast", "broadcast", nbytes, tensors if self._rank == root else [], received, tensors,
-                         move, extra=f"root {root}", device=self._check("broadcast", tensors), signed=tensors)
+                         move, extra=f"root {root}", device=self._check("broadcast", tensors), signed=tensors,
+                         shm_move=shm_move)
 
     def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions) -> EmuWork:
         root = opts.rootRank
@@ -531,30 +617,44 @@ class EmuBackend(_C10dBackend):
             if self._rank == root:
                 self._divide(hosts, average)
 
+        def shm_move(rows: list[torch.Tensor]) -> None:
+            if self._rank == root:
+                parts = [self._unpack(row, tensors) for row in rows]
+                for i, t in enumerate(tensors):
+                    self._host(t).copy_(self._combine([p[i] for p in parts], op, average, self._size))
+
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         received = tensors if self._rank == root else []
         return self._run("reduce", "reduce", nbytes, tensors, received, tensors, move,
-                         extra=f"root {root} {_OP_NAMES[opts.reduceOp.op]}", signed=tensors)
+                         extra=f"root {root} {_OP_NAMES[opts.reduceOp.op]}", signed=tensors, shm_move=shm_move)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: object = None) -> EmuWork:
         flat = [t for group in output_tensors for t in group]
 
         def move() -> None:
-            outs = [[self._host(t) for t in group] for group in output_tensors]
-            ins = [self._host(t) for t in input_tensors]
+            outs = [[self._bytes(t) for t in group] for group in output_tensors]
+            ins = [self._bytes(t) for t in input_tensors]
             self._gloo("all_gather", lambda g: g.allgather(outs, ins))
 
+        def shm_move(rows: list[torch.Tensor]) -> None:
+            for r, row in enumerate(rows):
+                for group, part in zip(output_tensors, self._unpack(row, input_tensors), strict=True):
+                    self._host(group[r]).copy_(part)
+
         nbytes = sum(t.numel() * t.element_size() for t in input_tensors) * self._size
-        return self._run("all_gather", "all_gather", nbytes, input_tensors, flat, flat, move)
+        return self._run("all_gather", "all_gather", nbytes, input_tensors, flat, flat, move, shm_move=shm_move)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> EmuWork:
         def move() -> None:
-            out, inp = self._host(output), self._host(input)
+            out, inp = self._bytes(output), self._bytes(input)
             self._gloo("all_gather_into_tensor", lambda g: g._allgather_base(out, inp))
 
+        def shm_move(rows: list[torch.Tensor]) -> None:
+            self._bytes(output).copy_(torch.cat(rows))
+
         return self._run("all_gather_into_tensor", "all_gather", input.numel() * input.element_size() * self._size,
-                         [input], [output], [output], move)
+                         [input], [output], [output], move, shm_move=shm_move)
 
     _allgather_base = all_gather_single
 
@@ -570,9 +670,15 @@ class EmuBackend(_C10dBackend):
                        lambda g: g.reduce_scatter(outs, ins, _opts(dist.ReduceScatterOptions, reduceOp=op)))
             self._divide(outs, average)
 
+        def shm_move(rows: list[torch.Tensor]) -> None:
+            parts = [self._unpack(row, flat) for row in rows]
+            for i, t in enumerate(output_tensors):
+                mine = i * self._size + self._rank
+                self._host(t).copy_(self._combine([p[mine] for p in parts], op, average, self._size))
+
         nbytes = sum(t.numel() * t.element_size() for t in output_tensors) * self._size
         return self._run("reduce_scatter", "reduce_scatter", nbytes, flat, output_tensors, output_tensors, move,
-                         extra=_OP_NAMES[opts.reduceOp.op])
+                         extra=_OP_NAMES[opts.reduceOp.op], shm_move=shm_move)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: dist.ReduceScatterOptions) -> EmuWork:
@@ -584,8 +690,12 @@ class EmuBackend(_C10dBackend):
                        lambda g: g._reduce_scatter_base(out, inp, _opts(dist.ReduceScatterOptions, reduceOp=op)))
             self._divide([out], average)
 
+        def shm_move(rows: list[torch.Tensor]) -> None:
+            chunks = [row.view(input.dtype).view(self._size, -1)[self._rank] for row in rows]
+            self._host(output).copy_(self._combine(chunks, op, average, self._size).view(output.shape))
+
         return self._run("reduce_scatter_tensor", "reduce_scatter", input.numel() * input.element_size(), [input],
-                         [output], [output], move, extra=_OP_NAMES[opts.reduceOp.op])
+                         [output], [output], move, extra=_OP_NAMES[opts.reduceOp.op], shm_move=shm_move)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -600,7 +710,7 @@ class EmuBackend(_C10dBackend):
 
         def move() -> None:
             for group, inp in zip(output_lists, inputs, strict=True):
-                outs, h = [[self._host(t) for t in group]], self._host(inp)
+                outs, h = [[self._bytes(t) for t in group]], self._bytes(inp)
                 self._gloo("all_gather_coalesced", lambda g, outs=outs, h=h: g.allgather(outs, [h]))
 
         nbytes = sum(t.numel() * t.element_size() for t in inputs) * self._size
@@ -610,7 +720,7 @@ class EmuBackend(_C10dBackend):
                                     opts: object = None) -> EmuWork:
         def move() -> None:
             for out, inp in zip(outputs, inputs, strict=True):
-                o, i = self._host(out), self._host(inp)
+                o, i = self._bytes(out), self._bytes(inp)
                 self._gloo("all_gather_into_tensor_coalesced", lambda g, o=o, i=i: g._allgather_base(o, i))
 
         nbytes = sum(t.numel() * t.element_size() for t in inputs) * self._size
@@ -638,8 +748,8 @@ class EmuBackend(_C10dBackend):
         flat = [t for group in output_tensors for t in group]
 
         def move() -> None:
-            outs = [[self._host(t) for t in group] for group in output_tensors]
-            ins = [self._host(t) for t in input_tensors]
+            outs = [[self._bytes(t) for t in group] for group in output_tensors]
+            ins = [self._bytes(t) for t in input_tensors]
             self._gloo("gather", lambda g: g.gather(outs, ins, _opts(dist.GatherOptions, rootRank=root)))
 
         nbytes = sum(t.numel() * t.element_size() for t in input_tensors) * self._size
@@ -652,8 +762,8 @@ class EmuBackend(_C10dBackend):
         flat = [t for group in input_tensors for t in group]
 
         def move() -> None:
-            outs = [self._host(t) for t in output_tensors]
-            ins = [[self._host(t) for t in group] for group in input_tensors]
+            outs = [self._bytes(t) for t in output_tensors]
+            ins = [[self._bytes(t) for t in group] for group in input_tensors]
             self._gloo("scatter", lambda g: g.scatter(outs, ins, _opts(dist.ScatterOptions, rootRank=root)))
 
         nbytes = sum(t.numel() * t.element_size() for t in output_tensors) * self._size
@@ -770,7 +880,7 @@ class EmuBackend(_C10dBackend):
                 exchange.run(w, what)
 
         return EmuWork(list(tensors), dev, pending=pending if sent else None, resolved=self._submit(resolve),
-                       future=future)
+                       future=future, resolver=self._resolver)
 
     def recv_anysource(self, *args: object) -> EmuWork:
         self._unsupported("recv from any source")
