@@ -71,10 +71,9 @@ class CorruptImageError(ValueError):
 
 # --- making ---------------------------------------------------------------
 
-# ImageNet-1k's training set, in figures widely cited (e.g. the answers to "What is
-# the resolution of an image in ImageNet dataset?" on Stack Overflow, and dataset
-# summaries): 1.28 M JPEGs, about 140 GB (so about 110 KB per file), mean size about
-# 400x350 pixels; most images, rescaled from Flickr, have a 500-pixel long side
+# ImageNet-1k's training set, in figures widely repeated in dataset summaries and
+# Q&A threads (not measured here; we had no copy): 1.28 M JPEGs, about 140 GB (so
+# about 110 KB per file), mean size about 400x350 pixels; most images have a 500-pixel long side
 # (500x375, 375x500, 500x333), a minority are smaller or larger. This mixture has
 # those properties (mean about 410x346 pixels, 60% with a 500-pixel long side, and
 # with `_render` at quality 90 about 110 KB per file); it is not a fit to the real
