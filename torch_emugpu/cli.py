@@ -38,6 +38,12 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dataset(args: argparse.Namespace) -> int:
+    from torch_emugpu import datasets
+
+    return datasets.main(args)
+
+
 def _profiles(args: argparse.Namespace) -> int:
     from torch_emugpu import profiles
 
@@ -120,6 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("model", help="model name (e.g. resnet50)")
     sh.add_argument("--plot", default=None, metavar="PNG", help="also write a PNG plot (needs matplotlib)")
     sh.set_defaults(func=_show)
+
+    ds = sub.add_parser("dataset", help="make or check an image dataset (ImageFolder layout)")
+    dsub = ds.add_subparsers(dest="action", required=True, metavar="ACTION")
+    mk = dsub.add_parser("make", help="write generated JPEGs: DIR/<class>/<index>.JPEG, then DIR/dataset.json")
+    mk.add_argument("kind", help="imagenet-like (pixel and file sizes like ImageNet-1k's training set) "
+                                 "or fixed (every image --size WxH)")
+    mk.add_argument("dir", help="output directory (new or empty)")
+    mk.add_argument("--images", type=int, required=True, help="number of images")
+    mk.add_argument("--classes", type=int, default=None, help="number of classes (default 100, at most --images)")
+    mk.add_argument("--seed", type=int, default=0, help="the same seed gives the same bytes (default 0)")
+    mk.add_argument("--jobs", type=int, default=None, help="processes (default: the number of CPUs)")
+    mk.add_argument("--size", default=None, metavar="WxH", help="every image's size (fixed kind only)")
+    mk.add_argument("--quality", type=int, default=90, help="JPEG quality, 1..100 (default 90)")
+    mk.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    ck = dsub.add_parser("check", help="scan DIR: images, classes, bytes and the files skipped, with reasons")
+    ck.add_argument("dir", help="dataset directory (DIR/<class>/<image>)")
+    ck.add_argument("--decode", action="store_true", help="also decode every image (slower; finds corrupt data)")
+    ck.add_argument("--no-progress", action="store_true", help="hide the progress bar of --decode")
+    ds.set_defaults(func=_dataset)
     return parser
 
 

@@ -1,0 +1,525 @@
+"""Image datasets: make folders of JPEGs locally, and read image folders robustly.
+
+Making (`torch-emugpu dataset make KIND DIR --images N`): ``DIR/<class>/<index>.JPEG``
+(the layout torchvision's ``ImageFolder`` reads) plus ``DIR/dataset.json``, written
+last, so a directory without it is an interrupted run. ``imagenet-like`` draws
+each image's size from a mixture resembling ImageNet-1k's training set
+(`imagenet_like_size`); ``fixed`` makes every image ``--size WxH``. Each image
+is rendered from its own generator seeded by (seed, index): the same seed gives
+the same bytes whatever the number of processes (with the same numpy and Pillow
+versions, whose random streams and JPEG encoder could change).
+
+Reading: ``scan(root)`` lists ``root/<class>/**/<image>`` in ``ImageFolder``'s
+order (so class indices agree with it) and ``ImageFiles(scan)`` is a map-style
+``torch.utils.data.Dataset`` of ``(image, class index)``. Bad input:
+
+- ``root`` missing: ``FileNotFoundError`` naming it; ``root`` holding no usable
+  image: ``ValueError`` naming it and the expected layout.
+- At scan time (cheap: the first and last bytes of each file), a file is left
+  out and listed in ``Scan.skipped`` with the reason when its extension is not
+  an image extension, it is empty, its first bytes match no image format, or it
+  is a JPEG (PNG) that does not end with the end-of-image marker FF D9 (the
+  IEND chunk): a truncated file. Images directly under ``root`` (no class)
+  are listed there too; other files there (``dataset.json``) are ignored.
+- At load time, a file that fails to decode is replaced by the next decodable
+  file (in index order), so batches keep their size and the default collate
+  works; the substitute is a duplicate sample of its own class. The failure is
+  recorded in a byte per file in shared memory, which DataLoader worker
+  processes inherit (fork) or receive when they start (spawn), so
+  ``ImageFiles.failed()`` in the main process lists the files that failed in
+  any worker, and later epochs skip them without decoding. Each process also
+  warns once per failed file.
+- ``ImageFiles(..., strict=True)`` raises ``CorruptImageError`` naming the
+  file instead: at construction for files the scan skipped, at load time for a
+  file that fails to decode.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from torch_emugpu.models import write_json_atomic
+
+KINDS = ("imagenet-like", "fixed")
+GENERATOR_VERSION = 1  # bump when the same seed would give other bytes
+MANIFEST = "dataset.json"
+DEFAULT_CLASSES = 100
+# torchvision.datasets.folder.IMG_EXTENSIONS, which ImageFolder accepts (case-insensitive)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+LAYOUT = "ROOT/<class name>/<image>.JPEG (one directory per class, as torchvision's ImageFolder reads)"
+MAX_SIDE = 65500  # JPEG's limit is 65535
+
+
+class CorruptImageError(ValueError):
+    """A file that should be an image cannot be used (strict mode)."""
+
+
+# --- making ---------------------------------------------------------------
+
+# ImageNet-1k's training set, in figures widely repeated in dataset summaries and
+# Q&A threads (not measured here; we had no copy): 1.28 M JPEGs, about 140 GB (so
+# about 110 KB per file), mean size about 400x350 pixels; most images have a 500-pixel long side
+# (500x375, 375x500, 500x333), a minority are smaller or larger. This mixture has
+# those properties (mean about 410x346 pixels, 60% with a 500-pixel long side, and
+# with `_render` at quality 90 about 110 KB per file); it is not a fit to the real
+# distribution.
+_COMMON_SIZES = ((0.37, (500, 375)), (0.09, (375, 500)), (0.11, (500, 333)), (0.03, (333, 500)))
+_SMALLER = 0.37  # long side uniform in [80, 500), short/long in [0.55, 1], 3 in 4 landscape
+# the remaining 3%: long side log-uniform in (500, 1600], short/long 3/4 or 2/3
+
+
+def imagenet_like_size(rng: np.random.Generator) -> tuple[int, int]:
+    """One (width, height) drawn from the ImageNet-like mixture above."""
+    u = rng.random()
+    for p, wh in _COMMON_SIZES:
+        if u < p:
+            return wh
+        u -= p
+    if u < _SMALLER:
+        long = int(rng.integers(80, 500))
+        short = max(1, round(long * rng.uniform(0.55, 1.0)))
+    else:
+        long = round(math.exp(rng.uniform(math.log(501), math.log(1600))))
+        short = round(long * (0.75 if rng.random() < 0.5 else 2 / 3))
+    return (long, short) if rng.random() < 0.75 else (short, long)
+
+
+def _render(rng: np.random.Generator, w: int, h: int) -> Image.Image:
+    """A photo-like image: a smooth colour field, shapes with edges, then grain.
+
+    The grain (full-resolution luma, half-resolution chroma: JPEG keeps chroma at
+    half resolution anyway) is what makes the files photo-sized: at quality 90
+    about 0.7 bytes per pixel, as ImageNet's ~110 KB for ~160 k pixels. Its
+    amplitude varies per image, as detail does between photos.
+    """
+    luma_amp = int(rng.integers(56, 185))
+    chroma_amp = int(rng.integers(16, 49))
+    top = 256 - luma_amp - chroma_amp  # base + grain never exceeds 255: plain uint8 adds
+    gw, gh = (int(v) for v in rng.integers(2, 7, size=2))
+    img = Image.fromarray(rng.integers(0, top, size=(gh, gw, 3), dtype=np.uint8)).resize((w, h), Image.BILINEAR)
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(3, 12))):
+        x0, x1 = sorted(int(v) for v in rng.integers(-w // 4, w + w // 4 + 1, size=2))
+        y0, y1 = sorted(int(v) for v in rng.integers(-h // 4, h + h // 4 + 1, size=2))
+        fill = tuple(int(c) for c in rng.integers(0, top, size=3))
+        shape = rng.integers(3)
+        if shape == 0:
+            draw.ellipse((x0, y0, x1, y1), fill=fill)
+        elif shape == 1:
+            draw.rectangle((x0, y0, x1, y1), fill=fill)
+        else:
+            xs, ys = rng.integers(0, w, size=5), rng.integers(0, h, size=5)
+            draw.polygon([(int(x), int(y)) for x, y in zip(xs, ys, strict=True)], fill=fill)
+    luma = Image.frombytes("L", (w, h), rng.bytes(w * h)).point([v * (luma_amp + 1) >> 8 for v in range(256)])
+    cw, ch = (w + 1) // 2, (h + 1) // 2
+    chroma = Image.frombytes("RGB", (cw, ch), rng.bytes(3 * cw * ch))
+    chroma = chroma.point([v * (chroma_amp + 1) >> 8 for v in range(256)] * 3).resize((w, h), Image.NEAREST)
+    pixels = np.asarray(img) + np.asarray(Image.merge("RGB", (luma, luma, luma)))
+    pixels += np.asarray(chroma)
+    return Image.fromarray(pixels)
+
+
+@dataclass(frozen=True)
+class _Job:
+    root: str
+    class_names: tuple[str, ...]
+    seed: int
+    quality: int
+    size: tuple[int, int] | None
+    digits: int
+
+
+def _image_path(job: _Job, index: int) -> str:
+    name = job.class_names[index % len(job.class_names)]
+    return os.path.join(job.root, name, f"{index:0{job.digits}d}.JPEG")
+
+
+def _make_range(job: _Job, start: int, stop: int) -> tuple[int, int, int, int]:
+    """Writes images start..stop-1; returns (count, sum of widths, of heights, of bytes)."""
+    widths = heights = total = 0
+    for index in range(start, stop):
+        rng = np.random.default_rng([job.seed, index])
+        w, h = job.size if job.size else imagenet_like_size(rng)
+        path = _image_path(job, index)
+        tmp = path + ".tmp"  # a killed run leaves no half-written .JPEG
+        _render(rng, w, h).save(tmp, "JPEG", quality=job.quality)
+        os.replace(tmp, path)
+        widths, heights, total = widths + w, heights + h, total + os.path.getsize(path)
+    return stop - start, widths, heights, total
+
+
+def _make_range_star(args: tuple[_Job, int, int]) -> tuple[int, int, int, int]:
+    return _make_range(*args)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'WxH' -> (W, H)."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not m or not (1 <= int(m[1]) <= MAX_SIDE and 1 <= int(m[2]) <= MAX_SIDE):
+        raise ValueError(f"--size must be WIDTHxHEIGHT with both in 1..{MAX_SIDE} (e.g. 224x224), got {text!r}")
+    return int(m[1]), int(m[2])
+
+
+def class_names(count: int) -> list[str]:
+    """Zero-padded, so that sorting them (as ImageFolder does) keeps their order."""
+    digits = max(3, len(str(count - 1)))
+    return [f"class{k:0{digits}d}" for k in range(count)]
+
+
+def make(kind: str, root: str | os.PathLike[str], images: int, classes: int | None = None, seed: int = 0,
+         jobs: int | None = None, size: str | tuple[int, int] | None = None, quality: int = 90,
+         progress: bool = True) -> dict[str, Any]:
+    """Writes a dataset of `images` JPEGs under `root`; returns its manifest (dataset.json) and elapsed_s."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown dataset kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    if images < 1:
+        raise ValueError(f"--images must be at least 1, got {images}")
+    if classes is None:
+        classes = min(DEFAULT_CLASSES, images)
+    elif classes < 1 or classes > images:
+        raise ValueError(f"--classes must be in 1..--images ({images}), got {classes}")
+    if not 1 <= quality <= 100:
+        raise ValueError(f"--quality must be in 1..100 (JPEG quality), got {quality}")
+    if seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {seed}")
+    if jobs is None:  # the CPUs this process may run on, which a container can limit
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    if kind == "fixed":
+        if size is None:
+            raise ValueError("the fixed kind needs --size WIDTHxHEIGHT (e.g. --size 224x224)")
+        size = parse_size(size if isinstance(size, str) else f"{size[0]}x{size[1]}")
+    elif size is not None:
+        raise ValueError(f"--size applies to the fixed kind only; {kind} draws each image's size")
+    out = Path(root)
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"{out} is a file; expected a new or empty directory for the dataset")
+        entries = sorted(p.name for p in out.iterdir())
+        if entries:
+            raise ValueError(f"{out} exists and is not empty ({len(entries)} entries, e.g. {entries[0]}); "
+                             "choose a new directory or empty this one")
+    names = class_names(classes)
+    for name in names:
+        (out / name).mkdir(parents=True, exist_ok=True)
+    job = _Job(str(out), tuple(names), seed, quality, size, max(6, len(str(images - 1))))
+    jobs = min(jobs, images)
+    chunk = max(1, min(64, images // (jobs * 8)))
+    tasks = [(job, start, min(start + chunk, images)) for start in range(0, images, chunk)]
+
+    from tqdm import tqdm
+
+    count = widths = heights = total = 0
+    started = time.perf_counter()
+    with tqdm(total=images, desc=f"making {kind} images", unit="img", disable=not progress) as bar:
+        if jobs == 1:
+            results = map(_make_range_star, tasks)
+            pool = None
+        else:
+            # fork: the workers need numpy and PIL only, and skip importing torch again
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            pool = multiprocessing.get_context(method).Pool(jobs)
+            results = pool.imap_unordered(_make_range_star, tasks)
+        try:
+            for n, w, h, b in results:
+                count, widths, heights, total = count + n, widths + w, heights + h, total + b
+                bar.update(n)
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+    elapsed = time.perf_counter() - started
+    from torch_emugpu import __version__
+
+    manifest = {
+        "format": "torch-emugpu image folder",
+        "layout": "<class name>/<index>.JPEG",
+        "kind": kind,
+        "count": count,
+        "classes": classes,
+        "seed": seed,
+        "quality": quality,
+        "size": list(size) if size else None,
+        "total_bytes": total,
+        "mean_width": round(widths / count, 1),
+        "mean_height": round(heights / count, 1),
+        "mean_bytes": round(total / count, 1),
+        "generator_version": GENERATOR_VERSION,
+        "torch_emugpu": __version__,
+    }
+    write_json_atomic(out / MANIFEST, manifest)  # last: its presence marks a complete dataset
+    return {**manifest, "elapsed_s": elapsed}
+
+
+# --- reading --------------------------------------------------------------
+
+_JPEG_END = b"\xff\xd9"
+_PNG_END = b"IEND\xaeB`\x82"
+
+
+def _format(head: bytes) -> str | None:
+    """The image format the first bytes announce, if any."""
+    if head.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if head.startswith(b"BM"):
+        return "BMP"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "TIFF"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    if len(head) > 2 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
+        return "PNM"
+    return None
+
+
+def _check_file(path: str, size: int) -> str | None:
+    """Why the file is not a usable image, from its extension and first and last bytes; None if it looks fine."""
+    ext = os.path.splitext(path)[1]
+    if ext.lower() not in IMAGE_EXTENSIONS:
+        return f"extension {ext or '(none)'!r} is not an image extension ({' '.join(IMAGE_EXTENSIONS)})"
+    if size == 0:
+        return "empty file (0 bytes)"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            f.seek(max(0, size - 64))
+            tail = f.read(64).rstrip(b"\x00")  # some writers pad after the end marker
+    except OSError as e:
+        return f"unreadable: {e}"
+    kind = _format(head)
+    if kind is None:
+        return f"not an image: starts with {head[:8].hex(' ')}, which matches no image format"
+    if kind == "JPEG" and not tail.endswith(_JPEG_END):
+        return "truncated JPEG: does not end with the end-of-image marker FF D9"
+    if kind == "PNG" and not tail.endswith(_PNG_END):
+        return "truncated PNG: does not end with the IEND chunk"
+    return None
+
+
+@dataclass
+class Scan:
+    """What `scan` found under `root`."""
+
+    root: Path
+    files: list[tuple[Path, int]]  # (path, class index), in ImageFolder's order
+    class_names: list[str]
+    skipped: list[tuple[Path, str]]  # (path, reason)
+    total_bytes: int = 0  # of `files`
+    manifest: dict[str, Any] | None = None  # dataset.json, where present and readable
+    manifest_error: str | None = None
+    empty_classes: list[str] = field(default_factory=list)
+
+
+def scan(root: str | os.PathLike[str]) -> Scan:
+    """Lists the usable images under ``root/<class>/`` (see the module docstring)."""
+    top = Path(root)
+    if not top.exists():
+        raise FileNotFoundError(f"dataset directory {top} does not exist; expected {LAYOUT}; make one with "
+                                f"`torch-emugpu dataset make imagenet-like {top} --images N`")
+    if not top.is_dir():
+        raise ValueError(f"{top} is a file; expected a dataset directory: {LAYOUT}")
+    files: list[tuple[Path, int]] = []
+    skipped: list[tuple[Path, str]] = []
+    total = 0
+    with os.scandir(top) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    names = [e.name for e in entries if e.is_dir()]  # as ImageFolder.find_classes
+    for e in entries:
+        if not e.is_dir() and os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS:
+            skipped.append((Path(e.path), f"not in a class directory (expected {LAYOUT})"))
+    empty: list[str] = []
+    for index, name in enumerate(names):
+        before = len(files)
+        # ImageFolder's make_dataset walks in this order
+        for dirpath, _, fnames in sorted(os.walk(top / name, followlinks=True)):
+            for fname in sorted(fnames):
+                path = os.path.join(dirpath, fname)
+                try:
+                    size = os.stat(path).st_size
+                except OSError as err:
+                    skipped.append((Path(path), f"unreadable: {err}"))
+                    continue
+                reason = _check_file(path, size)
+                if reason:
+                    skipped.append((Path(path), reason))
+                else:
+                    files.append((Path(path), index))
+                    total += size
+        if len(files) == before:
+            empty.append(name)
+    if not files:
+        why = f"; {len(skipped)} files skipped, e.g. {skipped[0][0]}: {skipped[0][1]}" if skipped else ""
+        raise ValueError(f"no usable images under {top} ({len(names)} class directories){why}; expected {LAYOUT}")
+    manifest, manifest_error = None, None
+    if (top / MANIFEST).is_file():
+        try:
+            manifest = json.loads((top / MANIFEST).read_text())
+        except (OSError, ValueError) as err:
+            manifest_error = str(err)
+        if manifest is not None and not isinstance(manifest, dict):
+            manifest, manifest_error = None, f"expected a JSON object, found {type(manifest).__name__}"
+    return Scan(top, files, names, skipped, total, manifest, manifest_error, empty)
+
+
+DECODERS = ("pil", "tensor")
+
+
+def _decode_pil(path: Path) -> Image.Image:
+    with Image.open(path) as im:
+        return im.convert("RGB")  # decodes fully: corrupt data fails here, not in a transform
+
+
+def _decode_tensor(path: Path) -> torch.Tensor:
+    # PIL (libjpeg-turbo) rather than torchvision.io, whose decoders torchvision 0.29 deprecates
+    return torch.from_numpy(np.array(_decode_pil(path))).permute(2, 0, 1)
+
+
+class ImageFiles(torch.utils.data.Dataset):
+    """Map-style dataset of ``(image, class index)`` over a `Scan`.
+
+    ``decode="pil"`` gives RGB PIL images (as ImageFolder), ``"tensor"`` uint8 CHW
+    tensors. A file that fails to decode is replaced by the next one that decodes
+    and counted (`failed`, `failed_count`), or with ``strict=True`` raises
+    `CorruptImageError` (see the module docstring).
+    """
+
+    def __init__(self, scan: Scan, transform: Callable[[Any], Any] | None = None, decode: str = "pil",
+                 strict: bool = False, target_transform: Callable[[int], Any] | None = None) -> None:
+        if decode not in DECODERS:
+            raise ValueError(f"decode must be one of {', '.join(DECODERS)}, got {decode!r}")
+        if not scan.files:
+            raise ValueError(f"the scan of {scan.root} holds no images; expected {LAYOUT}")
+        if strict and scan.skipped:
+            path, reason = scan.skipped[0]
+            raise CorruptImageError(f"{path}: {reason} ({len(scan.skipped)} unusable files under {scan.root}); "
+                                    "remove them, or pass strict=False to skip them")
+        self.root = scan.root
+        self.samples = scan.files
+        self.classes = scan.class_names
+        self.transform = transform
+        self.target_transform = target_transform
+        self.decode = decode
+        self.strict = strict
+        self._decoder = _decode_pil if decode == "pil" else _decode_tensor
+        # One byte per file, in shared memory: workers mark the files that failed.
+        self._failed = multiprocessing.RawArray("B", len(self.samples))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        n = len(self.samples)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} out of range for {n} images")
+        index %= n
+        for step in range(n):
+            j = (index + step) % n
+            if self._failed[j]:
+                continue
+            path, target = self.samples[j]
+            try:
+                image = self._decoder(path)
+            except MemoryError:
+                raise
+            except Exception as err:  # noqa: BLE001  (any decoder error means this file is unusable)
+                if self.strict:
+                    raise CorruptImageError(f"{path}: cannot decode ({type(err).__name__}: {err}); remove or "
+                                            "replace it, or pass strict=False to skip it") from err
+                self._failed[j] = 1
+                warnings.warn(f"{path}: cannot decode ({type(err).__name__}: {err}); using the next image "
+                              "instead", RuntimeWarning, stacklevel=2)
+                continue
+            if self.transform is not None:
+                image = self.transform(image)
+            return image, (self.target_transform(target) if self.target_transform is not None else target)
+        raise CorruptImageError(f"none of the {n} images under {self.root} decodes; "
+                                f"run `torch-emugpu dataset check {self.root} --decode`")
+
+    def failed(self) -> list[Path]:
+        """Files that failed to decode so far, in this process or any DataLoader worker."""
+        flags = np.frombuffer(self._failed, dtype=np.uint8)
+        return [self.samples[i][0] for i in np.flatnonzero(flags)]
+
+    @property
+    def failed_count(self) -> int:
+        return int(np.count_nonzero(np.frombuffer(self._failed, dtype=np.uint8)))
+
+
+def verify(found: Scan, decode: str = "pil", progress: bool = True) -> list[tuple[Path, str]]:
+    """Decodes every file of the scan; returns (path, error) for those that fail."""
+    from tqdm import tqdm
+
+    decoder = _decode_pil if decode == "pil" else _decode_tensor
+    bad = []
+    for path, _ in tqdm(found.files, desc="decoding", unit="img", disable=not progress):
+        try:
+            decoder(path)
+        except MemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            bad.append((path, f"cannot decode ({type(err).__name__}: {err})"))
+    return bad
+
+
+# --- the command ----------------------------------------------------------
+
+SHOWN = 50  # skipped files listed by `dataset check`
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def main(args: Any) -> int:
+    if args.action == "make":
+        m = make(args.kind, args.dir, args.images, classes=args.classes, seed=args.seed, jobs=args.jobs,
+                 size=args.size, quality=args.quality, progress=not args.no_progress)
+        rate = m["count"] / m["elapsed_s"] if m["elapsed_s"] > 0 else float("inf")
+        print(f"wrote {m['count']} images in {m['classes']} classes to {args.dir}: {_mb(m['total_bytes'])}, "
+              f"mean {m['mean_width']:.0f}x{m['mean_height']:.0f} pixels, {m['mean_bytes'] / 1e3:.1f} KB per image "
+              f"({m['elapsed_s']:.1f} s, {rate:.0f} images/s)")
+        return 0
+    found = scan(args.dir)
+    n = len(found.files)
+    print(f"{found.root}: {n} images in {len(found.class_names)} classes, {_mb(found.total_bytes)} "
+          f"({found.total_bytes / n / 1e3:.1f} KB per image)")
+    if found.empty_classes:
+        print(f"{len(found.empty_classes)} classes without images: {', '.join(found.empty_classes[:10])}")
+    m = found.manifest
+    if m is not None:
+        line = f"dataset.json: {m.get('kind')}, {m.get('count')} images, seed {m.get('seed')}"
+        if m.get("count") != n:
+            line += f"; found {n}: files were removed, added or damaged since it was made"
+        print(line)
+    elif found.manifest_error:
+        print(f"dataset.json is unreadable ({found.manifest_error})")
+    else:
+        print("no dataset.json: not made by `torch-emugpu dataset make`, or that run did not finish")
+    bad = list(found.skipped)
+    if args.decode:
+        bad += verify(found, progress=not args.no_progress)
+    print(f"skipped {len(bad)} files" + (":" if bad else ""))
+    for path, reason in bad[:SHOWN]:
+        print(f"  {path}: {reason}")
+    if len(bad) > SHOWN:
+        print(f"  ... and {len(bad) - SHOWN} more")
+    sys.stdout.flush()
+    return 0
