@@ -171,12 +171,19 @@ ShmExchange::DataSlot& ShmExchange::data_slot(uint64_t ticket, int rank) const {
   return *at<DataSlot>(base_, layout.data + index * Layout::data_stride());
 }
 
-uint64_t ShmExchange::min_consumed(bool data) const {
+int ShmExchange::first_behind(bool data, uint64_t ticket) const {
   const Layout layout(size_);
   const auto* counters = at<PaddedCounter>(base_, data ? layout.data_consumed : layout.consumed);
-  uint64_t low = UINT64_MAX;
-  for (int r = 0; r < size_; ++r) low = std::min(low, counters[r].value.load(std::memory_order_seq_cst));
-  return low;
+  for (int r = 0; r < size_; ++r)
+    if (counters[r].value.load(std::memory_order_seq_cst) <= ticket) return r;
+  return -1;
+}
+
+void ShmExchange::wait_for_room(bool data, uint64_t reused, std::chrono::nanoseconds timeout, const char* what,
+                                uint64_t ticket) const {
+  auto behind = [&] { return first_behind(data, reused); };
+  wait_until(header_->consumed, [&] { return behind() < 0; }, behind, timeout, what, ticket,
+             " to read earlier gathers");
 }
 
 void ShmExchange::notify(Signal& signal) const {
@@ -229,18 +236,8 @@ uint64_t ShmExchange::start_gather(const int64_t* words, int count, std::chrono:
     std::lock_guard<std::mutex> lock(mutex_);
     ticket = next_ticket_++;
   }
-  if (ticket >= kDepth) {
-    // The slot last held ticket - kDepth: every rank must have read it.
-    wait_until(header_->consumed, [&] { return min_consumed(false) > ticket - kDepth; },
-               [&] {
-                 const Layout layout(size_);
-                 const auto* c = at<PaddedCounter>(base_, layout.consumed);
-                 for (int r = 0; r < size_; ++r)
-                   if (c[r].value.load() <= ticket - kDepth) return r;
-                 return -1;
-               },
-               timeout, "word gather (ring full)", ticket, " to read earlier gathers");
-  }
+  // The slot last held ticket - kDepth: every rank must have read it.
+  if (ticket >= kDepth) wait_for_room(false, ticket - kDepth, timeout, "word gather (ring full)", ticket);
   WordSlot& slot = word_slot(ticket, rank_);
   slot.count = count;
   std::memcpy(slot.words, words, sizeof(int64_t) * static_cast<size_t>(count));
@@ -292,17 +289,8 @@ void ShmExchange::gather_bytes(const void* data, size_t length, std::chrono::nan
   EMUGPU_CHECK(length <= kDataCapacity, kValue, "shared-memory exchange: expected at most ", kDataCapacity,
                " bytes per rank, got ", length);
   const uint64_t ticket = next_data_ticket_++;
-  const Layout layout(size_);
-  auto* consumed = at<PaddedCounter>(base_, layout.data_consumed);
-  if (ticket >= kDataDepth) {
-    wait_until(header_->consumed, [&] { return min_consumed(true) > ticket - kDataDepth; },
-               [&] {
-                 for (int r = 0; r < size_; ++r)
-                   if (consumed[r].value.load() <= ticket - kDataDepth) return r;
-                 return -1;
-               },
-               timeout, "byte gather (ring full)", ticket, " to read earlier gathers");
-  }
+  auto* consumed = at<PaddedCounter>(base_, Layout(size_).data_consumed);
+  if (ticket >= kDataDepth) wait_for_room(true, ticket - kDataDepth, timeout, "byte gather (ring full)", ticket);
   DataSlot& mine = data_slot(ticket, rank_);
   mine.length = length;
   if (length > 0) std::memcpy(reinterpret_cast<char*>(&mine) + sizeof(DataSlot), data, length);

@@ -76,7 +76,11 @@ class ShmExchange {
                   std::chrono::nanoseconds timeout, const char* what, uint64_t ticket, const char* lag) const;
   void notify(Signal& signal) const;
   void finished(uint64_t ticket);
-  uint64_t min_consumed(bool data) const;
+  // The first rank that has not yet read (word or byte) gather `ticket`, or -1.
+  int first_behind(bool data, uint64_t ticket) const;
+  // Waits until every rank read gather `reused`, whose slot `ticket` reuses.
+  void wait_for_room(bool data, uint64_t reused, std::chrono::nanoseconds timeout, const char* what,
+                     uint64_t ticket) const;
 
   void* base_;
   size_t length_;
