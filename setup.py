@@ -39,11 +39,11 @@ class CMakeBuild(build_ext):
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, target)
-        # The GPU catalog travels inside the package for non-editable installs.
-        profiles = target.parent / "profiles"
-        profiles.mkdir(exist_ok=True)
-        for src in (ROOT / "profiles").glob("*.json"):
-            shutil.copy2(src, profiles / src.name)
+        # The GPU catalog and the measured data travel inside the package for non-editable installs.
+        for src in (ROOT / "profiles").rglob("*.json"):
+            dest = target.parent / "profiles" / src.relative_to(ROOT / "profiles")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
 
 
 setup(ext_modules=[CMakeExtension("torch_emugpu._C")], cmdclass={"build_ext": CMakeBuild})

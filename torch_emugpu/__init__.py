@@ -138,8 +138,10 @@ def _register() -> None:
 if _C is not None:
     _register()
 else:
-    # Let "emugpu" parse as a device name so that the error a user meets says what is missing.
-    if torch._C._get_privateuse1_backend_name() == "privateuseone":
+    # Let "emugpu" parse as a device name so that the error a user meets says what is missing; but not
+    # beside CUDA, where the profiler runs without the extension: naming PrivateUse1 without a device
+    # guard makes autograd's backward fail there ("not linked with support for emugpu devices").
+    if torch._C._get_privateuse1_backend_name() == "privateuseone" and not torch.cuda.is_available():
         torch.utils.rename_privateuse1_backend("emugpu")
     import warnings
 

@@ -175,7 +175,10 @@ def run(models: list[str], batch_sizes: list[int], out: Path, device: torch.devi
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", required=True, help="comma-separated torchvision model names, e.g. resnet18,resnet50")
+    p.add_argument("--models", default=None, help="comma-separated torchvision model names, e.g. resnet18,resnet50")
+    p.add_argument("--preprocessing", action="store_true",
+                   help="measure GPU-side image preprocessing (nvJPEG decode, resize, crop, flip, normalize) "
+                        "instead of models")
     p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
                    help="comma-separated batch sizes (default: 1,2,4,...,256)")
     p.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
@@ -205,6 +208,14 @@ def main(args: argparse.Namespace) -> int:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA GPU is available on this machine; use --device cpu")
     out = Path(args.out) if args.out else default_out()
+    if args.preprocessing:
+        from torch_emugpu import preprocessing_profiler
+
+        print(preprocessing_profiler.run(out, device, progress=not args.no_progress))
+        if not args.models:
+            return 0
+    if not args.models:
+        raise ValueError("--models: expected comma-separated torchvision model names (or --preprocessing)")
     paths = run([m.strip() for m in args.models.split(",") if m.strip()], sizes, out, device,
                 args.warmup, args.iterations, args.force, progress=not args.no_progress)
     for p in paths:

@@ -122,8 +122,27 @@ const ProfileTable* Profile::table(int gpu_count) const {
   return nullptr;
 }
 
-Profile parse_profile(std::string_view text, const std::string& path) {
-  const json doc = parse_json_document(text, "profile " + path);
+namespace {
+
+// Other torch-emugpu data on the search path (calibrations, preprocessing
+// tables) has its own schema and loader; the profile scan passes over it.
+bool other_kind(const json& doc) {
+  if (!doc.is_object()) return false;
+  const auto it = doc.find("schema");
+  if (it == doc.end() || !it->is_string()) return false;
+  const auto& schema = it->get_ref<const std::string&>();
+  return schema.starts_with("torch-emugpu ") && !schema.starts_with("torch-emugpu profile");
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  EMUGPU_CHECK(in.good(), kValue, "cannot read profile ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Profile from_document(const json& doc, const std::string& path) {
   if (!doc.is_object()) bad(path, "", "expected a JSON object at the top level");
   Profile p;
   p.path = path;
@@ -152,13 +171,13 @@ Profile parse_profile(std::string_view text, const std::string& path) {
   return p;
 }
 
-Profile load_profile_file(const std::string& path) {
-  std::ifstream in(path);
-  EMUGPU_CHECK(in.good(), kValue, "cannot read profile ", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_profile(text.str(), path);
+}  // namespace
+
+Profile parse_profile(std::string_view text, const std::string& path) {
+  return from_document(parse_json_document(text, "profile " + path), path);
 }
+
+Profile load_profile_file(const std::string& path) { return parse_profile(read_text(path), path); }
 
 ProfileLookup interpolate(const Profile& profile, const ProfileTable& table, int64_t batch_size) {
   EMUGPU_CHECK(batch_size >= 1, kValue, "batch size must be >= 1 for a profile lookup, got ", batch_size,
@@ -219,7 +238,10 @@ void ProfileDb::scan(const std::vector<std::string>& directories) {
       }
     }
     std::sort(files.begin(), files.end());
-    for (const auto& f : files) add(load_profile_file(f));
+    for (const auto& f : files) {
+      const json doc = parse_json_document(read_text(f), "profile " + f);
+      if (!other_kind(doc)) add(from_document(doc, f));
+    }
   }
 }
 

@@ -213,6 +213,8 @@ TEST(ProfileDb, ScansDirectoriesAndEarlierOnesWin) {
   fs::create_directories(root / "b");
   std::ofstream(root / "a" / "x.json") << kProfile;
   std::ofstream(root / "b" / "y.json") << replaced(kProfile, "\"forward_s\": 0.010", "\"forward_s\": 0.5");
+  // other torch-emugpu data beside profiles is passed over, not rejected
+  std::ofstream(root / "a" / "preprocessing.json") << R"({"schema": "torch-emugpu preprocessing v1", "ops": []})";
   emugpu::ProfileDb db;
   db.scan({(root / "a").string(), (root / "missing").string(), (root / "b").string()});
   ASSERT_EQ(db.profiles().size(), 1u);

@@ -1,0 +1,208 @@
+"""One DataLoader-fed training epoch per configuration, on a real GPU
+(`--device cuda`, plain PyTorch) or an emulated one (`--device emugpu`), so
+that the data path of the two can be compared: epoch time, images/s, and how
+long the training loop waited for batches.
+
+The pipeline is torchvision's ImageNet recipe: worker processes decode JPEGs
+with PIL and apply RandomResizedCrop(224), RandomHorizontalFlip, ToTensor and
+Normalize; the loop copies each batch to the device (non_blocking when pinned)
+and runs SGD. With `gpu` preprocessing the workers only read the files, and
+decode (nvJPEG on CUDA), crop, flip and normalize run on the device.
+`--cold` drops the dataset's files from the page cache before each epoch
+(posix_fadvise DONTNEED; say so when not permitted).
+
+    python benchmarks/data_pipeline.py --data ./data --device cuda --models resnet18 \\
+        --workers 1,2,4,8 --pin both --out real.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_emugpu import datasets
+from torch_emugpu.models import torchvision_model, write_json_atomic
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _read_bytes(path: Any) -> torch.Tensor:
+    with open(path, "rb") as f:
+        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+
+def _collate_bytes(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
+
+
+def drop_page_cache(paths: list[Path]) -> str | None:
+    """Asks the kernel to drop the files' cached pages; the reason when it cannot."""
+    if not hasattr(os, "posix_fadvise"):
+        return "posix_fadvise is not available on this platform"
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            return f"posix_fadvise(DONTNEED) failed on {p}: {e}"
+        finally:
+            os.close(fd)
+    return None
+
+
+def gpu_preprocess(datas: list[torch.Tensor], device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    """Decode on the device, then random-resized-crop, flip and normalize there (a DALI-style pipeline)."""
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms.v2 import RandomResizedCrop
+    from torchvision.transforms.v2 import functional as F
+
+    images = decode_jpeg(datas, device=device) if device.type == "cuda" else [decode_jpeg(d).to(device)
+                                                                             for d in datas]
+    out = []
+    for img in images:
+        top, left, h, w = RandomResizedCrop.get_params(img, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+        img = F.resized_crop(img, top, left, h, w, [224, 224], antialias=True)
+        if torch.rand((), generator=gen) < 0.5:
+            img = F.horizontal_flip(img)
+        out.append(img)
+    batch = F.to_dtype(torch.stack(out), torch.float32, scale=True)
+    return F.normalize(batch, list(MEAN), list(STD))
+
+
+def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: int, workers: int, pin: bool,
+          preprocessing: str, cold: bool, limit: int | None = None) -> dict[str, Any]:
+    from torchvision.transforms import v2 as T
+
+    backend = getattr(torch, device.type)
+    model = torchvision_model(model_name).to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    # warm the device (cuDNN/cuBLAS handles, allocator) on synthetic data, as a training run would be warm
+    for _ in range(3):
+        x = torch.randn(batch, 3, 224, 224, device=device)
+        y = torch.randint(0, 1000, (batch,), device=device)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    backend.synchronize(device)
+    gpu_time = _synthetic_iteration(model, opt, device, batch)
+    if preprocessing == "cpu":
+        tf = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor(),
+                        T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)])
+        ds: torch.utils.data.Dataset = datasets.ImageFiles(found, transform=tf)
+        collate = None
+    else:
+        ds = _Bytes(found)
+        collate = _collate_bytes
+    if limit:
+        ds = torch.utils.data.Subset(ds, range(min(limit, len(ds))))
+    cache_note = drop_page_cache([path for path, _ in found.files]) if cold else None
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                                         pin_memory=pin and preprocessing == "cpu", drop_last=True,
+                                         collate_fn=collate, persistent_workers=False,
+                                         prefetch_factor=2 if workers else None)
+    gen = torch.Generator().manual_seed(0)
+    waited = 0.0
+    images = 0
+    backend.synchronize(device)
+    start = time.perf_counter()
+    it = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            xb, yb = next(it)
+        except StopIteration:
+            break
+        waited += time.perf_counter() - t0
+        if preprocessing == "cpu":
+            x = xb.to(device, non_blocking=pin)
+        else:
+            x = gpu_preprocess(xb, device, gen)
+        y = yb.to(device, non_blocking=pin)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        images += len(yb)
+    backend.synchronize(device)
+    wall = time.perf_counter() - start
+    return {"model": model_name, "batch": batch, "workers": workers, "pin_memory": pin,
+            "preprocessing": preprocessing, "cold": cold, "cache_note": cache_note, "images": images,
+            "epoch_s": wall, "images_per_s": images / wall, "data_wait_s": waited,
+            "gpu_only_iteration_s": gpu_time, "gpu_only_images_per_s": batch / gpu_time,
+            "peak_bytes": backend.max_memory_allocated(device)}
+
+
+class _Bytes(torch.utils.data.Dataset):
+    def __init__(self, found: datasets.Scan) -> None:
+        self.found = found
+
+    def __len__(self) -> int:
+        return len(self.found.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        path, label = self.found.files[i]
+        return _read_bytes(path), label
+
+
+def _synthetic_iteration(model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+                         batch: int, n: int = 10) -> float:
+    """Seconds per iteration with the batch already on the device: what the GPU alone allows."""
+    backend = getattr(torch, device.type)
+    x = torch.randn(batch, 3, 224, 224, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    backend.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    backend.synchronize(device)
+    return (time.perf_counter() - t0) / n
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="image folder (torch-emugpu dataset make)")
+    p.add_argument("--device", default="cuda", help="cuda or emugpu (default cuda)")
+    p.add_argument("--models", default="resnet18", help="comma-separated torchvision models (default resnet18)")
+    p.add_argument("--batch", type=int, default=128, help="batch size (default 128)")
+    p.add_argument("--workers", default="4", help="comma-separated DataLoader worker counts (default 4)")
+    p.add_argument("--pin", choices=["on", "off", "both"], default="on", help="pin_memory (default on)")
+    p.add_argument("--preprocessing", default="cpu", help="cpu, gpu or cpu,gpu (default cpu)")
+    p.add_argument("--cold", action="store_true", help="drop the files from the page cache before each epoch")
+    p.add_argument("--limit", type=int, default=None, help="use at most this many images")
+    p.add_argument("--out", required=True, help="JSON file the epochs are appended to")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    found = datasets.scan(args.data)
+    label = torch.cuda.get_device_name(device) if device.type == "cuda" else f"emulated {device}"
+    out = Path(args.out)
+    doc = json.loads(out.read_text()) if out.is_file() else {
+        "schema": "torch-emugpu data pipeline v1", "device": label, "host": socket.gethostname(),
+        "cpus": os.cpu_count(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+        "dataset": {"images": len(found.files), "bytes": found.total_bytes}, "epochs": []}
+    pins = {"on": [True], "off": [False], "both": [True, False]}[args.pin]
+    for model in args.models.split(","):
+        for prep in args.preprocessing.split(","):
+            for workers in (int(w) for w in args.workers.split(",")):
+                for pin in pins:
+                    r = epoch(found, model, device, args.batch, workers, pin, prep, args.cold, args.limit)
+                    doc["epochs"].append(r)
+                    write_json_atomic(out, doc)
+                    print(f"{model:12} {prep} workers={workers:2d} pin={pin!s:5} cold={args.cold!s:5} "
+                          f"{r['epoch_s']:7.2f} s {r['images_per_s']:8.1f} img/s  waited {r['data_wait_s']:6.2f} s"
+                          f"  (GPU alone {r['gpu_only_images_per_s']:8.1f} img/s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Measures, on a machine with a CUDA GPU and plain PyTorch + torchvision (no
+# compiled extension), what torch-emugpu ships as measured data: the
+# preprocessing table, the calibration sweep, DataStall-model profiles, the
+# end-to-end training validation and the data-pipeline epochs. Run from the
+# repository root; results go to $OUT (default ./gpu-results), one tarball.
+#
+#   benchmarks/measure_on_gpu.sh [steps...]   steps: preprocessing calibrate profiles validation pipeline
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-results}
+WORK=${WORK:-/tmp/emugpu-measure}
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(preprocessing profiles validation pipeline)
+log() { echo "== $(date +%T) $*"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$WORK/gpu.txt"
+$PY -c 'import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.version.cuda, torch.backends.cudnn.version())' | tee -a "$WORK/gpu.txt"
+nproc | tee -a "$WORK/gpu.txt"
+
+for step in "${steps[@]}"; do
+  log "$step"
+  case $step in
+    preprocessing)
+      timeout 240 $PY -m torch_emugpu.cli profile --preprocessing --device cuda --out "$WORK/profiles" --no-progress ;;
+    calibrate)
+      timeout 420 $PY -m torch_emugpu.cli calibrate --device cuda --out "$WORK/calibration.json" --no-progress ;;
+    profiles)
+      timeout 240 $PY -m torch_emugpu.cli profile --device cuda --out "$WORK/profiles" --no-progress \
+        --models alexnet,resnet18,shufflenet_v2_x1_0,mobilenet_v2,resnet50,vgg11 --batch-sizes 32,64,128,256 ;;
+    validation)
+      timeout 300 $PY benchmarks/training_validation.py --device cuda --out "$WORK/validation.json" --no-progress ;;
+    pipeline)
+      [ -d "$WORK/data" ] || $PY -m torch_emugpu.cli dataset make imagenet-like "$WORK/data" --images 2560 \
+        --jobs "$(nproc)" --no-progress
+      p="timeout 120 $PY benchmarks/data_pipeline.py --data $WORK/data --device cuda --out $WORK/pipeline.json"
+      $p --models resnet18 --workers 2,4,8,14 --pin both
+      $p --models resnet50 --workers 4,14 --pin both
+      $p --models resnet18,resnet50 --workers 4 --preprocessing gpu
+      $p --models resnet18 --workers 14 --cold ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+  echo "== $step exit $?"
+done
+tar -C "$WORK" -czf "$OUT/results.tar.gz" --exclude data .
+ls -la "$OUT"
