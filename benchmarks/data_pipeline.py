@@ -99,14 +99,17 @@ def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: in
                         T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)])
         ds: torch.utils.data.Dataset = datasets.ImageFiles(found, transform=tf)
         collate = None
-    else:
+    elif preprocessing == "gpu":
         ds = _Bytes(found)
         collate = _collate_bytes
-    if limit:
+    else:  # "none": decoded images already in memory, so the copies and the GPU are all there is
+        ds = _Decoded(limit or len(found.files))
+        collate = None
+    if limit and preprocessing != "none":
         ds = torch.utils.data.Subset(ds, range(min(limit, len(ds))))
     cache_note = drop_page_cache([path for path, _ in found.files]) if cold else None
     loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
-                                         pin_memory=pin and preprocessing == "cpu", drop_last=True,
+                                         pin_memory=pin and preprocessing != "gpu", drop_last=True,
                                          collate_fn=collate, persistent_workers=False,
                                          prefetch_factor=2 if workers else None)
     gen = torch.Generator().manual_seed(0)
@@ -122,10 +125,10 @@ def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: in
         except StopIteration:
             break
         waited += time.perf_counter() - t0
-        if preprocessing == "cpu":
-            x = xb.to(device, non_blocking=pin)
-        else:
+        if preprocessing == "gpu":
             x = gpu_preprocess(xb, device, gen)
+        else:
+            x = xb.to(device, non_blocking=pin)
         y = yb.to(device, non_blocking=pin)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
@@ -153,6 +156,22 @@ class _Bytes(torch.utils.data.Dataset):
         return _read_bytes(path), label
 
 
+class _Decoded(torch.utils.data.Dataset):
+    """Images as a cache of decoded, augmented tensors would hold them (a few distinct ones, reused)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pool: list[torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.pool is None:  # made in the worker, not pickled to it
+            self.pool = [torch.randn(3, 224, 224) for _ in range(16)]
+        return self.pool[i % 16], i % 1000
+
+
 def _synthetic_iteration(model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
                          batch: int, n: int = 10) -> float:
     """Seconds per iteration with the batch already on the device: what the GPU alone allows."""
@@ -177,9 +196,12 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=128, help="batch size (default 128)")
     p.add_argument("--workers", default="4", help="comma-separated DataLoader worker counts (default 4)")
     p.add_argument("--pin", choices=["on", "off", "both"], default="on", help="pin_memory (default on)")
-    p.add_argument("--preprocessing", default="cpu", help="cpu, gpu or cpu,gpu (default cpu)")
+    p.add_argument("--preprocessing", default="cpu",
+                   help="comma-separated: cpu (PIL in the workers), gpu (decode and augment on the device) "
+                        "or none (decoded tensors from memory) (default cpu)")
     p.add_argument("--cold", action="store_true", help="drop the files from the page cache before each epoch")
-    p.add_argument("--limit", type=int, default=None, help="use at most this many images")
+    p.add_argument("--limit", type=int, default=None,
+                   help="use at most this many images (with none: this many, reusing decoded ones)")
     p.add_argument("--out", required=True, help="JSON file the epochs are appended to")
     args = p.parse_args()
     device = torch.device(args.device)

@@ -5,7 +5,7 @@
 # end-to-end training validation and the data-pipeline epochs. Run from the
 # repository root; results go to $OUT (default ./gpu-results), one tarball.
 #
-#   benchmarks/measure_on_gpu.sh [steps...]   steps: preprocessing calibrate profiles validation pipeline
+#   benchmarks/measure_on_gpu.sh [steps...]   steps: preprocessing calibrate profiles validation pipeline pinned
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-results}
 WORK=${WORK:-/tmp/emugpu-measure}
@@ -40,6 +40,10 @@ for step in "${steps[@]}"; do
       $p --models resnet50 --workers 4,14 --pin both
       $p --models resnet18,resnet50 --workers 4 --preprocessing gpu
       $p --models resnet18 --workers 14 --cold ;;
+    pinned)
+      [ -d "$WORK/data" ] || $PY -m torch_emugpu.cli dataset make imagenet-like "$WORK/data" --images 256 --no-progress
+      timeout 200 $PY benchmarks/data_pipeline.py --data "$WORK/data" --device cuda --out "$WORK/pinned.json" \
+        --preprocessing none --limit 20480 --batch 256 --models resnet18,resnet50 --workers 8 --pin both ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
   echo "== $step exit $?"
