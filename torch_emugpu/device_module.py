@@ -11,6 +11,7 @@ import torch
 from torch_emugpu import _C, _devices
 from torch_emugpu.memory import (
     empty_cache,
+    host_memory_stats,
     max_memory_allocated,
     max_memory_reserved,
     mem_get_info,
@@ -18,7 +19,9 @@ from torch_emugpu.memory import (
     memory_reserved,
     memory_stats,
     memory_summary,
+    reset_accumulated_host_memory_stats,
     reset_accumulated_memory_stats,
+    reset_peak_host_memory_stats,
     reset_peak_memory_stats,
 )
 
@@ -28,7 +31,8 @@ __all__ = [
     "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream",
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache", "mem_get_info",
-    "memory_stats", "memory_summary", "manual_seed", "manual_seed_all", "seed", "seed_all",
+    "memory_stats", "memory_summary", "host_memory_stats", "reset_peak_host_memory_stats",
+    "reset_accumulated_host_memory_stats", "manual_seed", "manual_seed_all", "seed", "seed_all",
     "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
     "get_amp_supported_dtype", "is_bf16_supported", "utilization", "engine_stats", "reset_engine_stats",
 ]

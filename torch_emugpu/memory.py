@@ -24,6 +24,29 @@ def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
     return OrderedDict(sorted(flat.items()))
 
 
+def host_memory_stats() -> dict[str, Any]:
+    """Pinned host memory (pin_memory, DataLoader pin_memory=True), flat and sorted as
+    torch.cuda.host_memory_stats(): allocations/allocated_bytes (blocks owned, handed out or
+    cached), active_requests/active_bytes (handed out), num_host_alloc/num_host_free; and
+    requests, cache_hits, cached_bytes, locked_bytes (what mlock pinned) and locked (False once
+    the system refused to lock pages: the memory is then ordinary)."""
+    flat: dict[str, Any] = {}
+    for key, value in _C._host_memory_stats().items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{stat}": number for stat, number in value.items()})
+        else:
+            flat[key] = value
+    return OrderedDict(sorted(flat.items()))
+
+
+def reset_peak_host_memory_stats() -> None:
+    _C._host_reset_peak_stats()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    _C._host_reset_accumulated_stats()
+
+
 def memory_allocated(device: _DeviceLike = None) -> int:
     return int(memory_stats(device)["allocated_bytes.all.current"])
 

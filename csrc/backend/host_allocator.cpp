@@ -8,12 +8,13 @@
 #include "core/host_allocator.h"
 
 namespace emugpu {
-namespace {
 
 HostAllocator& host_allocator() {
   static HostAllocator* allocator = new HostAllocator();  // leaked: pinned tensors may outlive statics
   return *allocator;
 }
+
+namespace {
 
 void delete_pinned(void* ptr) { host_allocator().free(ptr); }
 

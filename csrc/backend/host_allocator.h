@@ -5,7 +5,11 @@
 
 namespace emugpu {
 
+class HostAllocator;
+
 c10::Allocator* pinned_allocator();
+// The caching allocator behind pinned_allocator(), for its statistics.
+HostAllocator& host_allocator();
 bool is_pinned_ptr(const void* ptr);
 
 }  // namespace emugpu

@@ -11,9 +11,11 @@
 
 #include "backend/allocator.h"
 #include "backend/collective.h"
+#include "backend/host_allocator.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
 #include "core/collective_cost.h"
+#include "core/host_allocator.h"
 #include "core/shm_exchange.h"
 
 namespace emugpu {
@@ -40,18 +42,22 @@ auto guarded(Fn&& fn) -> decltype(fn()) {
   }
 }
 
+py::dict stat_dict(const Stat& s);
+
 py::dict stat_dict(const StatArray& s) {
   py::dict out;
   const char* pools[] = {"all", "small_pool", "large_pool"};
-  for (int p = 0; p < 3; ++p) {
-    py::dict d;
-    d["current"] = s[p].current;
-    d["peak"] = s[p].peak;
-    d["allocated"] = s[p].allocated;
-    d["freed"] = s[p].freed;
-    out[pools[p]] = d;
-  }
+  for (int p = 0; p < 3; ++p) out[pools[p]] = stat_dict(s[p]);
   return out;
+}
+
+py::dict stat_dict(const Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
 }
 
 py::object optional_number(const std::optional<double>& v) {
@@ -211,6 +217,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_accumulated_memory_stats", [](int index) {
     guarded([&] { Runtime::get().device(index).allocator().reset_accumulated_stats(); });
   });
+  m.def("_host_memory_stats", [] {
+    const HostAllocatorStats s = host_allocator().stats();
+    py::dict d;
+    d["allocations"] = stat_dict(s.allocations);
+    d["allocated_bytes"] = stat_dict(s.allocated_bytes);
+    d["active_requests"] = stat_dict(s.active_requests);
+    d["active_bytes"] = stat_dict(s.active_bytes);
+    d["num_host_alloc"] = s.num_host_alloc;
+    d["num_host_free"] = s.num_host_free;
+    d["requests"] = s.requests;
+    d["cache_hits"] = s.cache_hits;
+    d["cached_bytes"] = s.cached_bytes();
+    d["locked_bytes"] = s.locked_bytes;
+    d["locked"] = s.locked;
+    return d;
+  });
+  m.def("_host_reset_peak_stats", [] { host_allocator().reset_peak_stats(); });
+  m.def("_host_reset_accumulated_stats", [] { host_allocator().reset_accumulated_stats(); });
+  m.def("_host_empty_cache", [] { guarded([] { host_allocator().empty_cache(); }); });
   m.def("_empty_cache", [] { guarded([&] { device_allocator().emptyCache({0, 0}); }); });
   m.def("_mem_get_info", [](int index) {
     return guarded([&] { return device_allocator().getMemoryInfo(static_cast<c10::DeviceIndex>(index)); });

@@ -27,13 +27,6 @@ size_t segment_size_for(size_t rounded) {
   return kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
 }
 
-void Stat::add(int64_t amount) {
-  current += amount;
-  if (current > peak) peak = current;
-  if (amount > 0) allocated += amount;
-  if (amount < 0) freed += -amount;
-}
-
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

@@ -17,6 +17,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "stat.h"
+
 namespace emugpu {
 
 constexpr size_t kMinBlockSize = 512;
@@ -30,16 +32,6 @@ constexpr uint64_t kMaxCapacity = uint64_t{1} << 60;
 
 size_t round_allocation_size(size_t size);
 size_t segment_size_for(size_t rounded);
-
-struct Stat {
-  int64_t current = 0;
-  int64_t peak = 0;
-  int64_t allocated = 0;  // cumulative increments
-  int64_t freed = 0;      // cumulative decrements
-  void add(int64_t amount);
-  void reset_peak() { peak = current; }
-  void reset_accumulated() { allocated = freed = 0; }
-};
 
 enum Pool : int { kAggregate = 0, kSmallPool = 1, kLargePool = 2 };
 using StatArray = std::array<Stat, 3>;

@@ -27,19 +27,24 @@ void* HostAllocator::allocate(size_t size) {
   EMUGPU_CHECK(size <= kMaxHostBlock, kOutOfMemory, "pinned host allocation of ", size,
                " bytes: expected at most 2^48 bytes (256 TiB); request less memory");
   const size_t rounded = std::bit_ceil(std::max(size, kMinHostBlock));
+  const auto bytes = static_cast<int64_t>(rounded);
   std::lock_guard<std::mutex> lock(mutex_);
-  stats_.allocations += 1;
+  stats_.requests += 1;
+  stats_.active_requests.add(1);
+  stats_.active_bytes.add(bytes);
   auto it = cached_.lower_bound(rounded);
   if (it != cached_.end() && it->first == rounded) {
     char* ptr = it->second;
     cached_.erase(it);
     blocks_[ptr].free = false;
-    stats_.cached_bytes -= static_cast<int64_t>(rounded);
-    stats_.allocated_bytes += static_cast<int64_t>(rounded);
-    stats_.reused += 1;
+    stats_.cache_hits += 1;
     return ptr;
   }
   void* mem = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {  // nothing was handed out
+    stats_.active_requests.add(-1);
+    stats_.active_bytes.add(-bytes);
+  }
   EMUGPU_CHECK(mem != MAP_FAILED, kOutOfMemory, "could not allocate ", rounded,
                " bytes of pinned host memory; free host memory or use smaller batches");
   const bool locked = mlock(mem, rounded) == 0;
@@ -48,7 +53,10 @@ void* HostAllocator::allocate(size_t size) {
     stats_.locked = false;
   }
   blocks_[static_cast<char*>(mem)] = Block{rounded, false, locked};
-  stats_.allocated_bytes += static_cast<int64_t>(rounded);
+  stats_.num_host_alloc += 1;
+  stats_.allocations.add(1);
+  stats_.allocated_bytes.add(bytes);
+  if (locked) stats_.locked_bytes += bytes;
   return mem;
 }
 
@@ -60,8 +68,8 @@ void HostAllocator::free(void* ptr) {
                "pinned host free of a pointer this allocator did not hand out");
   it->second.free = true;
   cached_.emplace(it->second.size, it->first);
-  stats_.allocated_bytes -= static_cast<int64_t>(it->second.size);
-  stats_.cached_bytes += static_cast<int64_t>(it->second.size);
+  stats_.active_requests.add(-1);
+  stats_.active_bytes.add(-static_cast<int64_t>(it->second.size));
 }
 
 bool HostAllocator::contains(const void* ptr) const {
@@ -77,9 +85,12 @@ void HostAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [size, ptr] : cached_) {
     auto it = blocks_.find(ptr);
+    if (it->second.locked) stats_.locked_bytes -= static_cast<int64_t>(size);
     release(ptr, it->second);
     blocks_.erase(it);
-    stats_.cached_bytes -= static_cast<int64_t>(size);
+    stats_.num_host_free += 1;
+    stats_.allocations.add(-1);
+    stats_.allocated_bytes.add(-static_cast<int64_t>(size));
   }
   cached_.clear();
 }
@@ -92,6 +103,21 @@ bool HostAllocator::lock_refused() const {
 HostAllocatorStats HostAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
+}
+
+void HostAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Stat* s : {&stats_.allocations, &stats_.allocated_bytes, &stats_.active_requests, &stats_.active_bytes}) {
+    s->reset_peak();
+  }
+}
+
+void HostAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Stat* s : {&stats_.allocations, &stats_.allocated_bytes, &stats_.active_requests, &stats_.active_bytes}) {
+    s->reset_accumulated();
+  }
+  stats_.num_host_alloc = stats_.num_host_free = stats_.requests = stats_.cache_hits = 0;
 }
 
 }  // namespace emugpu

@@ -8,18 +8,28 @@
 #include <map>
 #include <mutex>
 
+#include "stat.h"
+
 namespace emugpu {
 
 // 256 TiB: more than any host has, and small enough that rounding up to a
 // power of two cannot overflow.
 constexpr size_t kMaxHostBlock = size_t{1} << 48;
 
+// Named as torch.cuda.host_memory_stats() names them, plus what pinning costs
+// an emulated host: locked bytes, cache hits.
 struct HostAllocatorStats {
-  int64_t allocated_bytes = 0;  // in blocks handed out
-  int64_t cached_bytes = 0;     // in free blocks kept for reuse
-  int64_t allocations = 0;      // cumulative
-  int64_t reused = 0;           // allocations served from the cache
-  bool locked = true;           // false once mlock was refused
+  Stat allocations;      // blocks owned, handed out or cached
+  Stat allocated_bytes;  // their bytes
+  Stat active_requests;  // blocks handed out
+  Stat active_bytes;
+  int64_t num_host_alloc = 0;  // blocks mapped to grow the pool
+  int64_t num_host_free = 0;   // cached blocks returned to the system
+  int64_t requests = 0;        // allocate() calls
+  int64_t cache_hits = 0;      // of those, served from the cache
+  int64_t locked_bytes = 0;    // owned bytes that mlock pinned
+  bool locked = true;          // false once mlock was refused
+  int64_t cached_bytes() const { return allocated_bytes.current - active_bytes.current; }
 };
 
 class HostAllocator {
@@ -39,6 +49,8 @@ class HostAllocator {
   // Unlocks and returns every cached block to the system.
   void empty_cache();
   HostAllocatorStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
   // Whether the last mlock failed (no privilege or RLIMIT_MEMLOCK); the
   // memory is then ordinary, and the caller should say so once.
   bool lock_refused() const;

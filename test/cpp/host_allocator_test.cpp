@@ -31,15 +31,51 @@ TEST(HostAllocator, FreedBlocksAreReusedForTheSameSizeClass) {
   HostAllocator a;
   void* p = a.allocate(5000);
   a.free(p);
-  EXPECT_EQ(a.stats().cached_bytes, 8192);
+  EXPECT_EQ(a.stats().cached_bytes(), 8192);
   void* q = a.allocate(7000);
   EXPECT_EQ(p, q);
-  EXPECT_EQ(a.stats().reused, 1);
-  EXPECT_EQ(a.stats().allocated_bytes, 8192);
+  const auto s = a.stats();
+  EXPECT_EQ(s.requests, 2);
+  EXPECT_EQ(s.cache_hits, 1);
+  EXPECT_EQ(s.num_host_alloc, 1);
+  EXPECT_EQ(s.allocated_bytes.current, 8192);
+  EXPECT_EQ(s.active_bytes.current, 8192);
+  EXPECT_EQ(s.cached_bytes(), 0);
   a.free(q);
   a.empty_cache();
-  EXPECT_EQ(a.stats().cached_bytes, 0);
+  EXPECT_EQ(a.stats().cached_bytes(), 0);
+  EXPECT_EQ(a.stats().num_host_free, 1);
   EXPECT_FALSE(a.contains(q));
+}
+
+TEST(HostAllocator, StatsFollowTorchCudaHostMemoryStats) {
+  HostAllocator a;
+  void* p = a.allocate(4096);
+  void* q = a.allocate(100000);  // 128 KiB block
+  a.free(p);
+  auto s = a.stats();
+  EXPECT_EQ(s.allocations.current, 2);  // handed out or cached
+  EXPECT_EQ(s.allocated_bytes.current, 4096 + 131072);
+  EXPECT_EQ(s.active_requests.current, 1);
+  EXPECT_EQ(s.active_requests.peak, 2);
+  EXPECT_EQ(s.active_bytes.current, 131072);
+  EXPECT_EQ(s.active_bytes.freed, 4096);
+  if (s.locked) {  // else some mlock was refused
+    EXPECT_EQ(s.locked_bytes, 4096 + 131072);
+  }
+  EXPECT_LE(s.locked_bytes, 4096 + 131072);
+  a.reset_peak_stats();
+  EXPECT_EQ(a.stats().active_requests.peak, 1);
+  a.reset_accumulated_stats();
+  s = a.stats();
+  EXPECT_EQ(s.active_bytes.freed, 0);
+  EXPECT_EQ(s.requests, 0);
+  EXPECT_EQ(s.allocated_bytes.current, 4096 + 131072);  // current values stay
+  a.free(q);
+  a.empty_cache();
+  s = a.stats();
+  EXPECT_EQ(s.allocations.current, 0);
+  EXPECT_EQ(s.locked_bytes, 0);
 }
 
 TEST(HostAllocator, RejectsForeignFreesAndEmptyRequests) {
@@ -66,7 +102,8 @@ TEST(HostAllocator, HugeRequestsThrowInsteadOfOverflowingTheRounding) {
       EXPECT_EQ(e.kind(), emugpu::ErrorKind::kOutOfMemory) << e.what();
     }
   }
-  EXPECT_EQ(a.stats().allocations, 0);
+  EXPECT_EQ(a.stats().requests, 0);
+  EXPECT_EQ(a.stats().allocations.current, 0);
 }
 
 TEST(HostAllocator, LockStateIsReadSafelyWhileThreadsAllocate) {
@@ -85,8 +122,8 @@ TEST(HostAllocator, LockStateIsReadSafelyWhileThreadsAllocate) {
   for (auto& w : workers) w.join();
   done = true;
   reader.join();
-  EXPECT_EQ(a.stats().allocations, 400);
-  EXPECT_EQ(a.stats().allocated_bytes, 0);
+  EXPECT_EQ(a.stats().requests, 400);
+  EXPECT_EQ(a.stats().active_bytes.current, 0);
   EXPECT_EQ(a.stats().locked, !a.lock_refused());
 }
 

@@ -47,3 +47,21 @@ def test_freed_pinned_blocks_are_reused():
     del a
     b = torch.empty(3000).pin_memory()
     assert b.data_ptr() == ptr
+
+
+def test_host_memory_stats_count_pinned_blocks_like_torch_cuda():
+    torch.emugpu.reset_accumulated_host_memory_stats()
+    before = torch.emugpu.host_memory_stats()
+    a = torch.empty(300_000).pin_memory()  # 1.2 MB: a 2 MiB block
+    del a
+    b = torch.empty(300_000).pin_memory()  # the same block again, from the cache
+    s = torch.emugpu.host_memory_stats()
+    assert s["requests"] == 2 and s["cache_hits"] >= 1
+    assert s["active_bytes.current"] - before["active_bytes.current"] == 2 << 20
+    assert s["allocated_bytes.current"] >= s["active_bytes.current"]
+    assert s["locked_bytes"] == s["allocated_bytes.current"] or not s["locked"]
+    del b
+    torch.emugpu.reset_peak_host_memory_stats()
+    s = torch.emugpu.host_memory_stats()
+    assert s["active_bytes.peak"] == s["active_bytes.current"]
+    assert s["cached_bytes"] >= 2 << 20
