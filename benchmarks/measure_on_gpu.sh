@@ -26,7 +26,8 @@ for step in "${steps[@]}"; do
     preprocessing)
       timeout 240 $PY -m torch_emugpu.cli profile --preprocessing --device cuda --out "$WORK/profiles" --no-progress ;;
     calibrate)
-      timeout 420 $PY -m torch_emugpu.cli calibrate --device cuda --out "$WORK/calibration.json" --no-progress ;;
+      XDG_DATA_HOME=$WORK/xdg timeout 420 $PY -m torch_emugpu.cli calibrate --device cuda --no-progress
+      cp -r "$WORK"/xdg/torch-emugpu/profiles/. "$WORK/profiles/" ;;
     profiles)
       timeout 240 $PY -m torch_emugpu.cli profile --device cuda --out "$WORK/profiles" --no-progress \
         --models alexnet,resnet18,shufflenet_v2_x1_0,mobilenet_v2,resnet50,vgg11 --batch-sizes 32,64,128,256 ;;

@@ -749,14 +749,14 @@ def _free_memory(device: torch.device) -> None:
 # --- command line ---------------------------------------------------------------------------------------------
 
 def default_out(device: torch.device) -> Path:
-    """<user data dir>/torch-emugpu/calibrations/<GPU name>.json, sanitised as profiler.profile_path does."""
+    """<profile dir>/<GPU name>/calibration.json: on the profile search path, beside the GPU's profiles."""
     safe = "".join(c if c.isalnum() or c in "-." else "_" for c in device_name(device))
-    return default_profile_dir().parent / "calibrations" / f"{safe}.json"
+    return default_profile_dir() / safe / "calibration.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None,
-                   help="output JSON file (default: <user data dir>/torch-emugpu/calibrations/<GPU name>.json)")
+                   help="output JSON file (default: <user profile dir>/<GPU name>/calibration.json)")
     p.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
     p.add_argument("--families", default=None, help=f"comma-separated subset of {','.join(FAMILIES)} (default: all)")
     p.add_argument("--quick", action="store_true", help="a tiny subset with small sizes (a smoke test, seconds)")

@@ -28,6 +28,12 @@ def _profile(args: argparse.Namespace) -> int:
     return profiler.main(args)
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from torch_emugpu import calibrate
+
+    return calibrate.main(args)
+
+
 def _import(args: argparse.Namespace) -> int:
     from torch_emugpu import importers, profiles
 
@@ -95,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from torch_emugpu import profiler, train
+    from torch_emugpu import calibrate, profiler, train
 
     p = sub.add_parser("train", help="run an emulated training job and print its summary",
                        description=train.__doc__)
@@ -109,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                         description=profiler.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     profiler.add_arguments(pr)
     pr.set_defaults(func=_profile)
+
+    ca = sub.add_parser("calibrate", help="measure a microbenchmark sweep on a real GPU for the per-op cost model",
+                        description=calibrate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    calibrate.add_arguments(ca)
+    ca.set_defaults(func=_calibrate)
 
     im = sub.add_parser("import", help="convert another profile database into torch-emugpu profiles")
     im.add_argument("format", choices=["gpemu"], help="gpemu: GPEmu's published profiled_data/ layout")

@@ -118,11 +118,11 @@ def test_an_unknown_family_is_a_value_error(tmp_path):
         calibrate.main(args)
 
 
-def test_default_out_is_in_the_user_data_directory(monkeypatch, tmp_path):
+def test_default_out_is_beside_the_gpus_profiles_on_the_search_path(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     path = calibrate.default_out(CPU)
-    assert path.parent == tmp_path / "torch-emugpu" / "calibrations"
-    assert path.suffix == ".json" and " " not in path.name
+    assert path.parent.parent == tmp_path / "torch-emugpu" / "profiles"
+    assert path.name == "calibration.json" and " " not in path.parent.name
 
 
 def test_calibrate_runs_without_the_compiled_extension(tmp_path):
