@@ -50,7 +50,12 @@ def packaged_profile_dir() -> Path:
 
 
 def search_path() -> list[Path]:
-    """Directories searched for profiles, first match wins."""
+    """Directories searched for profiles, first match wins; none with EMUGPU_PROFILES=off."""
+    switch = os.environ.get("EMUGPU_PROFILES", "on").strip().lower()
+    if switch not in ("on", "off"):
+        raise ValueError(f"EMUGPU_PROFILES: expected 'on' or 'off', got {switch!r}")
+    if switch == "off":  # every time from the cost model, e.g. to measure the cost model itself
+        return []
     env = [Path(p) for p in os.environ.get("EMUGPU_PROFILE_PATH", "").split(os.pathsep) if p.strip()]
     return [*env, user_profile_dir(), packaged_profile_dir()]
 
