@@ -161,6 +161,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5, help="warm-up iterations per case (default 5)")
     p.add_argument("--iterations", type=int, default=10, help="measured iterations per case (default 10)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--compare", default=None, metavar="JSON",
+                   help="print this run beside another device's results (e.g. benchmarks/data/h100/validation.json)")
     args = p.parse_args()
     cases = CASES
     if args.cases:
@@ -171,6 +173,9 @@ def main() -> int:
         cases = [c for c in CASES if c.id in wanted]
     doc = run(Path(args.out), torch.device(args.device), cases, args.warmup, args.iterations,
               progress=not args.no_progress)
+    if args.compare:
+        compare(json.loads(Path(args.compare).read_text()), doc)
+        return 0
     print(f"{'case':28} {'iteration ms':>13} {'forward ms':>11} {'peak GiB':>9}")
     for c in doc["cases"]:
         if c.get("out_of_memory"):
@@ -179,6 +184,28 @@ def main() -> int:
             print(f"{c['id']:28} {c['iteration_s'] * 1e3:13.2f} {c['forward_s'] * 1e3:11.2f} "
                   f"{c['peak_bytes'] / 2**30:9.2f}")
     return 0
+
+
+def compare(reference: dict[str, Any], doc: dict[str, Any]) -> None:
+    """Per case, this run's iteration time and peak memory against the reference's (signed error)."""
+    import statistics
+
+    ref = {c["id"]: c for c in reference["cases"] if not c.get("out_of_memory")}
+    print(f"{doc['device']} against {reference['device']}")
+    print(f"{'case':28} {'ref ms':>9} {'this ms':>9} {'error':>8} {'ref GiB':>8} {'this GiB':>9} {'error':>8}")
+    errors: dict[str, list[float]] = {}
+    for c in doc["cases"]:
+        r = ref.get(c["id"])
+        if r is None or c.get("out_of_memory"):
+            continue
+        e = c["iteration_s"] / r["iteration_s"] - 1
+        m = c["peak_bytes"] / r["peak_bytes"] - 1
+        errors.setdefault(c["precision"], []).append(e)
+        print(f"{c['id']:28} {r['iteration_s'] * 1e3:9.2f} {c['iteration_s'] * 1e3:9.2f} {e:+8.1%} "
+              f"{r['peak_bytes'] / 2**30:8.2f} {c['peak_bytes'] / 2**30:9.2f} {m:+8.1%}")
+    for precision, es in errors.items():
+        print(f"{precision}: median |error| {statistics.median(abs(e) for e in es):.1%}, "
+              f"median signed {statistics.median(es):+.1%} over {len(es)} cases")
 
 
 if __name__ == "__main__":

@@ -19,3 +19,4 @@ class Config:
     mode: str
     catalog: str
     exchange: str  # how backend `emu`'s ranks exchange: auto, tcp or shm
+    host_copy_gbps: float  # staging rate of pageable host<->device copies

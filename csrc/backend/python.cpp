@@ -147,6 +147,7 @@ PYBIND11_MODULE(_C, m) {
       d["mode"] = mode_name(c.mode);
       d["catalog"] = c.catalog_path;
       d["exchange"] = exchange_name(c.exchange);
+      d["host_copy_gbps"] = c.host_copy_gbps;
       return d;
     });
   });

@@ -62,7 +62,11 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   state->config = config;
   state->catalog = std::make_unique<Catalog>(Catalog::from_file(config.catalog_path));
   const GpuSpec& gpu = state->catalog->find(config.gpu);
-  for (int i = 0; i < config.device_count; ++i) state->devices.push_back(std::make_unique<Device>(i, gpu));
+  CostModelParams cost;
+  cost.host_staging_rate = config.host_copy_gbps * 1e9;
+  for (int i = 0; i < config.device_count; ++i) {
+    state->devices.push_back(std::make_unique<Device>(i, gpu, steady_clock(), 1024, cost));
+  }
   mode_.store(config.mode);
   state_.store(state.release(), std::memory_order_release);  // the old state is leaked on purpose
 }

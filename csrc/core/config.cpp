@@ -146,6 +146,12 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
   } else if (auto v = env("EMUGPU_NET_LATENCY_US")) {
     c.net_latency_us = parse_net_latency_us(*v, "EMUGPU_NET_LATENCY_US");
   }
+  if (auto v = env("EMUGPU_HOST_COPY_GBPS")) {
+    c.host_copy_gbps = parse_number(*v, "EMUGPU_HOST_COPY_GBPS", "a host copy rate in GB/s (e.g. 14)");
+    EMUGPU_CHECK(c.host_copy_gbps > 0 && c.host_copy_gbps <= kMaxNetGBps, kValue,
+                 "EMUGPU_HOST_COPY_GBPS: expected a rate in GB/s above 0 and at most ", kMaxNetGBps, ", got ",
+                 c.host_copy_gbps);
+  }
   if (auto v = env("EMUGPU_EXCHANGE")) c.exchange = parse_exchange(*v, "EMUGPU_EXCHANGE");
   c.catalog_path = env("EMUGPU_CATALOG").value_or(default_catalog);
   return c;

@@ -1,7 +1,8 @@
 // The configuration of the emulated GPUs, from explicit values or the
 // environment (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE, EMUGPU_CATALOG,
 // the inter-node network of collectives: EMUGPU_NET_GBPS,
-// EMUGPU_NET_LATENCY_US, and the ranks' exchange: EMUGPU_EXCHANGE): the one
+// EMUGPU_NET_LATENCY_US, the ranks' exchange: EMUGPU_EXCHANGE, and the
+// staging of pageable copies: EMUGPU_HOST_COPY_GBPS): the one
 // place either is parsed.
 #pragma once
 
@@ -25,6 +26,8 @@ constexpr double kDefaultNetGBps = 100;
 constexpr double kDefaultNetLatencyUs = 3;
 constexpr double kMaxNetGBps = 100'000;
 constexpr double kMaxNetLatencyUs = 1'000'000;
+// The host's memcpy into CUDA's pinned staging buffers (pageable copies).
+constexpr double kDefaultHostCopyGBps = 14;
 
 struct Config {
   std::string catalog_path;
@@ -33,6 +36,7 @@ struct Config {
   Mode mode = Mode::kTiming;
   double net_gbps = kDefaultNetGBps;          // GB/s (1e9 bytes/s) per direction per node
   double net_latency_us = kDefaultNetLatencyUs;  // one network hop
+  double host_copy_gbps = kDefaultHostCopyGBps;  // GB/s of pageable copies' staging
   ExchangeTransport exchange = ExchangeTransport::kAuto;
 };
 

@@ -1,6 +1,7 @@
 #include "cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "error.h"
 
@@ -11,6 +12,8 @@ CostModel::CostModel(const GpuSpec& gpu, CostModelParams params) : gpu_(gpu), pa
                    params.memory_efficiency > 0 && params.memory_efficiency <= 1,
                kValue, "cost model efficiencies must lie in (0, 1], got compute=",
                params.compute_efficiency, " memory=", params.memory_efficiency);
+  EMUGPU_CHECK(std::isfinite(params.host_staging_rate) && params.host_staging_rate > 0, kValue,
+               "host staging rate must be a positive number of bytes/s, got ", params.host_staging_rate);
 }
 
 TimeNs CostModel::kernel(const OpCost& cost) const {
@@ -31,8 +34,8 @@ void CostModel::set_measured_transfer(TimeNs latency, double rate, double pinned
 TimeNs CostModel::transfer(double bytes, bool pinned) const {
   const double measured = pinned && measured_pinned_rate_ > 0 ? measured_pinned_rate_.load() : measured_rate_.load();
   if (measured > 0) return measured_latency_ + static_cast<TimeNs>(bytes / measured * 1e9);
-  const double rate = gpu_.pcie_bandwidth() * (pinned ? 1.0 : params_.pageable_copy_factor);
-  return params_.copy_latency_ns + static_cast<TimeNs>(bytes / rate * 1e9);
+  const double seconds = bytes / gpu_.pcie_bandwidth() + (pinned ? 0.0 : bytes / params_.host_staging_rate);
+  return params_.copy_latency_ns + static_cast<TimeNs>(seconds * 1e9);
 }
 
 TimeNs CostModel::device_copy(double bytes) const {

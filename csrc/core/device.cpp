@@ -15,12 +15,12 @@ uint64_t usable_bytes(const GpuSpec& gpu) {
 
 }  // namespace
 
-Device::Device(int index, const GpuSpec& gpu, Clock& clock, size_t queue_depth)
+Device::Device(int index, const GpuSpec& gpu, Clock& clock, size_t queue_depth, CostModelParams cost)
     : index_(index),
       gpu_(gpu),
       clock_(clock),
       allocator_(index, gpu.name, usable_bytes(gpu), gpu.memory_bytes),
-      cost_(gpu),
+      cost_(gpu, cost),
       timeline_(queue_depth) {}
 
 TimeNs Device::place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now) {

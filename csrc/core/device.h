@@ -39,7 +39,8 @@ constexpr int64_t kPoolStreams = 32;
 
 class Device {
  public:
-  Device(int index, const GpuSpec& gpu, Clock& clock = steady_clock(), size_t queue_depth = 1024);
+  Device(int index, const GpuSpec& gpu, Clock& clock = steady_clock(), size_t queue_depth = 1024,
+         CostModelParams cost = {});
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 

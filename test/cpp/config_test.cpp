@@ -15,7 +15,9 @@ using emugpu::Mode;
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
     for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
-                          "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE"}) unsetenv(v);
+                          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE"}) {
+      unsetenv(v);
+    }
   }
   void TearDown() override { SetUp(); }
 };
@@ -59,6 +61,22 @@ TEST_F(CleanEnvironment, NetworkComesFromTheEnvironmentOrTheCaller) {
   EXPECT_EQ(c.net_latency_us, 0);
   r.net_gbps = -1;
   EXPECT_THROW(emugpu::resolve_config(r, ""), emugpu::Error);
+}
+
+TEST_F(CleanEnvironment, HostCopyRateComesFromTheEnvironmentAndIsChecked) {
+  EXPECT_EQ(emugpu::resolve_config({}, "").host_copy_gbps, emugpu::kDefaultHostCopyGBps);
+  setenv("EMUGPU_HOST_COPY_GBPS", "8.5", 1);
+  EXPECT_EQ(emugpu::resolve_config({}, "").host_copy_gbps, 8.5);
+  for (const char* bad : {"0", "-1", "quick", "inf"}) {
+    setenv("EMUGPU_HOST_COPY_GBPS", bad, 1);
+    try {
+      emugpu::resolve_config({}, "");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const emugpu::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("EMUGPU_HOST_COPY_GBPS"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("EMUGPU_HOST_COPY_GBPS");
 }
 
 TEST_F(CleanEnvironment, BadNetworkValuesNameTheirSource) {

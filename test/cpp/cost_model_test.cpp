@@ -44,6 +44,19 @@ TEST(CostModel, PageableCopiesAreSlowerThanPinned) {
   EXPECT_NEAR(m.transfer(64 << 20, true) / 1e6, 5.3, 0.2);
 }
 
+TEST(CostModel, PageableCopiesAddTheHostStagingCopyToTheLink) {
+  const auto g = gpu();
+  emugpu::CostModelParams p;
+  p.host_staging_rate = 10e9;
+  emugpu::CostModel m(g, p);
+  // 1 GB: 1e9 / 12.6e9 s over the link, plus 0.1 s of staging.
+  const double link_s = 1e9 / g.pcie_bandwidth();
+  EXPECT_NEAR(m.transfer(1e9, true) / 1e9, link_s, 1e-4);
+  EXPECT_NEAR(m.transfer(1e9, false) / 1e9, link_s + 0.1, 1e-4);
+  p.host_staging_rate = 0;
+  EXPECT_THROW(emugpu::CostModel(g, p), emugpu::Error);
+}
+
 TEST(CostModel, RejectsEfficienciesOutsideTheUnitInterval) {
   const auto g = gpu();
   EXPECT_THROW(emugpu::CostModel(g, {0.0, 1.0}), emugpu::Error);
