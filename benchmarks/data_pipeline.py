@@ -65,8 +65,12 @@ def gpu_preprocess(datas: list[torch.Tensor], device: torch.device, gen: torch.G
     from torchvision.transforms.v2 import RandomResizedCrop
     from torchvision.transforms.v2 import functional as F
 
-    images = decode_jpeg(datas, device=device) if device.type == "cuda" else [decode_jpeg(d).to(device)
-                                                                             for d in datas]
+    if device.type == "emugpu":
+        from torch_emugpu.preprocessing import decode_jpeg as emu_decode
+
+        images = emu_decode(datas, device=device)
+    else:
+        images = decode_jpeg(datas, device=device)
     out = []
     for img in images:
         top, left, h, w = RandomResizedCrop.get_params(img, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))

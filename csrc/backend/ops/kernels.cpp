@@ -1,6 +1,7 @@
 // The few real emugpu kernels: allocation, copies (which move real bytes),
 // reading scalars, and ops routed explicitly into the shape-only fallback.
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <c10/core/SymIntArrayRef.h>
 #include <c10/util/strides.h>
 #include <ATen/SDPBackend.h>
@@ -79,9 +80,11 @@ at::Tensor host_values(const at::Tensor& t) {
 
 // aten::_copy_from: every copy that involves an emugpu tensor.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  TORCH_CHECK(self.sizes() == dst.sizes() || self.numel() == dst.numel() || self.numel() == 1,
-              "emugpu copy: expected matching sizes, got source ", self.sizes(), " and destination ", dst.sizes());
-  at::Tensor src = self.expand(dst.sizes());
+  // copy_ broadcasts its source (torchvision's affine grids copy [W] into [1, H, W]).
+  const bool expandable = at::is_expandable_to(self.sizes(), dst.sizes());
+  TORCH_CHECK(expandable || self.numel() == dst.numel(), "emugpu copy: expected a source broadcastable to the ",
+              "destination's sizes ", dst.sizes(), " (or as many elements), got ", self.sizes());
+  at::Tensor src = expandable ? self.expand(dst.sizes()) : self.reshape(dst.sizes());
   if (dst.numel() == 0) return dst;
   return translate_errors([&]() -> at::Tensor {
     if (!is_emu(self) && is_emu(dst)) {  // host -> device

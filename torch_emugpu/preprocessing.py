@@ -1,0 +1,205 @@
+"""GPU-side image preprocessing on emugpu: JPEG decoding as nvJPEG does it for
+`torchvision.io.decode_jpeg(..., device="cuda")`, timed from the emulated
+GPU's measured preprocessing table.
+
+    from torch_emugpu.preprocessing import decode_jpeg
+    images = decode_jpeg(list_of_jpeg_byte_tensors, device="emugpu")   # list of uint8 [C, H, W]
+
+The sizes come from each JPEG's header. In compute mode the pixels are
+decoded for real (on the host, written into device memory without a charged
+copy: the data is already where nvJPEG would leave it); in timing mode they
+are placeholders. The output is charged to the emulated allocator, and the
+call's time to the current stream: from `<GPU>/preprocessing.json` on the
+profile search path (`torch-emugpu profile --preprocessing`), interpolated in
+pixels per image and batch size; without a table for the emulated GPU, from
+another GPU's table scaled by SM count, or from a per-image and per-pixel
+cost fitted to our H100 measurement (see `_FALLBACK`).
+
+Resize, crop, flip, normalize and the other torchvision.transforms.v2 ops
+run on emugpu tensors as they are (aten ops timed by the per-op cost model);
+README.md lists them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from bisect import bisect_left
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_MODES = {"UNCHANGED": None, "GRAY": 1, "RGB": 3}
+# nvJPEG on the H100 we measured (profiles/NVIDIA_H100_80GB_HBM3/preprocessing.json, batch 128 and 1):
+# per image about 29 us + 113 us / batch of fixed cost and 0.27 ns per pixel.
+_FALLBACK = {"gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "image_s": 29e-6, "call_s": 113e-6,
+             "pixel_s": 0.27e-9}
+
+
+def jpeg_header(data: torch.Tensor | bytes) -> tuple[int, int, int]:
+    """(components, height, width) from a JPEG's frame header; ValueError if there is none."""
+    raw = memoryview(data.numpy()) if isinstance(data, torch.Tensor) else memoryview(data)  # no copy
+    if bytes(raw[:2]) != b"\xff\xd8":
+        raise ValueError(f"not a JPEG: expected the start-of-image marker FF D8, got {raw[:2].hex(' ') or 'nothing'}")
+    i = 2
+    while i + 4 <= len(raw):
+        if raw[i] != 0xFF:
+            break
+        marker = raw[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        length = int.from_bytes(raw[i + 2:i + 4], "big")
+        if marker in _SOF:
+            if i + 10 > len(raw):
+                break
+            height = int.from_bytes(raw[i + 5:i + 7], "big")
+            width = int.from_bytes(raw[i + 7:i + 9], "big")
+            return raw[i + 9], height, width
+        i += 2 + length
+    raise ValueError(f"JPEG without a frame header (SOF marker) in its {len(raw)} bytes: truncated or corrupt")
+
+
+def _mode_channels(mode: Any) -> int | None:
+    name = getattr(mode, "name", mode)
+    name = str(name).upper()
+    if name not in _MODES:
+        raise ValueError(f"decode_jpeg: expected mode UNCHANGED, GRAY or RGB, got {mode!r}")
+    return _MODES[name]
+
+
+@lru_cache(maxsize=8)
+def _table(gpu: str, search: tuple[str, ...]) -> tuple[dict[str, Any], str] | None:
+    """The decode rows of `gpu`'s preprocessing table, else of the first other GPU's; with its GPU name."""
+    from torch_emugpu.profiler import profile_path
+
+    own = [Path(d) / profile_path(Path(""), gpu, "x").parent / "preprocessing.json" for d in search]
+    others = [p for d in search for p in sorted(Path(d).glob("*/preprocessing.json"))]
+    for path in [*own, *others]:
+        if not path.is_file():
+            continue
+        doc = json.loads(path.read_text())
+        rows = [r for r in doc.get("ops", []) if r.get("op") == "decode_jpeg"]
+        if doc.get("schema") == "torch-emugpu preprocessing v1" and rows:
+            by_batch: dict[int, list[tuple[float, float]]] = {}
+            for r in rows:
+                pixels = float(r["in_shape"][1] * r["in_shape"][2])
+                by_batch.setdefault(int(r["batch"]), []).append((pixels, float(r["time_s"]) / int(r["batch"])))
+            return {b: sorted(v) for b, v in sorted(by_batch.items())}, doc["gpu"]
+    return None
+
+
+def _interp(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise linear through `points`, extrapolated from the end segments, never below a tenth of the nearest."""
+    if len(points) == 1:
+        return points[0][1] * x / points[0][0]
+    i = min(max(bisect_left([p[0] for p in points], x), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    near = y0 if abs(x - x0) < abs(x - x1) else y1
+    return max(y, 0.1 * near)
+
+
+def _sm_count(gpu: str) -> int | None:
+    import torch_emugpu
+
+    doc = json.loads(Path(torch_emugpu.config().catalog).read_text())
+    for entry in doc.get("gpus", []):
+        if entry.get("name") == gpu:
+            return int(entry["sm_count"])
+    return None
+
+
+_warned: set[str] = set()
+
+
+def decode_seconds(pixels: list[int], device_index: int) -> float:
+    """Emulated seconds of one batched decode of images of `pixels` each."""
+    import torch_emugpu
+    from torch_emugpu import profiles
+
+    gpu = torch_emugpu.config().gpu
+    sm = torch.emugpu.get_device_properties(device_index).multi_processor_count
+    batch = len(pixels)
+    found = _table(gpu, tuple(str(p) for p in profiles.search_path()))
+    if found is None:
+        f = _FALLBACK
+        scale = f["sm_count"] / sm
+        _warn_once(gpu, f"emugpu: no preprocessing table on the search path; JPEG decoding on {gpu} is timed from "
+                        f"nvJPEG's cost on the {f['gpu']} scaled by SM count ({f['sm_count']} vs {sm})")
+        return scale * sum(f["image_s"] + f["call_s"] / batch + f["pixel_s"] * p for p in pixels)
+    table, source = found
+    scale = 1.0
+    if source != gpu:
+        other = _sm_count(source) or sm
+        scale = other / sm
+        _warn_once(gpu, f"emugpu: no preprocessing table for {gpu}; JPEG decoding is timed from the {source}'s "
+                        f"table scaled by SM count ({other} vs {sm}). Measure one with `torch-emugpu profile "
+                        f"--preprocessing` on that GPU")
+    sizes = list(table)
+    j = min(max(bisect_left(sizes, batch), 1), len(sizes) - 1) if len(sizes) > 1 else 0
+    lo, hi = sizes[max(j - 1, 0)], sizes[j]
+
+    def per_image(p: int) -> float:
+        a, b = _interp(table[lo], p), _interp(table[hi], p)
+        if hi == lo or batch <= lo:
+            return a if batch <= lo else b
+        if batch >= hi:
+            return b
+        return a + (b - a) * (batch - lo) / (hi - lo)
+
+    return scale * sum(per_image(p) for p in pixels)
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def _decode_host(data: torch.Tensor, channels: int | None) -> torch.Tensor:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(bytes(data.numpy()))) as im:
+        im = im.convert({1: "L", 3: "RGB"}.get(channels, "L" if im.mode == "L" else "RGB"))
+        pixels = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8)
+        return pixels.view(im.height, im.width, -1).permute(2, 0, 1)
+
+
+def decode_jpeg(input: torch.Tensor | list[torch.Tensor], mode: Any = "UNCHANGED",
+                device: str | torch.device = "emugpu") -> torch.Tensor | list[torch.Tensor]:
+    """torchvision.io.decode_jpeg for emugpu: uint8 [C, H, W] tensors on the device, one per input."""
+    device = torch.device(device)
+    if device.type != "emugpu":
+        from torchvision.io import decode_jpeg as tv_decode
+
+        return tv_decode(input, mode=mode, device=device)
+    import torch_emugpu
+    from torch_emugpu import _C
+
+    datas = input if isinstance(input, list) else [input]
+    if not datas:
+        return []
+    for i, d in enumerate(datas):
+        if not isinstance(d, torch.Tensor) or d.dtype != torch.uint8 or d.dim() != 1 or d.device.type != "cpu":
+            raise ValueError(f"decode_jpeg: expected 1-D uint8 CPU tensors of JPEG bytes, got input {i} as "
+                             f"{type(d).__name__}" + (f" {d.dtype} {list(d.shape)} on {d.device}"
+                                                      if isinstance(d, torch.Tensor) else ""))
+    want = _mode_channels(mode)
+    index = device.index if device.index is not None else torch.emugpu.current_device()
+    headers = [jpeg_header(d) for d in datas]
+    compute = torch_emugpu.config().mode == "compute"
+    outs = []
+    for d, (components, h, w) in zip(datas, headers, strict=True):
+        channels = want or (1 if components == 1 else 3)
+        out = torch.empty((channels, h, w), dtype=torch.uint8, device=torch.device("emugpu", index))
+        if compute:
+            _C._host_view(out).copy_(_decode_host(d, want))
+            _C._set_materialized(out, True)
+        outs.append(out)
+    _C._emulate_kernel(index, decode_seconds([h * w for _, h, w in headers], index))
+    return outs if isinstance(input, list) else outs[0]
