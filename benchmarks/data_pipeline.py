@@ -30,8 +30,7 @@ import torch
 
 from torch_emugpu import datasets
 from torch_emugpu.models import torchvision_model, write_json_atomic
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+from torch_emugpu.preprocessing import MEAN, STD, train_batch_on_device
 
 
 def _read_bytes(path: Any) -> torch.Tensor:
@@ -57,29 +56,6 @@ def drop_page_cache(paths: list[Path]) -> str | None:
         finally:
             os.close(fd)
     return None
-
-
-def gpu_preprocess(datas: list[torch.Tensor], device: torch.device, gen: torch.Generator) -> torch.Tensor:
-    """Decode on the device, then random-resized-crop, flip and normalize there (a DALI-style pipeline)."""
-    from torchvision.io import decode_jpeg
-    from torchvision.transforms.v2 import RandomResizedCrop
-    from torchvision.transforms.v2 import functional as F
-
-    if device.type == "emugpu":
-        from torch_emugpu.preprocessing import decode_jpeg as emu_decode
-
-        images = emu_decode(datas, device=device)
-    else:
-        images = decode_jpeg(datas, device=device)
-    out = []
-    for img in images:
-        top, left, h, w = RandomResizedCrop.get_params(img, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
-        img = F.resized_crop(img, top, left, h, w, [224, 224], antialias=True)
-        if torch.rand((), generator=gen) < 0.5:
-            img = F.horizontal_flip(img)
-        out.append(img)
-    batch = F.to_dtype(torch.stack(out), torch.float32, scale=True)
-    return F.normalize(batch, list(MEAN), list(STD))
 
 
 def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: int, workers: int, pin: bool,
@@ -130,7 +106,7 @@ def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: in
             break
         waited += time.perf_counter() - t0
         if preprocessing == "gpu":
-            x = gpu_preprocess(xb, device, gen)
+            x = train_batch_on_device(xb, device, generator=gen)
         else:
             x = xb.to(device, non_blocking=pin)
         y = yb.to(device, non_blocking=pin)

@@ -379,9 +379,6 @@ def scan(root: str | os.PathLike[str]) -> Scan:
     return Scan(top, files, names, skipped, total, manifest, manifest_error, empty)
 
 
-DECODERS = ("pil", "tensor")
-
-
 def _decode_pil(path: Path) -> Image.Image:
     with Image.open(path) as im:
         return im.convert("RGB")  # decodes fully: corrupt data fails here, not in a transform
@@ -392,11 +389,24 @@ def _decode_tensor(path: Path) -> torch.Tensor:
     return torch.from_numpy(np.array(_decode_pil(path))).permute(2, 0, 1)
 
 
+def _read_jpeg_bytes(path: Path) -> torch.Tensor:
+    # For decoding on the device: only the header is checked here, as nvJPEG would reject the file there.
+    from torch_emugpu.preprocessing import jpeg_header
+
+    data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+    jpeg_header(data)
+    return data
+
+
+DECODERS = {"pil": _decode_pil, "tensor": _decode_tensor, "bytes": _read_jpeg_bytes}
+
+
 class ImageFiles(torch.utils.data.Dataset):
     """Map-style dataset of ``(image, class index)`` over a `Scan`.
 
     ``decode="pil"`` gives RGB PIL images (as ImageFolder), ``"tensor"`` uint8 CHW
-    tensors. A file that fails to decode is replaced by the next one that decodes
+    tensors, ``"bytes"`` the JPEG files' bytes as 1-D uint8 tensors (for decoding on
+    the device; only the header is checked). A file that fails to decode is replaced by the next one that decodes
     and counted (`failed`, `failed_count`), or with ``strict=True`` raises
     `CorruptImageError` (see the module docstring).
     """
@@ -418,7 +428,7 @@ class ImageFiles(torch.utils.data.Dataset):
         self.target_transform = target_transform
         self.decode = decode
         self.strict = strict
-        self._decoder = _decode_pil if decode == "pil" else _decode_tensor
+        self._decoder = DECODERS[decode]
         # One byte per file, in shared memory: workers mark the files that failed.
         self._failed = multiprocessing.RawArray("B", len(self.samples))
 
@@ -467,7 +477,7 @@ def verify(found: Scan, decode: str = "pil", progress: bool = True) -> list[tupl
     """Decodes every file of the scan; returns (path, error) for those that fail."""
     from tqdm import tqdm
 
-    decoder = _decode_pil if decode == "pil" else _decode_tensor
+    decoder = DECODERS[decode]
     bad = []
     for path, _ in tqdm(found.files, desc="decoding", unit="img", disable=not progress):
         try:

@@ -203,3 +203,31 @@ def decode_jpeg(input: torch.Tensor | list[torch.Tensor], mode: Any = "UNCHANGED
         outs.append(out)
     _C._emulate_kernel(index, decode_seconds([h * w for _, h, w in headers], index))
     return outs if isinstance(input, list) else outs[0]
+
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def train_batch_on_device(datas: list[torch.Tensor], device: torch.device, size: int = 224,
+                          generator: torch.Generator | None = None) -> torch.Tensor:
+    """torchvision's ImageNet training recipe on the device (as DALI runs it): decode, random-resized crop,
+    horizontal flip with probability 1/2, scale to [0, 1] and normalize; one float32 [N, 3, size, size] batch."""
+    from torchvision.transforms.v2 import RandomResizedCrop
+    from torchvision.transforms.v2 import functional as F
+
+    if device.type == "emugpu":
+        images = decode_jpeg(datas, mode="RGB", device=device)
+    else:
+        from torchvision.io import ImageReadMode
+        from torchvision.io import decode_jpeg as tv_decode
+
+        images = tv_decode(datas, mode=ImageReadMode.RGB, device=device)
+    out = []
+    for img in images:
+        top, left, h, w = RandomResizedCrop.get_params(img, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+        img = F.resized_crop(img, top, left, h, w, [size, size], antialias=True)
+        if torch.rand((), generator=generator) < 0.5:
+            img = F.horizontal_flip(img)
+        out.append(img)
+    batch = F.to_dtype(torch.stack(out), torch.float32, scale=True)
+    return F.normalize(batch, list(MEAN), list(STD))

@@ -262,7 +262,7 @@ def test_dataloader_workers_survive_corrupt_files_and_the_caller_sees_the_count(
 
 
 def test_imagefiles_refuses_a_bad_decoder(damaged):
-    with pytest.raises(ValueError, match="decode must be one of pil, tensor, got 'cv2'"):
+    with pytest.raises(ValueError, match="decode must be one of pil, tensor, bytes, got 'cv2'"):
         datasets.ImageFiles(datasets.scan(damaged[0]), decode="cv2")
 
 
@@ -309,3 +309,16 @@ def test_cli_errors_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse: --images is required
         cli.main(["dataset", "make", "fixed", str(tmp_path / "y")])
     assert exit_.value.code == 2
+
+
+def test_bytes_decoding_hands_over_the_jpeg_bytes_and_skips_files_without_a_jpeg_header(tmp_path):
+    datasets.make("fixed", tmp_path / "d", images=4, classes=2, size=(32, 24), jobs=1, progress=False)
+    found = datasets.scan(tmp_path / "d")
+    first = found.files[0][0]
+    first.write_bytes(b"\xff\xd8" + b"\x00" * 200)  # a JPEG marker and nothing usable after it
+    ds = datasets.ImageFiles(found, decode="bytes")
+    with pytest.warns(RuntimeWarning, match="cannot decode"):
+        data, label = ds[0]
+    assert data.dtype == torch.uint8 and data.dim() == 1
+    assert bytes(data[:2].numpy()) == b"\xff\xd8" and data.numel() > 202
+    assert ds.failed() == [first]
