@@ -33,31 +33,6 @@ from torch_emugpu.models import torchvision_model, write_json_atomic
 from torch_emugpu.preprocessing import MEAN, STD, train_batch_on_device
 
 
-def _read_bytes(path: Any) -> torch.Tensor:
-    with open(path, "rb") as f:
-        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
-
-
-def _collate_bytes(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
-
-
-def drop_page_cache(paths: list[Path]) -> str | None:
-    """Asks the kernel to drop the files' cached pages; the reason when it cannot."""
-    if not hasattr(os, "posix_fadvise"):
-        return "posix_fadvise is not available on this platform"
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError as e:
-            return f"posix_fadvise(DONTNEED) failed on {p}: {e}"
-        finally:
-            os.close(fd)
-    return None
-
-
 def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: int, workers: int, pin: bool,
           preprocessing: str, cold: bool, limit: int | None = None) -> dict[str, Any]:
     from torchvision.transforms import v2 as T
@@ -80,14 +55,14 @@ def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: in
         ds: torch.utils.data.Dataset = datasets.ImageFiles(found, transform=tf)
         collate = None
     elif preprocessing == "gpu":
-        ds = _Bytes(found)
-        collate = _collate_bytes
+        ds = datasets.ImageFiles(found, decode="bytes")
+        collate = datasets.collate_bytes
     else:  # "none": decoded images already in memory, so the copies and the GPU are all there is
         ds = _Decoded(limit or len(found.files))
         collate = None
     if limit and preprocessing != "none":
         ds = torch.utils.data.Subset(ds, range(min(limit, len(ds))))
-    cache_note = drop_page_cache([path for path, _ in found.files]) if cold else None
+    cache_note = datasets.set_page_cache([path for path, _ in found.files], 0.0)[1] if cold else None
     loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
                                          pin_memory=pin and preprocessing != "gpu", drop_last=True,
                                          collate_fn=collate, persistent_workers=False,
@@ -122,18 +97,6 @@ def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: in
             "epoch_s": wall, "images_per_s": images / wall, "data_wait_s": waited,
             "gpu_only_iteration_s": gpu_time, "gpu_only_images_per_s": batch / gpu_time,
             "peak_bytes": backend.max_memory_allocated(device)}
-
-
-class _Bytes(torch.utils.data.Dataset):
-    def __init__(self, found: datasets.Scan) -> None:
-        self.found = found
-
-    def __len__(self) -> int:
-        return len(self.found.files)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        path, label = self.found.files[i]
-        return _read_bytes(path), label
 
 
 class _Decoded(torch.utils.data.Dataset):

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,40 +96,13 @@ def _check(workers: int, cache_fraction: float, epochs: int, batch_size: int) ->
         raise ValueError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
 
 
-def set_page_cache(paths: list[Path], fraction: float, seed: int = 0) -> tuple[float, str | None]:
-    """Leaves `fraction` of the files (a fixed random subset) in the page cache and drops the rest.
-
-    Returns the fraction cached as far as the kernel was told, and why dropping failed where it did.
-    """
-    order = list(paths)
-    random.Random(seed).shuffle(order)
-    keep = round(fraction * len(order))
-    for p in order[:keep]:
-        with open(p, "rb") as f:
-            while f.read(1 << 20):
-                pass
-    if keep == len(order):
-        return 1.0, None
-    if not hasattr(os, "posix_fadvise"):
-        return 1.0, "the page cache was not dropped: posix_fadvise is not available here, so every file stayed cached"
-    for p in order[keep:]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError as e:
-            return 1.0, f"the page cache was not dropped ({p}: {e}), so the fetch stall reads as cached"
-        finally:
-            os.close(fd)
-    return keep / len(order), None
-
-
 def _loader(found: datasets.Scan, batch_size: int, workers: int, pin: bool, gpu_prep: bool,
             limit: int | None, seed: int) -> tuple[torch.utils.data.DataLoader, datasets.ImageFiles]:
     from torchvision.transforms import v2 as T
 
     if gpu_prep:
         ds = datasets.ImageFiles(found, decode="bytes")
-        collate = _collate_bytes
+        collate = datasets.collate_bytes
     else:
         tf = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor(),
                         T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)])
@@ -145,10 +116,6 @@ def _loader(found: datasets.Scan, batch_size: int, workers: int, pin: bool, gpu_
         drop_last=True, collate_fn=collate, prefetch_factor=2 if workers else None,
         generator=torch.Generator().manual_seed(seed))
     return loader, ds
-
-
-def _collate_bytes(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
 
 
 def _gpu_iteration(net: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, batch_size: int,
@@ -272,7 +239,7 @@ def run(data: str | os.PathLike[str], model: str = "resnet50", gpu: str | None =
         raise ValueError(f"{found.root} holds {len(found.files)} usable images, fewer than one batch of "
                          f"{batch_size}; use a smaller --batch-size or more images")
     paths = [p for p, _ in found.files][:limit]
-    set_page_cache(paths, 1.0)
+    datasets.set_page_cache(paths, 1.0)
     rate = _pipeline_rate(loader, batches=min(len(loader) - 1, max(2, workers)))
     common = dict(net=net, opt=opt, device=device, pin=pin_memory, gpu_prep=gpu_preprocessing,
                   gpu_iteration_s=gpu_s, progress=progress)
@@ -282,7 +249,7 @@ def run(data: str | os.PathLike[str], model: str = "resnet50", gpu: str | None =
                           **common)
     reports = []
     for e in range(epochs):
-        cached, note = set_page_cache(paths, cache_fraction, seed=seed)
+        cached, note = datasets.set_page_cache(paths, cache_fraction, seed=seed)
         r = _epoch(f"epoch {e + 1}/{epochs}", loader, cached=cached, note=note, seed=seed + e + 1,
                    record=timeline is not None and e == epochs - 1, **common)
         base = baseline or r

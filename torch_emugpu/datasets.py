@@ -40,6 +40,7 @@ import json
 import math
 import multiprocessing
 import os
+import random
 import re
 import sys
 import time
@@ -399,6 +400,38 @@ def _read_jpeg_bytes(path: Path) -> torch.Tensor:
 
 
 DECODERS = {"pil": _decode_pil, "tensor": _decode_tensor, "bytes": _read_jpeg_bytes}
+
+
+def set_page_cache(paths: list[Path], fraction: float, seed: int = 0) -> tuple[float, str | None]:
+    """Leaves `fraction` of the files (a fixed random subset) in the page cache and drops the rest.
+
+    Returns the fraction cached as far as the kernel was told, and why dropping failed where it did.
+    """
+    order = list(paths)
+    random.Random(seed).shuffle(order)
+    keep = round(fraction * len(order))
+    for p in order[:keep]:
+        with open(p, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    if keep == len(order):
+        return 1.0, None
+    if not hasattr(os, "posix_fadvise"):
+        return 1.0, "the page cache was not dropped: posix_fadvise is not available here, so every file stayed cached"
+    for p in order[keep:]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            return 1.0, f"the page cache was not dropped ({p}: {e}), so the fetch stall reads as cached"
+        finally:
+            os.close(fd)
+    return keep / len(order), None
+
+
+def collate_bytes(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """DataLoader collate for ``decode="bytes"``: the files' byte tensors as a list (they differ in length)."""
+    return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
 
 
 class ImageFiles(torch.utils.data.Dataset):

@@ -68,8 +68,8 @@ def test_gpu_preprocessing_decodes_on_the_emulated_gpu(folder):
 
 def test_the_page_cache_split_keeps_the_asked_fraction(folder):
     paths = [p for p, _ in datasets.scan(folder).files]
-    assert data_train.set_page_cache(paths, 1.0) == (1.0, None)
-    cached, note = data_train.set_page_cache(paths, 0.25)
+    assert datasets.set_page_cache(paths, 1.0) == (1.0, None)
+    cached, note = datasets.set_page_cache(paths, 0.25)
     assert (cached, note) == (0.25, None) or "not dropped" in note
 
 
