@@ -228,6 +228,12 @@ def run(data: str | os.PathLike[str], model: str = "resnet50", gpu: str | None =
         gpu_preprocessing: bool = False, limit: int | None = None, seed: int = 0, timeline: str | None = None,
         progress: bool = True) -> DataTrainResult:
     _check(workers, cache_fraction, epochs, batch_size)
+    import torchvision
+
+    known = torchvision.models.list_models(module=torchvision.models)
+    if model not in known:
+        raise ValueError(f"--data trains image classifiers: expected a torchvision classification model "
+                         f"(e.g. resnet50), got {model!r}; known: {', '.join(sorted(known))}")
     found = datasets.scan(data)
     torch_emugpu.configure(gpu=gpu)
     device = torch.device("emugpu", 0)

@@ -78,6 +78,7 @@ def test_the_page_cache_split_keeps_the_asked_fraction(folder):
     ({"cache_fraction": 1.5}, "--cache-fraction: expected a fraction of the dataset from 0 to 1, got 1.5"),
     ({"cache_fraction": -0.1}, "--cache-fraction: expected a fraction"),
     ({"batch_size": 100}, "fewer than one batch of 100"),
+    ({"model": "gpt2"}, "expected a torchvision classification model \\(e.g. resnet50\\), got 'gpt2'"),
 ])
 def test_bad_arguments_are_value_errors(folder, kwargs, message):
     with pytest.raises(ValueError, match=message):
