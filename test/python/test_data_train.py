@@ -82,7 +82,7 @@ def test_the_page_cache_split_keeps_the_asked_fraction(folder):
 ])
 def test_bad_arguments_are_value_errors(folder, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        data_train.run(folder, model="resnet18", progress=False, **kwargs)
+        data_train.run(folder, **{"model": "resnet18", "progress": False, **kwargs})
 
 
 def test_the_cli_reports_a_missing_folder_and_bad_options(tmp_path):
