@@ -165,6 +165,7 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // Blocks the host until all work on the device is done (a sync point).
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    Runtime::get().drain_deferred();
     translate_errors([&] { device_at(device_index).synchronize(); });
   }
 

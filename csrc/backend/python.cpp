@@ -44,6 +44,18 @@ auto guarded(Fn&& fn) -> decltype(fn()) {
 
 py::dict stat_dict(const Stat& s);
 
+// backend `emu`'s drain_all, called by c10's device synchronize; a leaked
+// reference, as it may be called until the interpreter finalizes.
+PyObject* drain_callable = nullptr;
+
+void call_drain() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+  py::gil_scoped_acquire gil;
+  PyObject* result = PyObject_CallNoArgs(drain_callable);
+  if (result == nullptr) throw py::error_already_set();
+  Py_DECREF(result);
+}
+
 py::dict stat_dict(const StatArray& s) {
   py::dict out;
   const char* pools[] = {"all", "small_pool", "large_pool"};
@@ -184,6 +196,10 @@ PYBIND11_MODULE(_C, m) {
       d["nvlink_bandwidth"] = g.nvlink_bandwidth;
       return d;
     });
+  });
+  m.def("_set_drain_hook", [](py::object fn) {
+    if (drain_callable == nullptr) drain_callable = fn.release().ptr();
+    Runtime::get().set_drain_hook(&call_drain);
   });
   m.def("_synchronize", [](int index) {
     guarded([&] {

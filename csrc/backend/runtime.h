@@ -44,6 +44,14 @@ class Runtime {
   void set_profiles(ProfileDb db);
   std::shared_ptr<const ProfileDb> profiles() const;
 
+  // Backend `emu` places the collectives whose end is not known yet through
+  // this hook (set from Python), so that a device synchronize through c10
+  // (torch.accelerator.synchronize) waits for them, as for NCCL's streams.
+  void set_drain_hook(void (*hook)()) { drain_hook_.store(hook); }
+  void drain_deferred() const {
+    if (auto* hook = drain_hook_.load()) hook();
+  }
+
   // A fork()ed child may not use the devices its parent used (as CUDA).
   void mark_forked_child();
   bool in_bad_fork() const { return bad_fork_.load(); }
@@ -64,6 +72,7 @@ class Runtime {
   std::atomic<Mode> mode_{Mode::kTiming};
   std::shared_ptr<const ProfileDb> profiles_;
   std::atomic<bool> bad_fork_{false};
+  std::atomic<void (*)()> drain_hook_{nullptr};
 };
 
 // Thread-local current device and, per device, current stream (as CUDA).

@@ -399,6 +399,22 @@ def _host_goes_on(rank: int, world: int) -> dict[str, float]:
             "now": _C._host_now_ns()}
 
 
+def _accelerator_synchronize(rank: int, world: int) -> dict[str, float]:
+    """As _host_goes_on, but rank 0 only launches the async all_reduce and then
+    calls torch.accelerator.synchronize(), which must wait for it as
+    cudaDeviceSynchronize waits for NCCL's streams."""
+    big = torch.empty(1 << 24, device=torch.device("emugpu", rank))
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+    start = time.monotonic()
+    work = dist.all_reduce(big, async_op=True)
+    torch.accelerator.synchronize()
+    synchronized = time.monotonic() - start
+    work.wait()
+    return {"synchronized": synchronized}
+
+
 def _ring(rank: int, world: int) -> dict[str, Any]:
     """A ring exchange (pipeline parallelism's pattern): every rank sends to
     the next and receives from the previous in one batch_isend_irecv, send
@@ -431,7 +447,7 @@ def _ring(rank: int, world: int) -> dict[str, Any]:
 
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "ring": _ring,
-    "host_goes_on": _host_goes_on,
+    "host_goes_on": _host_goes_on, "accelerator_synchronize": _accelerator_synchronize,
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
     "dtype_mismatch": _dtype_mismatch,
@@ -509,6 +525,11 @@ def test_host_does_not_wait_for_other_ranks_when_launching() -> None:
     assert out[0]["completed"] > 0.3, out[0]  # the future completes once rank 1 launched it too
     assert out[0]["end"] == out[1]["end"]
     assert out[0]["now"] >= out[0]["end"]  # synchronize waited for it
+
+
+def test_torch_accelerator_synchronize_waits_for_async_collectives() -> None:
+    out = run_ranks("accelerator_synchronize", mode="timing")
+    assert out[0]["synchronized"] >= 0.45, out[0]  # rank 1 arrived 0.5 s later
 
 
 def test_a_ring_of_sends_and_recvs_pairs_each_send_with_its_recv() -> None:

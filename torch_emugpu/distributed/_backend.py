@@ -902,4 +902,5 @@ def drain_all() -> None:
 
 def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> EmuBackend:
     """The creator c10d calls for backend `emu` (Backend.register_backend)."""
+    _C()._set_drain_hook(drain_all)  # torch.accelerator.synchronize() drains too
     return EmuBackend(store, rank, size, timeout)
