@@ -48,7 +48,7 @@ from torch.nn import functional as F
 
 from torch_emugpu.models import GPT2_SMALL, write_json_atomic
 from torch_emugpu.profiler import default_out as default_profile_dir
-from torch_emugpu.profiler import device_name, robust_median
+from torch_emugpu.profiler import device_name, gpu_dir_name, robust_median
 
 VERSION = "0.1.0"
 SCHEMA = "torch-emugpu calibration v1"
@@ -750,8 +750,7 @@ def _free_memory(device: torch.device) -> None:
 
 def default_out(device: torch.device) -> Path:
     """<profile dir>/<GPU name>/calibration.json: on the profile search path, beside the GPU's profiles."""
-    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in device_name(device))
-    return default_profile_dir() / safe / "calibration.json"
+    return default_profile_dir() / gpu_dir_name(device_name(device)) / "calibration.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

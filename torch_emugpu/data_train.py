@@ -258,11 +258,9 @@ def run(data: str | os.PathLike[str], model: str = "resnet50", gpu: str | None =
         cached, note = datasets.set_page_cache(paths, cache_fraction, seed=seed)
         r = _epoch(f"epoch {e + 1}/{epochs}", loader, cached=cached, note=note, seed=seed + e + 1,
                    record=timeline is not None and e == epochs - 1, **common)
-        base = baseline or r
+        base = baseline or r  # all cached: the epoch is its own baseline, and nothing is fetched
         r.prep_stall_s = base.data_stall_s
-        r.fetch_stall_s = max(0.0, r.data_stall_s - base.data_stall_s) if baseline else 0.0
-        if baseline is None:
-            r.prep_stall_s = r.data_stall_s
+        r.fetch_stall_s = max(0.0, r.data_stall_s - base.data_stall_s)
         reports.append(r)
     if timeline:
         plot_timeline(reports[-1], timeline, f"{model} on {torch.emugpu.get_device_name()}")

@@ -75,9 +75,9 @@ def _mode_channels(mode: Any) -> int | None:
 @lru_cache(maxsize=8)
 def _table(gpu: str, search: tuple[str, ...]) -> tuple[dict[str, Any], str] | None:
     """The decode rows of `gpu`'s preprocessing table, else of the first other GPU's; with its GPU name."""
-    from torch_emugpu.profiler import profile_path
+    from torch_emugpu.profiler import gpu_dir_name
 
-    own = [Path(d) / profile_path(Path(""), gpu, "x").parent / "preprocessing.json" for d in search]
+    own = [Path(d) / gpu_dir_name(gpu) / "preprocessing.json" for d in search]
     others = [p for d in search for p in sorted(Path(d).glob("*/preprocessing.json"))]
     for path in [*own, *others]:
         if not path.is_file():
@@ -104,23 +104,13 @@ def _interp(points: list[tuple[float, float]], x: float) -> float:
     return max(y, 0.1 * near)
 
 
-def _sm_count(gpu: str) -> int | None:
-    import torch_emugpu
-
-    doc = json.loads(Path(torch_emugpu.config().catalog).read_text())
-    for entry in doc.get("gpus", []):
-        if entry.get("name") == gpu:
-            return int(entry["sm_count"])
-    return None
-
-
 _warned: set[str] = set()
 
 
 def decode_seconds(pixels: list[int], device_index: int) -> float:
     """Emulated seconds of one batched decode of images of `pixels` each."""
     import torch_emugpu
-    from torch_emugpu import profiles
+    from torch_emugpu import _C, profiles
 
     gpu = torch_emugpu.config().gpu
     sm = torch.emugpu.get_device_properties(device_index).multi_processor_count
@@ -135,7 +125,7 @@ def decode_seconds(pixels: list[int], device_index: int) -> float:
     table, source = found
     scale = 1.0
     if source != gpu:
-        other = _sm_count(source) or sm
+        other = _C._gpu_properties(source)["multi_processor_count"]
         scale = other / sm
         _warn_once(gpu, f"emugpu: no preprocessing table for {gpu}; JPEG decoding is timed from the {source}'s "
                         f"table scaled by SM count ({other} vs {sm}). Measure one with `torch-emugpu profile "

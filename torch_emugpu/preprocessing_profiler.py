@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from torch_emugpu.models import write_json_atomic
-from torch_emugpu.profiler import VERSION, device_name, robust_median
+from torch_emugpu.profiler import VERSION, device_name, gpu_dir_name, robust_median
 
 SCHEMA = "torch-emugpu preprocessing v1"
 # (width, height): a thumbnail, ImageNet's most common size, a photo, a large photo
@@ -120,8 +120,7 @@ def _key(rec: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def path_for(out: Path, gpu: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in gpu)
-    return out / safe / "preprocessing.json"
+    return out / gpu_dir_name(gpu) / "preprocessing.json"
 
 
 def run(out: Path, device: torch.device, samples: int = 7, quick: bool = False, force: bool = False,

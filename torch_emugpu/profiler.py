@@ -107,9 +107,13 @@ def measure(name: str, batch_size: int, device: torch.device, warmup: int, itera
     return entry
 
 
+def gpu_dir_name(gpu: str) -> str:
+    """The folder of a GPU's measured data (profiles, preprocessing table, calibration) under a profile dir."""
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in gpu)
+
+
 def profile_path(out: Path, gpu: str, model: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in gpu)
-    return out / safe / f"{model}.json"
+    return out / gpu_dir_name(gpu) / f"{model}.json"
 
 
 def load_existing(path: Path) -> dict[str, Any] | None:

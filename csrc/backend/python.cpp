@@ -42,8 +42,6 @@ auto guarded(Fn&& fn) -> decltype(fn()) {
   }
 }
 
-py::dict stat_dict(const Stat& s);
-
 // backend `emu`'s drain_all, called by c10's device synchronize; a leaked
 // reference, as it may be called until the interpreter finalizes.
 PyObject* drain_callable = nullptr;
@@ -56,6 +54,15 @@ void call_drain() {
   Py_DECREF(result);
 }
 
+py::dict stat_dict(const Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
 py::dict stat_dict(const StatArray& s) {
   py::dict out;
   const char* pools[] = {"all", "small_pool", "large_pool"};
@@ -63,12 +70,21 @@ py::dict stat_dict(const StatArray& s) {
   return out;
 }
 
-py::dict stat_dict(const Stat& s) {
+py::dict gpu_dict(const GpuSpec& g) {
   py::dict d;
-  d["current"] = s.current;
-  d["peak"] = s.peak;
-  d["allocated"] = s.allocated;
-  d["freed"] = s.freed;
+  d["name"] = g.name;
+  d["total_memory"] = g.memory_bytes;
+  d["multi_processor_count"] = g.sm_count;
+  d["major"] = g.major;
+  d["minor"] = g.minor;
+  d["fp32_flops"] = g.fp32_flops;
+  d["tf32_flops"] = g.tf32_flops;
+  d["fp16_flops"] = g.fp16_flops;
+  d["bf16_flops"] = g.bf16_flops;
+  d["memory_bandwidth"] = g.memory_bandwidth;
+  d["pcie_generation"] = g.pcie_generation;
+  d["pcie_width"] = g.pcie_width;
+  d["nvlink_bandwidth"] = g.nvlink_bandwidth;
   return d;
 }
 
@@ -177,26 +193,11 @@ PYBIND11_MODULE(_C, m) {
     });
     return names;
   });
-  m.def("_device_properties", [](int index) {
-    return guarded([&] {
-      const GpuSpec& g = Runtime::get().device(index).gpu();
-      py::dict d;
-      d["name"] = g.name;
-      d["total_memory"] = g.memory_bytes;
-      d["multi_processor_count"] = g.sm_count;
-      d["major"] = g.major;
-      d["minor"] = g.minor;
-      d["fp32_flops"] = g.fp32_flops;
-      d["tf32_flops"] = g.tf32_flops;
-      d["fp16_flops"] = g.fp16_flops;
-      d["bf16_flops"] = g.bf16_flops;
-      d["memory_bandwidth"] = g.memory_bandwidth;
-      d["pcie_generation"] = g.pcie_generation;
-      d["pcie_width"] = g.pcie_width;
-      d["nvlink_bandwidth"] = g.nvlink_bandwidth;
-      return d;
-    });
-  });
+  m.def("_device_properties",
+        [](int index) { return guarded([&] { return gpu_dict(Runtime::get().device(index).gpu()); }); });
+  // Any catalog GPU, matched loosely as EMUGPU_GPU is (e.g. the GPU a measured table came from).
+  m.def("_gpu_properties",
+        [](const std::string& name) { return guarded([&] { return gpu_dict(Runtime::get().catalog().find(name)); }); });
   m.def("_set_drain_hook", [](py::object fn) {
     if (drain_callable == nullptr) drain_callable = fn.release().ptr();
     Runtime::get().set_drain_hook(&call_drain);
