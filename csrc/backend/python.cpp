@@ -11,6 +11,7 @@
 
 #include "backend/allocator.h"
 #include "backend/collective.h"
+#include "backend/group_collectives.h"
 #include "backend/host_allocator.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
@@ -443,12 +444,12 @@ PYBIND11_MODULE(_C, m) {
   auto timeout = [](double seconds) {
     return std::chrono::nanoseconds(static_cast<int64_t>(std::min(seconds, 1e9) * 1e9));
   };
-  py::class_<ShmExchange>(m, "_ShmExchange")
+  py::class_<ShmExchange, std::shared_ptr<ShmExchange>>(m, "_ShmExchange")
       .def_static("create", [](const std::string& name, int size, uint64_t token) {
-        return guarded([&] { return ShmExchange::create(name, size, token); });
+        return guarded([&] { return std::shared_ptr<ShmExchange>(ShmExchange::create(name, size, token)); });
       })
       .def_static("open", [](const std::string& name, int rank, int size, uint64_t token) {
-        return guarded([&] { return ShmExchange::open(name, rank, size, token); });
+        return guarded([&] { return std::shared_ptr<ShmExchange>(ShmExchange::open(name, rank, size, token)); });
       })
       .def_static("unlink", [](const std::string& name) { ShmExchange::unlink(name); })
       .def("start", [timeout](ShmExchange& self, const std::vector<int64_t>& words, double timeout_s) {
@@ -484,6 +485,84 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("size", &ShmExchange::size)
       .def_readonly_static("max_words", &ShmExchange::kMaxWords)
       .def_readonly_static("capacity", &ShmExchange::kDataCapacity);
+  // Backend `emu`'s C++ side of one process group (group_collectives.h).
+  // Calls that may wait release the GIL: the group's runner needs it for
+  // Python's deferred work and error reports.
+  py::class_<OrderedRunner::Ticket, std::shared_ptr<OrderedRunner::Ticket>>(m, "_DeferredTicket")
+      .def_property_readonly("done", &OrderedRunner::Ticket::done)
+      .def_property_readonly("failed", [](const OrderedRunner::Ticket& t) { return t.error() != nullptr; });
+  py::class_<GroupCollectives, std::shared_ptr<GroupCollectives>>(m, "_GroupCollectives")
+      .def(py::init([timeout](int rank, int size, int ranks_per_node, int64_t clock_offset_ns,
+                              std::shared_ptr<ShmExchange> shm, double timeout_s, int64_t data_threshold,
+                              py::function report) {
+             // Held by the runner's thread too: freed under the GIL.
+             auto fn = std::shared_ptr<py::function>(new py::function(std::move(report)), [](py::function* f) {
+               if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+                 py::gil_scoped_acquire gil;
+                 delete f;
+               }
+             });
+             MismatchReport call = [fn](const std::string& key, const std::string& name, const std::string& extra,
+                                        const std::vector<at::Tensor>& tensors, int other) {
+               py::gil_scoped_acquire gil;
+               return (*fn)(key, name, extra, tensors, other).cast<std::string>();
+             };
+             return std::make_shared<GroupCollectives>(
+                 GroupSpec{rank, size, ranks_per_node, clock_offset_ns, timeout(timeout_s), data_threshold},
+                 std::move(shm), std::move(call));
+           }),
+           py::arg("rank"), py::arg("size"), py::arg("ranks_per_node"), py::arg("clock_offset_ns"), py::arg("shm"),
+           py::arg("timeout_s"), py::arg("data_threshold"), py::arg("report"))
+      .def_property_readonly("has_shm", &GroupCollectives::has_shm)
+      .def_property_readonly("payload_bytes_moved", &GroupCollectives::payload_bytes_moved)
+      .def("add_payload_bytes_moved", &GroupCollectives::add_payload_bytes_moved)
+      .def("comm_stream", [](GroupCollectives& g, int device) { return guarded([&] { return g.comm_stream(device); }); })
+      .def("all_reduce", [](GroupCollectives& g, const std::string& name, const std::vector<at::Tensor>& tensors,
+                            c10d::ReduceOp::RedOpType op) -> py::object {
+        auto work = guarded([&] {
+          py::gil_scoped_release no_gil;
+          return g.all_reduce(name, tensors, op);
+        });
+        if (!work) return py::none();
+        return py::cast(work);
+      })
+      .def("defer", [](GroupCollectives& g, const std::string& name, const std::string& kind, double model_bytes,
+                       int64_t largest, int64_t payload, bool real, const std::vector<at::Tensor>& received,
+                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& signed_,
+                       const std::string& extra, int device) {
+        return guarded([&] {
+          py::gil_scoped_release no_gil;
+          return g.defer(name, kind, model_bytes, largest, payload, real, received, outputs, signed_, extra, device);
+        });
+      })
+      .def("submit", [](GroupCollectives& g, py::function call) {
+        auto fn = std::shared_ptr<py::function>(new py::function(std::move(call)), [](py::function* f) {
+          if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+            py::gil_scoped_acquire gil;
+            delete f;
+          }
+        });
+        return g.submit([fn]() -> int64_t {
+          py::gil_scoped_acquire gil;
+          return (*fn)().cast<int64_t>();
+        });
+      })
+      .def("run_through", [](GroupCollectives& g, const std::shared_ptr<OrderedRunner::Ticket>& t) {
+        return guarded([&] {
+          py::gil_scoped_release no_gil;
+          return g.run_through(t);
+        });
+      })
+      .def("drain", [](GroupCollectives& g) {
+        guarded([&] {
+          py::gil_scoped_release no_gil;
+          g.drain();
+        });
+      });
+  m.def("_collective_signature", [](const std::string& name, const std::string& extra,
+                                    const std::vector<at::Tensor>& tensors) {
+    return static_cast<int64_t>(collective_signature(name, extra, tensors));
+  });
   m.def("_emulate_kernel", [](int index, double seconds) {
     return guarded([&] {
       const TimeNs duration = seconds_to_ns(seconds);

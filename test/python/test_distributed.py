@@ -319,6 +319,18 @@ def _dtype_mismatch(rank: int, world: int) -> str:
     raise AssertionError("expected a ValueError for dtypes that differ across ranks")
 
 
+def _path_mismatch(rank: int, world: int) -> str:
+    """Timing mode: rank 0's 1 MiB all_reduce is deferred (no bytes move),
+    rank 1's 1 KiB one of real bytes waits for the others' words: the two
+    take different paths and must still meet in one error."""
+    x = torch.ones(1 << 18 if rank == 0 else 256, device=torch.device("emugpu", rank))
+    try:
+        dist.all_reduce(x)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError("expected a ValueError for shapes that differ across ranks")
+
+
 def _bad_input(rank: int, world: int) -> dict[str, str]:
     dev = torch.device("emugpu", rank)
     errors: dict[str, str] = {}
@@ -393,10 +405,9 @@ def _host_goes_on(rank: int, world: int) -> dict[str, float]:
     future.wait()
     completed = time.monotonic() - start
     work.wait()
+    end = _C._device_ready_ns(rank)  # the current stream waits for the collective and nothing else
     torch.emugpu.synchronize()
-    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("emugpu", rank))
-    return {"launched": launched, "completed": completed, "end": backend._last_deferred.result(),
-            "now": _C._host_now_ns()}
+    return {"launched": launched, "completed": completed, "end": end, "now": _C._host_now_ns()}
 
 
 def _accelerator_synchronize(rank: int, world: int) -> dict[str, float]:
@@ -429,7 +440,6 @@ def _ring(rank: int, world: int) -> dict[str, Any]:
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     value = got.cpu().tolist()
-    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
     _C._set_mode("timing")
     big, into = torch.empty(1 << 22, device=dev), torch.empty(1 << 22, device=dev)  # 16 MiB placeholders
     dist.barrier()
@@ -438,11 +448,12 @@ def _ring(rank: int, world: int) -> dict[str, Any]:
     launch = _C._host_now_ns()
     send, recv = (dist.P2POp(dist.isend, big, nxt), dist.P2POp(dist.irecv, into, prev))
     works = dist.batch_isend_irecv([send, recv])
-    sent_end = backend._last_deferred  # the recv's resolution
-    for work in works:
-        work.wait()
+    works[1].wait()
+    # The device's latest end: the recv's (this rank's send went to a rank that launched as early as this one).
+    recv_end = _C._device_ready_ns(rank)
+    works[0].wait()
     torch.emugpu.synchronize()
-    return {"value": value, "recv_end": sent_end.result(), "launch": launch, "materialized": _C._is_materialized(into)}
+    return {"value": value, "recv_end": recv_end, "launch": launch, "materialized": _C._is_materialized(into)}
 
 
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
@@ -450,7 +461,7 @@ SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "host_goes_on": _host_goes_on, "accelerator_synchronize": _accelerator_synchronize,
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
-    "dtype_mismatch": _dtype_mismatch,
+    "dtype_mismatch": _dtype_mismatch, "path_mismatch": _path_mismatch,
     "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs, "three_ranks": _three_ranks,
 }
 
@@ -566,6 +577,13 @@ def test_mismatched_dtypes_name_both() -> None:
     out = run_ranks("dtype_mismatch", mode="timing")
     for rank in (0, 1):
         assert "float32" in out[rank] and "float64" in out[rank], out[rank]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_deferred_and_a_waiting_rank_that_disagree_both_raise(transport: str) -> None:
+    out = run_ranks("path_mismatch", mode="timing", env={"EMUGPU_EXCHANGE": transport})
+    for rank in (0, 1):
+        assert "(262144,) float32" in out[rank] and "(256,) float32" in out[rank], out[rank]
 
 
 def test_bad_input_errors() -> None:

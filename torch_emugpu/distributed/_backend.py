@@ -20,14 +20,12 @@ values are.
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import contextlib
 import datetime
+import functools
 import hashlib
 import os
 import socket
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 
@@ -66,20 +64,22 @@ def _C():  # noqa: N802  (the extension, imported late: this module loads during
 
 
 class EmuWork(dist._Work):
-    """A launched collective: done on the device at `end_ns` (emulated time).
+    """A collective launched by the Python path: done on the device at
+    `end_ns` (emulated time). (The C++ path, group_collectives.h, returns
+    its own Work with the same behaviour.)
 
     wait() makes the caller's current stream wait for it (as WorkNCCL's
     does); for a barrier it blocks the host until then. The future's value is
-    the output tensors. A deferred collective (`resolved`) learns its end
-    when the other ranks' start times arrive: wait() waits for that (the
-    host then blocks until every rank launched it), its future completes
-    then, on the collective's stream."""
+    the output tensors. A deferred collective (`resolved`, a ticket of the
+    group's ordered runner) learns its end when the other ranks' start times
+    arrive: wait() waits for that (the host then blocks until every rank
+    launched it), its future completes then, on the collective's stream."""
 
     def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int | None = None, blocks_host: bool = False,
-                 pending: Callable[[], None] | None = None, resolved: concurrent.futures.Future | None = None,
-                 future: torch.futures.Future | None = None, resolver: _Resolver | None = None) -> None:
+                 pending: Callable[[], None] | None = None, resolved: object = None,
+                 future: torch.futures.Future | None = None, group: object = None) -> None:
         super().__init__()
-        self._resolver = resolver
+        self._group = group
         self._pending = pending  # a send's bytes still on their way (waited for by wait())
         self._outputs = outputs
         self._device = device
@@ -105,12 +105,12 @@ class EmuWork(dist._Work):
         return True
 
     def is_completed(self) -> bool:
-        if self._resolved is not None and not self._resolved.done():
+        if self._resolved is not None and not self._resolved.done:
             return False
-        return _C()._host_now_ns() >= self.end_ns
+        return self._resolved is not None and self._resolved.failed or _C()._host_now_ns() >= self.end_ns
 
     def is_success(self) -> bool:
-        return self._resolved is None or not self._resolved.done() or self._resolved.exception() is None
+        return self._resolved is None or not self._resolved.failed
 
     def result(self) -> list[torch.Tensor]:
         return self._outputs
@@ -123,9 +123,8 @@ class EmuWork(dist._Work):
         """When the collective ends on the emulated device (steady-clock ns);
         for a deferred one, waits until that is known."""
         if self._end_ns is None:
-            assert self._resolved is not None and self._resolver is not None
-            self._resolver.run_through(self._resolved)
-            self._end_ns = self._resolved.result()
+            assert self._resolved is not None and self._group is not None
+            self._end_ns = self._group.run_through(self._resolved)
         return self._end_ns
 
 
@@ -217,50 +216,6 @@ def _check_layout(size: int) -> None:
                          f"--nproc-per-node), got a world of {size}; make WORLD_SIZE a multiple of LOCAL_WORLD_SIZE")
 
 
-class _Resolver:
-    """Runs calls one at a time, in submission order: on a daemon thread (a
-    process exiting with collectives whose peers died must not wait for
-    them), or inline on a thread that needs one of them done now
-    (run_through), which saves the hand-over between threads that a
-    synchronous collective would otherwise pay twice."""
-
-    def __init__(self) -> None:
-        self._pending: collections.deque[tuple[Callable[[], int], concurrent.futures.Future]] = collections.deque()
-        self._running = threading.Lock()  # held while one call runs
-        self._submitted = threading.Semaphore(0)
-        threading.Thread(target=self._loop, name="emu-collectives", daemon=True).start()
-
-    def submit(self, call: Callable[[], int]) -> concurrent.futures.Future:
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        self._pending.append((call, done))
-        self._submitted.release()
-        return done
-
-    def run_through(self, target: concurrent.futures.Future) -> None:
-        """Runs the calls up to `target`'s on this thread, unless the daemon
-        thread already has."""
-        while not target.done():
-            with self._running:
-                if not target.done():
-                    self._step()
-
-    def _step(self) -> None:
-        try:
-            call, done = self._pending.popleft()
-        except IndexError:
-            return
-        try:
-            done.set_result(call())
-        except BaseException as e:  # noqa: BLE001  (handed to whoever waits)
-            done.set_exception(e)
-
-    def _loop(self) -> None:
-        while True:
-            self._submitted.acquire()
-            with self._running:
-                self._step()
-
-
 class EmuBackend(_C10dBackend):
     """Backend `emu`: see the module docstring."""
 
@@ -276,12 +231,17 @@ class EmuBackend(_C10dBackend):
         self._ranks_per_node, self._nodes = _topology([int(k) for k in words[:, 0]], size)
         self._clock_offset_ns = self._align_clocks([int(k) for k in words[:, 1]])
         self._comm_streams: dict[int, torch.Stream] = {}
-        # Bytes of this rank's tensors that collectives carried (the data rule's real bytes), for benchmarks.
-        self.payload_bytes_moved = 0
-        # Completes deferred collectives in launch order (see _launch); started on first use.
-        self._resolver: _Resolver | None = None
-        self._deferred_count = 0
-        self._last_deferred: concurrent.futures.Future | None = None
+        # The C++ side: the hot path over shared memory, and the runner that
+        # places deferred collectives (both paths') in launch order.
+        self._group = _C()._GroupCollectives(
+            rank, size, self._ranks_per_node, self._clock_offset_ns, self._exchange.shm, timeout.total_seconds(),
+            DATA_THRESHOLD_BYTES, functools.partial(_mismatch_message, self._exchange, rank))
+        _backends.add(self)
+
+    @property
+    def payload_bytes_moved(self) -> int:
+        """Bytes of this rank's tensors that collectives carried (the data rule's real bytes), for benchmarks."""
+        return int(self._group.payload_bytes_moved)
 
     def _align_clocks(self, keys: list[int]) -> int:
         """This rank's steady clock minus rank 0's: 0 where both read one
@@ -327,7 +287,9 @@ class EmuBackend(_C10dBackend):
     def _comm_stream(self, dev: int) -> torch.Stream:
         stream = self._comm_streams.get(dev)
         if stream is None:
-            stream = self._comm_streams[dev] = torch.emugpu.Stream(device=dev)
+            device_type = torch.emugpu.current_stream(dev).device_type
+            stream = self._comm_streams[dev] = torch.Stream(stream_id=self._group.comm_stream(dev), device_index=dev,
+                                                            device_type=device_type)
         return stream
 
     @contextlib.contextmanager
@@ -393,7 +355,13 @@ class EmuBackend(_C10dBackend):
         largest = max((t.numel() * t.element_size() for t in tensors), default=0)
         if signed is None:
             signed = tensors
-        signature = _signature((name, extra, [(tuple(t.shape), t.dtype) for t in signed]))
+        signature = ext._collective_signature(name, "" if extra is None else str(extra), list(signed))
+        if (not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real)
+                and self._group.has_shm):
+            # No rank can move these bytes: the C++ path defers it (see _launch).
+            payload = sum(t.numel() * t.element_size() for t in inputs)
+            return self._group.defer(name, model_kind, float(model_bytes), largest, payload, real, list(received),
+                                     outputs, list(signed), "" if extra is None else str(extra), dev)
         with self._on_comm_stream(dev):
             return self._launch(name, model_kind, model_bytes, inputs, received, outputs, move, blocks_host, dev,
                                 real, compute, largest, signature, signed, extra, shm_move)
@@ -407,19 +375,14 @@ class EmuBackend(_C10dBackend):
         # Start times cross processes in rank 0's clock (see _align_clocks).
         start = ext._collective_begin(dev) - self._clock_offset_ns
         payload = sum(t.numel() * t.element_size() for t in inputs)
-        gathered = self._exchange.start_gather_words(
+        gathered, key = self._exchange.start_gather_words(
             [start, int(real), int(compute), signature, int(model_bytes), largest, payload], name)
         if not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real):
-            # No rank can move these bytes, so nothing needs the others' words now.
-            # Described only if the ranks disagree: this path is every DDP bucket's.
-            def mine() -> str:
-                return f"{name} on [{_describe(signed)}]" + (f", {extra}" if extra is not None else "")
-
-            return self._defer(name, model_kind, received, outputs, dev, signature, gathered, mine)
+            # No rank can move these bytes, so nothing needs the others' words now (TCP; see _run).
+            return self._defer(name, model_kind, received, outputs, dev, signature, gathered, key, signed, extra)
         self.drain()  # what this one's timing rests on (the stream's earlier collectives) is placed first
         words = gathered()
-        if bool((words[:, 3] != signature).any()):
-            self._mismatch(name, signed, extra, words[:, 3])
+        self._check_signatures(words, signature, key, name, signed, extra)
         model_bytes = int(words[:, 4].max())
         moves = bool(words[:, 2].all()) or (int(words[:, 5].max()) <= DATA_THRESHOLD_BYTES
                                             and bool(words[:, 1].all()))
@@ -428,7 +391,7 @@ class EmuBackend(_C10dBackend):
                 shm_move(self._exchange.gather_bytes(self._payload(inputs), name))
             else:
                 move()
-            self.payload_bytes_moved += payload
+            self._group.add_payload_bytes_moved(payload)
         if not compute:
             for t in received:
                 ext._set_materialized(t, moves)
@@ -438,29 +401,24 @@ class EmuBackend(_C10dBackend):
         return EmuWork(outputs, dev, end, blocks_host)
 
     def _defer(self, name: str, model_kind: str, received: Sequence[torch.Tensor], outputs: list[torch.Tensor],
-               dev: int, signature: int, gathered: Callable[[], torch.Tensor], mine: Callable[[], str]) -> EmuWork:
-        """A collective whose bytes stay put: the host goes on at once, as
-        NCCL's does. A thread of this backend waits for the other ranks'
+               dev: int, signature: int, gathered: Callable[[], torch.Tensor], key: str,
+               signed: Sequence[torch.Tensor], extra: object) -> EmuWork:
+        """A collective whose bytes stay put, over TCP: the host goes on at
+        once, as NCCL's does. The group's runner waits for the other ranks'
         words, places the collective on this stream (after the stream's
         earlier collectives, so every rank times it alike) and completes the
-        Work's future there; wait() and synchronize() wait for that."""
+        Work's future there; wait() and synchronize() wait for that. (Over
+        shared memory, GroupCollectives::defer does the same in C++.)"""
         ext = _C()
         for t in received:
             ext._set_materialized(t, False)
         future = torch.futures.Future(devices=[torch.device("emugpu", dev)])
         comm = self._comm_stream(dev)
-        self._deferred_count += 1
-        sequence = self._deferred_count  # the same on every rank: each defers the same collectives
 
         def resolve() -> int:
             try:
                 words = gathered()
-                if bool((words[:, 3] != signature).any()):
-                    other = next(r for r in range(self._size) if int(words[r, 3]) != signature)
-                    described = mine()
-                    theirs = self._exchange.report(f"mismatch/{sequence}", described, other,
-                                                   f"{name} (mismatch report)")
-                    raise ValueError(_disagree(self._rank, described, other, theirs))
+                self._check_signatures(words, signature, key, name, signed, extra)
                 duration = ext._collective_duration(dev, model_kind, float(words[:, 4].max()), self._size,
                                                     self._ranks_per_node) if self._size > 1 else 0
                 with torch.emugpu.stream(comm):
@@ -471,30 +429,21 @@ class EmuBackend(_C10dBackend):
                 future.set_exception(e)
                 raise
 
-        return EmuWork(outputs, dev, resolved=self._submit(resolve), future=future, resolver=self._resolver)
-
-    def _submit(self, resolve: Callable[[], int]) -> concurrent.futures.Future:
-        """Queues a deferred collective's resolution behind the earlier ones."""
-        if self._resolver is None:
-            self._resolver = _Resolver()
-        self._last_deferred = resolved = self._resolver.submit(resolve)
-        _deferred_backends.add(self)
-        return resolved
+        return EmuWork(outputs, dev, resolved=self._group.submit(resolve), future=future, group=self._group)
 
     def drain(self) -> None:
         """Waits until every deferred collective launched so far is placed
-        on the timeline (raising the first one's error)."""
-        last = self._last_deferred
-        if last is not None:
-            assert self._resolver is not None
-            self._resolver.run_through(last)
-            last.result()
+        on the timeline (raising the last one's error)."""
+        self._group.drain()
 
-    def _mismatch(self, name: str, signed: Sequence[torch.Tensor], extra: object, signatures: torch.Tensor) -> None:
-        mine = f"{name} on [{_describe(signed)}]" + (f", {extra}" if extra is not None else "")
-        every = self._exchange.gather_objects(mine, f"{name} (mismatch report)")
-        other = next(r for r in range(self._size) if int(signatures[r]) != int(signatures[self._rank]))
-        raise ValueError(_disagree(self._rank, every[self._rank], other, every[other]))
+    def _check_signatures(self, words: torch.Tensor, signature: int, key: str, name: str,
+                          signed: Sequence[torch.Tensor], extra: object) -> None:
+        """Raises the ranks' disagreement, each rank's call described through
+        the store under the gather's key (so that ranks on any path meet)."""
+        if bool((words[:, 3] != signature).any()):
+            other = next(r for r in range(self._size) if int(words[r, 3]) != signature)
+            raise ValueError(_mismatch_message(self._exchange, self._rank, f"mismatch/{key}", name,
+                                               "" if extra is None else str(extra), signed, other))
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return _C()._host_view(t)
@@ -562,11 +511,15 @@ class EmuBackend(_C10dBackend):
 
     # -- collectives -----------------------------------------------------------
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> EmuWork:
-        return self._allreduce("all_reduce", tensors, opts.reduceOp)
+    # all_reduce goes to C++ first (GroupCollectives::all_reduce); None: the
+    # Python path takes it (TCP, large real bytes, or an error to report).
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+        return (self._group.all_reduce("all_reduce", tensors, opts.reduceOp.op)
+                or self._allreduce("all_reduce", tensors, opts.reduceOp))
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions) -> EmuWork:
-        return self._allreduce("all_reduce_coalesced", tensors, opts.reduceOp)
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions) -> dist.Work:
+        return (self._group.all_reduce("all_reduce_coalesced", tensors, opts.reduceOp.op)
+                or self._allreduce("all_reduce_coalesced", tensors, opts.reduceOp))
 
     def _allreduce(self, name: str, tensors: list[torch.Tensor], reduce_op: dist.ReduceOp) -> EmuWork:
         op, average = self._reduce_op(name, reduce_op, [t.dtype for t in tensors])
@@ -844,7 +797,7 @@ class EmuBackend(_C10dBackend):
         bytes_tag = exchange.p2p_tag(tag, "bytes")
         sent = [exchange.send_bytes(self._host(t), peer, bytes_tag) for t in tensors] if carries else []
         if carries:
-            self.payload_bytes_moved += nbytes
+            self._group.add_payload_bytes_moved(nbytes)
         future = torch.futures.Future(devices=[torch.device("emugpu", dev)])
         comm = self._comm_stream(dev)
 
@@ -879,8 +832,8 @@ class EmuBackend(_C10dBackend):
             for w in sent:
                 exchange.run(w, what)
 
-        return EmuWork(list(tensors), dev, pending=pending if sent else None, resolved=self._submit(resolve),
-                       future=future, resolver=self._resolver)
+        return EmuWork(list(tensors), dev, pending=pending if sent else None, resolved=self._group.submit(resolve),
+                       future=future, group=self._group)
 
     def recv_anysource(self, *args: object) -> EmuWork:
         self._unsupported("recv from any source")
@@ -889,15 +842,25 @@ class EmuBackend(_C10dBackend):
         self._unsupported("all_reduce of sparse tensors")
 
 
-# Backends with deferred collectives: torch.emugpu.synchronize() drains them,
-# as cudaDeviceSynchronize waits for NCCL's streams too.
-_deferred_backends: weakref.WeakSet[EmuBackend] = weakref.WeakSet()
+# torch.emugpu.synchronize() drains every backend's deferred collectives, as
+# cudaDeviceSynchronize waits for NCCL's streams too.
+_backends: weakref.WeakSet[EmuBackend] = weakref.WeakSet()
 
 
 def drain_all() -> None:
     """Places every deferred collective of this process on the timeline."""
-    for backend in list(_deferred_backends):
+    for backend in list(_backends):
         backend.drain()
+
+
+def _mismatch_message(exchange: Exchange, rank: int, key: str, name: str, extra: str,
+                      signed: Sequence[torch.Tensor], other: int) -> str:
+    """The error of a collective the ranks disagree on: this rank's call and
+    `other`'s, exchanged through the store under `key` (also called from C++,
+    GroupCollectives::check_signatures)."""
+    described = f"{name} on [{_describe(signed)}]" + (f", {extra}" if extra else "")
+    theirs = exchange.report(key, described, other, f"{name} (mismatch report)")
+    return _disagree(rank, described, other, theirs)
 
 
 def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> EmuBackend:

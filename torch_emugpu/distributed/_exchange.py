@@ -60,9 +60,15 @@ class Exchange:
             opts._threads = 2  # what the timeout-only constructor gives one device
             self._gloo = dist.ProcessGroupGloo(prefixed, rank, size, opts)
         self._shm = None  # the set-up's own gathers go over TCP
+        self._tcp_gathers = 0
         self._shm = _shared_memory(dist.PrefixStore("shm/", prefixed), rank, size, self.gather_words)
         # Bytes per rank the shared-memory transport carries (0: none, all goes over TCP).
         self.shm_capacity = int(self._shm.capacity) if self._shm is not None else 0
+
+    @property
+    def shm(self) -> Any:
+        """The shared-memory transport (core ShmExchange), or None."""
+        return self._shm
 
     @property
     def transport(self) -> str:
@@ -83,36 +89,28 @@ class Exchange:
 
     def gather_words(self, words: Sequence[int], what: str) -> torch.Tensor:
         """Every rank's `words` (same count on every rank), as a [size, len(words)] int64 tensor."""
-        return self.start_gather_words(words, what)()
+        return self.start_gather_words(words, what)[0]()
 
-    def start_gather_words(self, words: Sequence[int], what: str) -> Callable[[], torch.Tensor]:
+    def start_gather_words(self, words: Sequence[int], what: str) -> tuple[Callable[[], torch.Tensor], str]:
         """gather_words without waiting: returns the call that waits and
-        gives the result (from any thread). Gathers pair up across ranks in
-        the order they are started."""
+        gives the result (from any thread), and the gather's key (the same
+        on every rank: error reports about it go under it). Gathers pair up
+        across ranks in the order they are started, whoever starts them
+        (the backend's C++ side starts its own on the same segment)."""
         if self._shm is not None:
             shm, count, seconds = self._shm, len(words), self.timeout.total_seconds()
             ticket = self._guard(what, lambda: shm.start(list(words), seconds))
-            return lambda: self._guard(what, lambda: shm.finish(ticket, count, seconds))
+            return lambda: self._guard(what, lambda: shm.finish(ticket, count, seconds)), str(ticket)
         mine = torch.tensor(list(words), dtype=torch.int64)
         out = torch.empty(self.size * mine.numel(), dtype=torch.int64)
         work = self._gloo._allgather_base(out, mine)
+        self._tcp_gathers += 1
 
         def finish() -> torch.Tensor:
             self._wait(work, what)
             return out.view(self.size, mine.numel())
 
-        return finish
-
-    def gather_objects(self, obj: object, what: str) -> list[object]:
-        """Every rank's picklable `obj` (rare paths only: error reports)."""
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        lengths = self.gather_words([data.numel()], what)[:, 0].tolist()
-        padded = torch.zeros(max(lengths), dtype=torch.uint8)
-        padded[: data.numel()] = data
-        out = torch.empty(self.size * padded.numel(), dtype=torch.uint8)
-        self._wait(self._gloo._allgather_base(out, padded), what)
-        rows = out.view(self.size, -1)
-        return [pickle.loads(rows[i, :n].numpy().tobytes()) for i, n in enumerate(lengths)]
+        return finish, f"tcp{self._tcp_gathers}"
 
     def gather_bytes(self, mine: torch.Tensor, what: str) -> list[torch.Tensor]:
         """Every rank's bytes (a contiguous CPU uint8 tensor of at most

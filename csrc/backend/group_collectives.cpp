@@ -1,0 +1,363 @@
+#include "backend/group_collectives.h"
+
+#include <c10/util/Exception.h>
+#include <cxxabi.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <utility>
+
+#include "backend/allocator.h"
+#include "backend/collective.h"
+#include "backend/ops/common.h"
+#include "backend/runtime.h"
+
+namespace emugpu {
+
+namespace {
+
+namespace py = pybind11;
+
+// The words each rank contributes per collective, by position.
+enum Word : int { kStart, kReal, kCompute, kSignature, kModelBytes, kLargest, kPayload, kWords };
+
+// Makes `stream` current on `device` for this scope: a future completed
+// here records its events on the collective's stream, as NCCL's do.
+class StreamScope {
+ public:
+  StreamScope(int device, int64_t stream) : device_(device), old_(current_stream_id(device)) {
+    set_current_stream_id(device, stream);
+  }
+  ~StreamScope() { set_current_stream_id(device_, old_); }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  int device_;
+  int64_t old_;
+};
+
+// Runs `fn` without the GIL where this thread holds it: the runner may need
+// it for Python's deferred work while this thread waits.
+template <typename Fn>
+auto without_gil(Fn&& fn) -> decltype(fn()) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    py::gil_scoped_release no_gil;
+    return fn();
+  }
+  return fn();
+}
+
+int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.element_size(); }
+
+c10::intrusive_ptr<c10::ivalue::Future> device_future(int device) {
+  return c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::ofTensors(),
+      std::vector<c10::Device>{c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device))});
+}
+
+int64_t column_max(const std::vector<int64_t>& words, Word w) {
+  int64_t m = words[w];
+  for (size_t i = w; i < words.size(); i += kWords) m = std::max(m, words[i]);
+  return m;
+}
+
+bool column_all(const std::vector<int64_t>& words, Word w) {
+  for (size_t i = w; i < words.size(); i += kWords) {
+    if (words[i] == 0) return false;
+  }
+  return true;
+}
+
+// Whether the Python path must take this all_reduce to report an error of
+// its own (it says what was expected and what was found).
+bool all_reduce_args_ok(const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op) {
+  if (tensors.empty() || op > c10d::ReduceOp::BXOR) return false;
+  const auto device = tensors[0].device();
+  for (const auto& t : tensors) {
+    if (t.device().type() != c10::DeviceType::PrivateUse1 || t.device() != device) return false;
+    if (t.layout() != c10::kStrided || !t.is_contiguous()) return false;
+    const bool floating = at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
+    const bool bitwise = op == c10d::ReduceOp::BAND || op == c10d::ReduceOp::BOR || op == c10d::ReduceOp::BXOR;
+    if (bitwise && floating) return false;
+    if (op == c10d::ReduceOp::AVG && !floating) return false;
+  }
+  return true;
+}
+
+void reduce_into(at::Tensor& acc, const at::Tensor& part, c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::AVG: at::add_out(acc, acc, part); break;
+    case c10d::ReduceOp::PRODUCT: at::mul_out(acc, acc, part); break;
+    case c10d::ReduceOp::MIN: at::minimum_out(acc, acc, part); break;
+    case c10d::ReduceOp::MAX: at::maximum_out(acc, acc, part); break;
+    case c10d::ReduceOp::BAND: at::bitwise_and_out(acc, acc, part); break;
+    case c10d::ReduceOp::BOR: at::bitwise_or_out(acc, acc, part); break;
+    case c10d::ReduceOp::BXOR: at::bitwise_xor_out(acc, acc, part); break;
+    default: TORCH_CHECK(false, "emu backend: reduce op ", static_cast<int>(op), " reached the C++ path");
+  }
+}
+
+const char* op_name(c10d::ReduceOp::RedOpType op) {
+  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
+  return op <= c10d::ReduceOp::BXOR ? names[op] : "?";
+}
+
+}  // namespace
+
+uint64_t collective_signature(const std::string& name, const std::string& extra,
+                              const std::vector<at::Tensor>& tensors) {
+  // FNV-1a: the same on every rank and machine, unlike std::hash.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  auto mix_text = [&](const std::string& s) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+    mix(s.size());
+  };
+  mix_text(name);
+  mix_text(extra);
+  mix(tensors.size());
+  for (const auto& t : tensors) {
+    mix(static_cast<uint64_t>(t.dim()));
+    for (int64_t s : t.sizes()) mix(static_cast<uint64_t>(s));
+    mix(static_cast<uint64_t>(t.scalar_type()));
+  }
+  return h;
+}
+
+// --- EmuWork ------------------------------------------------------------------
+
+EmuWork::EmuWork(std::vector<at::Tensor> outputs, int device, c10::intrusive_ptr<c10::ivalue::Future> future,
+                 TimeNs end, std::shared_ptr<OrderedRunner> runner, std::shared_ptr<OrderedRunner::Ticket> ticket)
+    : outputs_(std::move(outputs)),
+      device_(device),
+      future_(std::move(future)),
+      end_(end),
+      runner_(std::move(runner)),
+      ticket_(std::move(ticket)) {}
+
+TimeNs EmuWork::end() {
+  TimeNs e = end_.load(std::memory_order_acquire);
+  if (e >= 0) return e;
+  e = without_gil([&] { return runner_->run_through(ticket_); });
+  end_.store(e, std::memory_order_release);
+  return e;
+}
+
+// Orders the caller's current stream after the collective; the host goes on.
+bool EmuWork::wait(std::chrono::milliseconds /*timeout*/) {
+  const TimeNs t = end();
+  translate_errors([&] { Runtime::get().device(device_).stream_wait(current_stream_id(device_), t); });
+  return true;
+}
+
+// Done on the emulated device: its end is known and the host clock reached it.
+bool EmuWork::isCompleted() {
+  if (ticket_ && !ticket_->done()) return false;
+  if (ticket_ && ticket_->error()) return true;
+  return Runtime::get().device(device_).reached(end());
+}
+
+bool EmuWork::isSuccess() const { return !ticket_ || !ticket_->done() || !ticket_->error(); }
+
+std::vector<at::Tensor> EmuWork::result() { return outputs_; }
+
+c10::intrusive_ptr<c10::ivalue::Future> EmuWork::getFuture() { return future_; }
+
+// --- GroupCollectives ----------------------------------------------------------
+
+GroupCollectives::GroupCollectives(GroupSpec spec, std::shared_ptr<ShmExchange> shm, MismatchReport report)
+    : spec_(spec), shm_(std::move(shm)), report_(std::move(report)), runner_(std::make_shared<OrderedRunner>()) {}
+
+int64_t GroupCollectives::comm_stream(int device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < static_cast<int>(comm_.size()), "emu backend: expected a device index in "
+                    "[0, ", comm_.size(), "), got ", device);
+  auto& slot = comm_[static_cast<size_t>(device)];
+  int64_t id = slot.load();
+  if (id != 0) return id;
+  const int64_t fresh = translate_errors([&] { return Runtime::get().device(device).pool_stream(false); });
+  return slot.compare_exchange_strong(id, fresh) ? fresh : id;
+}
+
+uint64_t GroupCollectives::begin(int device, int64_t comm, bool real, bool compute, uint64_t signature,
+                                 double model_bytes, int64_t largest, int64_t payload, TimeNs* start) {
+  auto& dev = Runtime::get().device(device);
+  // NCCL's stream first waits for the caller's: the collective follows what the caller launched before it.
+  dev.stream_wait(comm, dev.record(current_stream_id(device)));
+  *start = dev.collective_start(comm) - spec_.clock_offset;  // rank 0's clock
+  const int64_t words[kWords] = {*start, real, compute, static_cast<int64_t>(signature),
+                                 static_cast<int64_t>(model_bytes), largest, payload};
+  return shm_->start_gather(words, kWords, spec_.timeout);
+}
+
+std::vector<int64_t> GroupCollectives::finish(uint64_t ticket, const std::string& name) {
+  std::vector<int64_t> words(static_cast<size_t>(spec_.size) * kWords);
+  try {
+    shm_->finish_gather(ticket, words.data(), kWords, spec_.timeout);
+  } catch (const Error& e) {
+    std::ostringstream message;
+    message << "emu backend: rank " << spec_.rank << " of " << spec_.size << ": " << name
+            << " failed: another rank exited or did not arrive within the process group's timeout ("
+            << static_cast<double>(spec_.timeout.count()) / 1e9 << " s). Check the other ranks' output for their "
+            << "error. Transport said: " << e.what();
+    C10_THROW_ERROR(DistBackendError, message.str());
+  }
+  return words;
+}
+
+void GroupCollectives::check_signatures(const std::vector<int64_t>& words, uint64_t signature, uint64_t ticket,
+                                        const std::string& name, const std::string& extra,
+                                        const std::vector<at::Tensor>& signed_) const {
+  for (int r = 0; r < spec_.size; ++r) {
+    if (words[static_cast<size_t>(r) * kWords + kSignature] != static_cast<int64_t>(signature)) {
+      const std::string message = report_("mismatch/" + std::to_string(ticket), name, extra, signed_, r);
+      TORCH_CHECK_VALUE(false, message);
+    }
+  }
+}
+
+TimeNs GroupCollectives::place(int device, int64_t comm, const std::vector<int64_t>& words,
+                               const std::string& model_kind) {
+  const TimeNs start = column_max(words, kStart) + spec_.clock_offset;
+  const auto bytes = static_cast<double>(column_max(words, kModelBytes));
+  const TimeNs duration =
+      spec_.size > 1 ? collective_duration(device, model_kind, bytes, spec_.size, spec_.ranks_per_node) : 0;
+  return Runtime::get().device(device).collective_launch(comm, start, duration);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> GroupCollectives::completed_future(
+    int device, int64_t comm, const std::vector<at::Tensor>& outputs) const {
+  auto future = device_future(device);
+  StreamScope scope(device, comm);
+  future->markCompleted(c10::IValue(outputs));
+  return future;
+}
+
+c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& name,
+                                                            const std::vector<at::Tensor>& tensors,
+                                                            c10d::ReduceOp::RedOpType op) {
+  if (!shm_ || !all_reduce_args_ok(tensors, op)) return {};
+  const bool compute = Runtime::get().compute_mode();
+  bool real = compute;
+  int64_t largest = 0;
+  int64_t payload = 0;
+  if (!compute) {
+    real = true;
+    for (const auto& t : tensors) real = real && is_materialized(t.storage());
+  }
+  for (const auto& t : tensors) {
+    largest = std::max(largest, nbytes(t));
+    payload += nbytes(t);
+  }
+  const bool deferrable = !compute && (largest > spec_.data_threshold || !real);
+  // Real bytes that shared memory cannot carry go over TCP (Python). Ranks
+  // with equal signatures decide alike: equal shapes, equal payloads.
+  if (!deferrable && payload > static_cast<int64_t>(ShmExchange::kDataCapacity)) return {};
+  const std::string extra = op_name(op);
+  const int device = tensors[0].device().index();
+  if (deferrable) {
+    return defer(name, "all_reduce", static_cast<double>(payload), largest, payload, real, tensors, tensors, tensors,
+                 extra, device);
+  }
+  return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
+    const int64_t comm = comm_stream(device);
+    const uint64_t signature = collective_signature(name, extra, tensors);
+    TimeNs start = 0;
+    const uint64_t ticket = begin(device, comm, real, compute, signature, static_cast<double>(payload), largest,
+                                  payload, &start);
+    drain();  // what this one's timing rests on (the stream's earlier collectives) is placed first
+    const std::vector<int64_t> words = finish(ticket, name);
+    check_signatures(words, signature, ticket, name, extra, tensors);
+    const bool moves = column_all(words, kCompute) ||
+                       (column_max(words, kLargest) <= spec_.data_threshold && column_all(words, kReal));
+    if (moves) {
+      // Every rank reduces every rank's bytes in rank order: all hold identical results.
+      std::vector<at::Tensor> hosts;
+      hosts.reserve(tensors.size());
+      std::vector<uint8_t> mine(static_cast<size_t>(payload));
+      size_t offset = 0;
+      for (const auto& t : tensors) {
+        hosts.push_back(host_alias(t));
+        if (nbytes(t) > 0) std::memcpy(mine.data() + offset, hosts.back().data_ptr(), static_cast<size_t>(nbytes(t)));
+        offset += static_cast<size_t>(nbytes(t));
+      }
+      std::vector<at::Tensor> acc(tensors.size());
+      shm_->gather_bytes(mine.data(), mine.size(), spec_.timeout, [&](int rank, const void* bytes, size_t length) {
+        TORCH_CHECK(length == mine.size(), "emu backend: ", name, " expected ", mine.size(), " bytes from rank ",
+                    rank, ", got ", length);
+        size_t at = 0;
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          at::Tensor part = at::empty(tensors[i].sizes(), tensors[i].options().device(c10::kCPU));
+          const auto n = static_cast<size_t>(nbytes(tensors[i]));
+          if (n > 0) std::memcpy(part.data_ptr(), static_cast<const uint8_t*>(bytes) + at, n);
+          at += n;
+          if (rank == 0) {
+            acc[i] = std::move(part);
+          } else {
+            reduce_into(acc[i], part, op);
+          }
+        }
+      });
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (op == c10d::ReduceOp::AVG) acc[i].div_(spec_.size);
+        hosts[i].copy_(acc[i]);
+      }
+      add_payload_bytes_moved(static_cast<uint64_t>(payload));
+    }
+    if (!compute) {
+      for (const auto& t : tensors) set_materialized(t.storage(), moves);
+    }
+    const TimeNs end = place(device, comm, words, "all_reduce");
+    return c10::make_intrusive<EmuWork>(tensors, device, completed_future(device, comm, tensors), end, nullptr,
+                                        nullptr);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, const std::string& model_kind,
+                                                       double model_bytes, int64_t largest, int64_t payload, bool real,
+                                                       const std::vector<at::Tensor>& received,
+                                                       const std::vector<at::Tensor>& outputs,
+                                                       const std::vector<at::Tensor>& signed_,
+                                                       const std::string& extra, int device) {
+  TORCH_CHECK(shm_ != nullptr, "emu backend: a deferred collective through shared memory, but this group has none");
+  return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
+    for (const auto& t : received) set_materialized(t.storage(), false);
+    const int64_t comm = comm_stream(device);
+    const uint64_t signature = collective_signature(name, extra, signed_);
+    TimeNs start = 0;
+    const uint64_t ticket = begin(device, comm, real, false, signature, model_bytes, largest, payload, &start);
+    auto future = device_future(device);
+    auto ticket_of_runner = runner_->submit(
+        [self = shared_from_this(), ticket, signature, name, extra, signed_, outputs, model_kind, device, comm, future]() -> int64_t {
+          try {
+            return translate_errors([&] {
+              const std::vector<int64_t> words = self->finish(ticket, name);
+              self->check_signatures(words, signature, ticket, name, extra, signed_);
+              const TimeNs end = self->place(device, comm, words, model_kind);
+              StreamScope scope(device, comm);
+              future->markCompleted(c10::IValue(outputs));
+              return end;
+            });
+          } catch (const abi::__forced_unwind&) {
+            throw;
+          } catch (...) {
+            future->setErrorIfNeeded(std::current_exception());
+            throw;
+          }
+        });
+    return c10::make_intrusive<EmuWork>(outputs, device, future, -1, runner_, std::move(ticket_of_runner));
+  });
+}
+
+}  // namespace emugpu

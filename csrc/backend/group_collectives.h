@@ -1,0 +1,135 @@
+// The hot path of backend `emu` (torch_emugpu/distributed/_backend.py) in
+// C++: every collective of a process group whose ranks share this machine's
+// shared memory launches here without Python, as does the placing of
+// deferred collectives. Python keeps the rest (TCP payloads, send/recv,
+// gather/scatter/all_to_all bytes, error reports) and submits its own
+// deferred work to the same OrderedRunner, so every rank places a stream's
+// collectives in launch order.
+//
+// Ranks all-gather seven words per collective (ShmExchange):
+//   [start, real, compute, signature, model bytes, largest tensor, payload]
+// A collective whose bytes stay put (timing mode, a tensor above the data
+// threshold or a placeholder) is deferred: launch returns at once and the
+// runner places it when the other ranks' words arrive. Otherwise the launch
+// waits for them and moves the real bytes first.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/ordered_runner.h"
+#include "core/shm_exchange.h"
+
+namespace emugpu {
+
+struct GroupSpec {
+  int rank = 0;
+  int size = 1;
+  int ranks_per_node = 1;
+  TimeNs clock_offset = 0;  // this rank's steady clock minus rank 0's
+  std::chrono::nanoseconds timeout{};
+  int64_t data_threshold = 0;  // bytes per tensor up to which timing mode moves real bytes
+};
+
+// Builds the error message of a collective the ranks disagree on, after
+// exchanging descriptions under `key` (Python: Exchange.report):
+// (key, collective name, extra, the signed tensors, the other rank).
+using MismatchReport =
+    std::function<std::string(const std::string&, const std::string&, const std::string&,
+                              const std::vector<at::Tensor>&, int)>;
+
+class GroupCollectives;
+
+// A collective launched here. wait() makes the caller's current stream wait
+// for its end (as WorkNCCL's does); for a deferred one it first waits until
+// the end is known. The future's value is the output tensors; it completes
+// on the backend's stream.
+class EmuWork : public c10d::Work {
+ public:
+  EmuWork(std::vector<at::Tensor> outputs, int device, c10::intrusive_ptr<c10::ivalue::Future> future,
+          TimeNs end, std::shared_ptr<OrderedRunner> runner, std::shared_ptr<OrderedRunner::Ticket> ticket);
+
+  bool wait(std::chrono::milliseconds timeout) override;
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::vector<at::Tensor> result() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // When the collective ends on the emulated device (waits until known).
+  TimeNs end();
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  int device_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<TimeNs> end_;  // -1 until known
+  std::shared_ptr<OrderedRunner> runner_;
+  std::shared_ptr<OrderedRunner::Ticket> ticket_;
+};
+
+class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
+ public:
+  GroupCollectives(GroupSpec spec, std::shared_ptr<ShmExchange> shm, MismatchReport report);
+
+  // The backend's own stream of `device` (a pool stream, taken once).
+  int64_t comm_stream(int device);
+  // all_reduce (or its coalesced form) through shared memory; nullptr where
+  // the Python path must take it: no shared memory, arguments it reports
+  // (non-emugpu or non-contiguous tensors, an op the dtype refuses), or
+  // real bytes beyond the segment's capacity.
+  c10::intrusive_ptr<c10d::Work> all_reduce(const std::string& name, const std::vector<at::Tensor>& tensors,
+                                            c10d::ReduceOp::RedOpType op);
+  // A deferred collective (see the file comment) of any kind whose
+  // arguments Python checked; needs shared memory.
+  c10::intrusive_ptr<c10d::Work> defer(const std::string& name, const std::string& model_kind, double model_bytes,
+                                       int64_t largest, int64_t payload, bool real,
+                                       const std::vector<at::Tensor>& received,
+                                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& signed_,
+                                       const std::string& extra, int device);
+
+  // Python's deferred work, in the same order as this group's.
+  std::shared_ptr<OrderedRunner::Ticket> submit(OrderedRunner::Call call) { return runner_->submit(std::move(call)); }
+  int64_t run_through(const std::shared_ptr<OrderedRunner::Ticket>& t) { return runner_->run_through(t); }
+  void drain() { runner_->drain(); }
+
+  bool has_shm() const { return shm_ != nullptr; }
+  uint64_t payload_bytes_moved() const { return payload_moved_.load(); }
+  void add_payload_bytes_moved(uint64_t n) { payload_moved_.fetch_add(n); }
+
+ private:
+  // Makes the comm stream wait for `device`'s current stream; starts the words' gather.
+  uint64_t begin(int device, int64_t comm, bool real, bool compute, uint64_t signature, double model_bytes,
+                 int64_t largest, int64_t payload, TimeNs* start);
+  std::vector<int64_t> finish(uint64_t ticket, const std::string& name);
+  // Throws the ranks' disagreement (ValueError) if any signature differs.
+  void check_signatures(const std::vector<int64_t>& words, uint64_t signature, uint64_t ticket,
+                        const std::string& name, const std::string& extra,
+                        const std::vector<at::Tensor>& signed_) const;
+  TimeNs place(int device, int64_t comm, const std::vector<int64_t>& words, const std::string& model_kind);
+  c10::intrusive_ptr<c10::ivalue::Future> completed_future(int device, int64_t comm,
+                                                           const std::vector<at::Tensor>& outputs) const;
+
+  const GroupSpec spec_;
+  std::shared_ptr<ShmExchange> shm_;
+  MismatchReport report_;
+  std::shared_ptr<OrderedRunner> runner_;
+  std::array<std::atomic<int64_t>, 64> comm_{};  // 0: not taken yet
+  std::atomic<uint64_t> payload_moved_{0};
+};
+
+// Identifies a collective's name, extra (op, root) and tensor shapes and
+// dtypes: the same on every rank that calls the same collective.
+uint64_t collective_signature(const std::string& name, const std::string& extra,
+                              const std::vector<at::Tensor>& tensors);
+
+}  // namespace emugpu

@@ -1,0 +1,106 @@
+#include "ordered_runner.h"
+
+#include "error.h"
+
+#include <cxxabi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace emugpu {
+
+struct OrderedRunner::State {
+  std::mutex queue_mutex;
+  std::condition_variable submitted;
+  std::deque<std::pair<Call, std::shared_ptr<Ticket>>> pending;
+  std::shared_ptr<Ticket> last;
+  bool stopping = false;
+  std::mutex running;  // held while one call runs: calls never overlap
+
+  // Runs the oldest pending call, if any; the caller holds `running`.
+  void step() {
+    std::pair<Call, std::shared_ptr<Ticket>> next;
+    {
+      std::lock_guard lock(queue_mutex);
+      if (pending.empty()) return;
+      next = std::move(pending.front());
+      pending.pop_front();
+    }
+    Ticket& t = *next.second;
+    try {
+      t.value_ = next.first();
+    } catch (const abi::__forced_unwind&) {
+      throw;  // thread cancellation (Python ends threads that want the GIL while it finalizes)
+    } catch (...) {
+      t.error_ = std::current_exception();
+    }
+    next.first = nullptr;  // what the call holds goes before waiters see it done
+    t.done_.store(true, std::memory_order_release);
+  }
+
+  void loop() {
+    for (;;) {
+      {
+        std::unique_lock lock(queue_mutex);
+        submitted.wait(lock, [&] { return stopping || !pending.empty(); });
+        if (stopping) return;
+      }
+      std::lock_guard run(running);
+      step();
+    }
+  }
+};
+
+OrderedRunner::OrderedRunner() : state_(std::make_shared<State>()) {
+  std::thread([state = state_] { state->loop(); }).detach();
+}
+
+OrderedRunner::~OrderedRunner() {
+  std::deque<std::pair<Call, std::shared_ptr<Ticket>>> dropped;
+  {
+    std::lock_guard lock(state_->queue_mutex);
+    state_->stopping = true;
+    dropped.swap(state_->pending);
+  }
+  state_->submitted.notify_all();
+  for (auto& [call, ticket] : dropped) {
+    call = nullptr;
+    ticket->error_ = std::make_exception_ptr(
+        Error(ErrorKind::kRuntime, "emugpu: a deferred call was dropped: its process group was destroyed first"));
+    ticket->done_.store(true, std::memory_order_release);
+  }
+}
+
+std::shared_ptr<OrderedRunner::Ticket> OrderedRunner::submit(Call call) {
+  auto ticket = std::make_shared<Ticket>();
+  {
+    std::lock_guard lock(state_->queue_mutex);
+    state_->pending.emplace_back(std::move(call), ticket);
+    state_->last = ticket;
+  }
+  state_->submitted.notify_one();
+  return ticket;
+}
+
+int64_t OrderedRunner::run_through(const std::shared_ptr<Ticket>& ticket) {
+  while (!ticket->done()) {
+    std::lock_guard run(state_->running);
+    if (!ticket->done()) state_->step();
+  }
+  if (ticket->error_) std::rethrow_exception(ticket->error_);
+  return ticket->value_;
+}
+
+void OrderedRunner::drain() {
+  std::shared_ptr<Ticket> last;
+  {
+    std::lock_guard lock(state_->queue_mutex);
+    last = state_->last;
+  }
+  if (last) run_through(last);
+}
+
+}  // namespace emugpu
