@@ -448,16 +448,48 @@ def _ring(rank: int, world: int) -> dict[str, Any]:
     launch = _C._host_now_ns()
     send, recv = (dist.P2POp(dist.isend, big, nxt), dist.P2POp(dist.irecv, into, prev))
     works = dist.batch_isend_irecv([send, recv])
-    works[1].wait()
-    # The device's latest end: the recv's (this rank's send went to a rank that launched as early as this one).
-    recv_end = _C._device_ready_ns(rank)
+    assert len(works) == 1  # coalesced, as NCCL's: one Work for the batch
     works[0].wait()
+    # The batch's end: its recv's (this rank's send went to a rank that launched as early as this one).
+    recv_end = _C._device_ready_ns(rank)
     torch.emugpu.synchronize()
     return {"value": value, "recv_end": recv_end, "launch": launch, "materialized": _C._is_materialized(into)}
 
 
+def _batch_overlap(rank: int, world: int) -> dict[str, int]:
+    """A ring of 64 MiB placeholders in one batch_isend_irecv, every rank its
+    own node: the batch's send and recv overlap (NCCL fuses them), so it
+    takes about one message's modelled time, not two."""
+    from torch_emugpu import _C
+
+    dev = torch.device("emugpu", rank)
+    big, into = torch.empty(1 << 24, device=dev), torch.empty(1 << 24, device=dev)
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    dist.barrier()
+    torch.emugpu.synchronize()
+    launch = _C._host_now_ns()
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, big, nxt), dist.P2POp(dist.irecv, into, prev)])
+    for work in works:
+        work.wait()
+    torch.emugpu.synchronize()
+    one = _C._collective_duration(rank, "send_recv", float(1 << 26), world, 1)
+    return {"elapsed": _C._device_ready_ns(rank) - launch, "one_message": one}
+
+
+def _coalesced_all_reduces(rank: int, world: int) -> list[list[float]]:
+    """c10d's coalescing manager with a device (as FSDP1 and others use it):
+    two all_reduces recorded, run as one all_reduce_coalesced, one Work."""
+    dev = torch.device("emugpu", rank)
+    a, b = torch.full((3,), float(rank + 1)).to(dev), torch.full((2,), 10.0 * (rank + 1)).to(dev)
+    with dist._coalescing_manager(device=dev, async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    return [a.cpu().tolist(), b.cpu().tolist()]
+
+
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
-    "ring": _ring,
+    "ring": _ring, "batch_overlap": _batch_overlap, "coalesced_all_reduces": _coalesced_all_reduces,
     "host_goes_on": _host_goes_on, "accelerator_synchronize": _accelerator_synchronize,
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
@@ -550,6 +582,21 @@ def test_a_ring_of_sends_and_recvs_pairs_each_send_with_its_recv() -> None:
         assert not out[rank]["materialized"]  # a 16 MiB placeholder moves no bytes
     # Rank 2 receives from rank 1, the late sender: the message ends after rank 1 launched it.
     assert out[2]["recv_end"] > out[1]["launch"] > out[2]["launch"] + 0.2e9, out
+
+
+def test_a_batch_of_sends_and_recvs_overlaps_them() -> None:
+    out = run_ranks("batch_overlap", world=3, mode="timing", env={"LOCAL_WORLD_SIZE": "1", "EMUGPU_NET_GBPS": "1"})
+    for rank in range(3):
+        one = out[rank]["one_message"]
+        assert one > 50e6, out  # 64 MiB at 1 GB/s: host skew between ranks is small beside it
+        # Serialized, the batch would take two messages' time.
+        assert 0.95 * one <= out[rank]["elapsed"] <= 1.4 * one, out
+
+
+def test_coalesced_all_reduces_give_the_right_values() -> None:
+    out = run_ranks("coalesced_all_reduces", mode="compute")
+    for rank in (0, 1):
+        assert out[rank] == [[3.0] * 3, [30.0] * 2], out
 
 
 def test_large_tensors_move_no_bytes_in_timing_mode() -> None:

@@ -237,6 +237,7 @@ class EmuBackend(_C10dBackend):
             rank, size, self._ranks_per_node, self._clock_offset_ns, self._exchange.shm, timeout.total_seconds(),
             DATA_THRESHOLD_BYTES, functools.partial(_mismatch_message, self._exchange, rank))
         _backends.add(self)
+        self._batch: _P2PBatch | None = None  # between start_coalescing and end_coalescing
 
     @property
     def payload_bytes_moved(self) -> int:
@@ -310,7 +311,7 @@ class EmuBackend(_C10dBackend):
     # c10d's capability flags. A Python subclass must define them as
     # properties: the trampoline reads them by attribute, and the base
     # class's property would call back into the trampoline forever.
-    supports_coalescing = property(lambda self: False)
+    supports_coalescing = property(lambda self: True)  # see start_coalescing
     supports_time_estimate = property(lambda self: False)
     supports_shrinking = property(lambda self: False)
     supports_reconfigure = property(lambda self: False)
@@ -800,6 +801,9 @@ class EmuBackend(_C10dBackend):
             self._group.add_payload_bytes_moved(nbytes)
         future = torch.futures.Future(devices=[torch.device("emugpu", dev)])
         comm = self._comm_stream(dev)
+        batch = self._batch
+        if batch is not None:
+            batch.add(dev, start + self._clock_offset_ns, list(tensors), sent)
 
         def resolve() -> int:
             try:
@@ -820,8 +824,13 @@ class EmuBackend(_C10dBackend):
                             ext._set_materialized(t, arrived)
                 duration = ext._collective_duration(dev, "send_recv", float(max(nbytes, theirs[3])), self._size,
                                                     self._ranks_per_node)
+                begins = max(start, theirs[0]) + self._clock_offset_ns
+                if batch is not None:  # placed with its batch (end_coalescing)
+                    batch.ends.append(begins + duration)
+                    future.set_result(list(tensors))
+                    return begins + duration
                 with torch.emugpu.stream(comm):
-                    end = ext._collective_end(dev, max(start, theirs[0]) + self._clock_offset_ns, duration)
+                    end = ext._collective_end(dev, begins, duration)
                     future.set_result(list(tensors))
                 return end
             except BaseException as e:
@@ -835,11 +844,73 @@ class EmuBackend(_C10dBackend):
         return EmuWork(list(tensors), dev, pending=pending if sent else None, resolved=self._group.submit(resolve),
                        future=future, group=self._group)
 
+    # c10d's NCCL-style coalescing: batch_isend_irecv (and _coalescing_manager
+    # with a device) brackets its ops with these. NCCL runs a batch's sends
+    # and recvs as one fused kernel, so here they overlap: the batch starts
+    # where the stream was and ends at its latest message's end. Coalesced
+    # collectives run as they come; the batch's Work also waits for them.
+    def start_coalescing(self) -> None:
+        if self._batch is not None:
+            raise ValueError("emu backend: start_coalescing expected no batch in progress, got one already started; "
+                             "end it with end_coalescing first")
+        self._batch = _P2PBatch()
+
+    def end_coalescing(self) -> EmuWork:
+        batch, self._batch = self._batch, None
+        if batch is None:
+            raise ValueError("emu backend: end_coalescing expected a batch started by start_coalescing, got none")
+        ext = _C()
+        dev = batch.device if batch.device is not None else ext._current_device()
+        comm = self._comm_stream(dev)
+        future = torch.futures.Future(devices=[torch.device("emugpu", dev)])
+        if batch.device is None:  # collectives only: placed already, or earlier in the runner's order
+            comm.wait_stream(torch.emugpu.current_stream(dev))
+
+        def resolve() -> int:
+            try:
+                with torch.emugpu.stream(comm):
+                    if batch.ends:
+                        end = ext._collective_end(dev, batch.start, max(batch.ends) - batch.start)
+                    else:
+                        end = ext._collective_begin(dev)  # where the stream is, past what it holds
+                    future.set_result(batch.tensors)
+                return end
+            except BaseException as e:
+                future.set_exception(e)
+                raise
+
+        def pending() -> None:
+            for w in batch.sent:
+                self._exchange.run(w, "batch_isend_irecv")
+
+        return EmuWork(batch.tensors, dev, pending=pending if batch.sent else None,
+                       resolved=self._group.submit(resolve), future=future, group=self._group)
+
     def recv_anysource(self, *args: object) -> EmuWork:
         self._unsupported("recv from any source")
 
     def allreduce_sparse(self, *args: object) -> EmuWork:
         self._unsupported("all_reduce of sparse tensors")
+
+
+class _P2PBatch:
+    """The sends and recvs between start_coalescing and end_coalescing."""
+
+    def __init__(self) -> None:
+        self.device: int | None = None
+        self.start = 0  # the earliest op's start on this rank's clock
+        self.tensors: list[torch.Tensor] = []
+        self.sent: list[dist.Work] = []
+        self.ends: list[int] = []  # each message's end, as the runner learns it
+
+    def add(self, device: int, start: int, tensors: list[torch.Tensor], sent: list[dist.Work]) -> None:
+        if self.device is not None and device != self.device:
+            raise ValueError(f"emu backend: a batch of sends and recvs expected one device, got emugpu:{self.device} "
+                             f"and emugpu:{device}")
+        self.start = start if self.device is None else min(self.start, start)
+        self.device = device
+        self.tensors += tensors
+        self.sent += sent
 
 
 # torch.emugpu.synchronize() drains every backend's deferred collectives, as
