@@ -87,25 +87,33 @@ TEST(OrderedRunner, TheThreadRunsCallsNobodyWaitsFor) {
 }
 
 TEST(OrderedRunner, DestroyingDropsPendingCallsWithAnError) {
-  std::atomic<bool> release{false};
-  std::atomic<bool> later_ran{false};
+  // Shared with the detached thread, which finishes the running call after the runner is gone.
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  auto later_ran = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<OrderedRunner::Ticket> first;
   std::shared_ptr<OrderedRunner::Ticket> later;
   {
     OrderedRunner runner;
-    runner.submit([&] {
-      while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    first = runner.submit([release] {
+      while (!release->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       return int64_t{0};
     });
     // Wait until the thread took the first call, so the second is pending.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    later = runner.submit([&] {
-      later_ran = true;
+    later = runner.submit([later_ran] {
+      later_ran->store(true);
       return int64_t{1};
     });
   }
-  release = true;
   EXPECT_TRUE(later->done());
-  EXPECT_FALSE(later_ran.load());
+  EXPECT_TRUE(later->error() != nullptr);
+  release->store(true);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!first->done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(first->done());
+  EXPECT_FALSE(later_ran->load());
 }
 
 }  // namespace
