@@ -55,6 +55,17 @@ void call_drain() {
   Py_DECREF(result);
 }
 
+// A Python callable that C++ threads (the group's runner) hold and drop:
+// freed under the GIL, or leaked once the interpreter is finalizing.
+std::shared_ptr<py::function> shared_py_function(py::function fn) {
+  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    }
+  });
+}
+
 py::dict stat_dict(const Stat& s) {
   py::dict d;
   d["current"] = s.current;
@@ -495,13 +506,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([timeout](int rank, int size, int ranks_per_node, int64_t clock_offset_ns,
                               std::shared_ptr<ShmExchange> shm, double timeout_s, int64_t data_threshold,
                               py::function report) {
-             // Held by the runner's thread too: freed under the GIL.
-             auto fn = std::shared_ptr<py::function>(new py::function(std::move(report)), [](py::function* f) {
-               if (Py_IsInitialized() && !_Py_IsFinalizing()) {
-                 py::gil_scoped_acquire gil;
-                 delete f;
-               }
-             });
+             auto fn = shared_py_function(std::move(report));
              MismatchReport call = [fn](const std::string& key, const std::string& name, const std::string& extra,
                                         const std::vector<at::Tensor>& tensors, int other) {
                py::gil_scoped_acquire gil;
@@ -536,12 +541,7 @@ PYBIND11_MODULE(_C, m) {
         });
       })
       .def("submit", [](GroupCollectives& g, py::function call) {
-        auto fn = std::shared_ptr<py::function>(new py::function(std::move(call)), [](py::function* f) {
-          if (Py_IsInitialized() && !_Py_IsFinalizing()) {
-            py::gil_scoped_acquire gil;
-            delete f;
-          }
-        });
+        auto fn = shared_py_function(std::move(call));
         return g.submit([fn]() -> int64_t {
           py::gil_scoped_acquire gil;
           return (*fn)().cast<int64_t>();

@@ -356,13 +356,14 @@ class EmuBackend(_C10dBackend):
         largest = max((t.numel() * t.element_size() for t in tensors), default=0)
         if signed is None:
             signed = tensors
-        signature = ext._collective_signature(name, "" if extra is None else str(extra), list(signed))
+        extra = "" if extra is None else str(extra)  # the signature's and the error report's form
+        signature = ext._collective_signature(name, extra, list(signed))
         if (not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real)
                 and self._group.has_shm):
             # No rank can move these bytes: the C++ path defers it (see _launch).
             payload = sum(t.numel() * t.element_size() for t in inputs)
             return self._group.defer(name, model_kind, float(model_bytes), largest, payload, real, list(received),
-                                     outputs, list(signed), "" if extra is None else str(extra), dev)
+                                     outputs, list(signed), extra, dev)
         with self._on_comm_stream(dev):
             return self._launch(name, model_kind, model_bytes, inputs, received, outputs, move, blocks_host, dev,
                                 real, compute, largest, signature, signed, extra, shm_move)
@@ -403,7 +404,7 @@ class EmuBackend(_C10dBackend):
 
     def _defer(self, name: str, model_kind: str, received: Sequence[torch.Tensor], outputs: list[torch.Tensor],
                dev: int, signature: int, gathered: Callable[[], torch.Tensor], key: str,
-               signed: Sequence[torch.Tensor], extra: object) -> EmuWork:
+               signed: Sequence[torch.Tensor], extra: str) -> EmuWork:
         """A collective whose bytes stay put, over TCP: the host goes on at
         once, as NCCL's does. The group's runner waits for the other ranks'
         words, places the collective on this stream (after the stream's
@@ -438,13 +439,13 @@ class EmuBackend(_C10dBackend):
         self._group.drain()
 
     def _check_signatures(self, words: torch.Tensor, signature: int, key: str, name: str,
-                          signed: Sequence[torch.Tensor], extra: object) -> None:
+                          signed: Sequence[torch.Tensor], extra: str) -> None:
         """Raises the ranks' disagreement, each rank's call described through
         the store under the gather's key (so that ranks on any path meet)."""
         if bool((words[:, 3] != signature).any()):
             other = next(r for r in range(self._size) if int(words[r, 3]) != signature)
             raise ValueError(_mismatch_message(self._exchange, self._rank, f"mismatch/{key}", name,
-                                               "" if extra is None else str(extra), signed, other))
+                                               extra, signed, other))
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return _C()._host_view(t)
