@@ -23,7 +23,7 @@ TimeNs collective_duration(int device, const std::string& kind, double bytes, in
   const Config c = Runtime::get().config();
   const NetworkSpec net{c.net_gbps * 1e9, c.net_latency_us};
   const Topology topo = make_topology(Runtime::get().device(device).gpu(), world, ranks_per_node, net);
-  return collective_time(parse_collective(kind), bytes, topo).duration;
+  return collective_time(parse_collective(kind), bytes, topo, parse_algorithms(c.nccl_algo)).duration;
 }
 
 at::Tensor collective_host_view(const at::Tensor& t) {

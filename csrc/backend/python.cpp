@@ -401,9 +401,9 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&] { return Runtime::get().device(index).utilization(); });
   });
   // The collective cost model for benchmarks/collective_model.py; a network
-  // left as None comes from the configuration (EMUGPU_NET_*).
+  // or algorithm set left as None comes from the configuration (EMUGPU_NET_*, NCCL_ALGO).
   m.def("_collective_time", [](const std::string& kind, double bytes, const std::string& gpu, int ranks_per_node,
-                               int nodes, py::object net_gbps, py::object net_latency_us) {
+                               int nodes, py::object net_gbps, py::object net_latency_us, py::object algorithms) {
     return guarded([&] {
       const Config c = Runtime::get().config();
       const NetworkSpec net{(net_gbps.is_none() ? c.net_gbps : net_gbps.cast<double>()) * 1e9,
@@ -412,7 +412,9 @@ PYBIND11_MODULE(_C, m) {
       const int64_t world = std::clamp<int64_t>(int64_t{ranks_per_node} * nodes, -1, INT32_MAX);
       const Topology t = make_topology(Runtime::get().catalog().find(gpu), static_cast<int>(world),
                                        ranks_per_node, net);
-      const CollectiveCost r = collective_time(parse_collective(kind), bytes, t);
+      const AlgorithmSet allowed =
+          parse_algorithms(algorithms.is_none() ? c.nccl_algo : algorithms.cast<std::string>());
+      const CollectiveCost r = collective_time(parse_collective(kind), bytes, t, allowed);
       py::dict d;
       d["seconds"] = r.duration * 1e-9;
       d["algorithm"] = algorithm_name(r.algorithm);
@@ -421,7 +423,7 @@ PYBIND11_MODULE(_C, m) {
       return d;
     });
   }, py::arg("kind"), py::arg("bytes"), py::arg("gpu"), py::arg("ranks_per_node"), py::arg("nodes"),
-     py::arg("net_gbps") = py::none(), py::arg("net_latency_us") = py::none());
+     py::arg("net_gbps") = py::none(), py::arg("net_latency_us") = py::none(), py::arg("algorithms") = py::none());
   // The timeline side of the torch.distributed backend `emu`
   // (torch_emugpu/distributed/_backend.py); the logic lives in collective.cpp.
   m.def("_collective_begin", [](int index) { return guarded([&] { return collective_begin(index); }); });

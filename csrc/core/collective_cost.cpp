@@ -19,14 +19,18 @@ constexpr double kNvlinkEfficiency = 0.8;
 // NIC, nccl-tests#119). PCIe needs none here: GpuSpec::pcie_bandwidth() is
 // already the usable rate.
 constexpr double kNetEfficiency = 0.96;
-// One hop between two GPUs, flag write to flag seen: NVLink stores are
-// visible in well under a microsecond; PCIe peer writes cross a switch or
-// the root complex.
+// One LL hop between two GPUs, flag write to flag seen: NCCL's tuner
+// (tuning.cc, hwLat) rates it 0.6 us over NVLink and 1.0 us over PCIe.
 constexpr double kNvlinkHopNs = 600;
-constexpr double kPcieHopNs = 1500;
+constexpr double kPcieHopNs = 1000;
 // Enqueue, launch and teardown of the collective kernel, paid once: fitted
 // to NDmv4's 1 KiB times on one node (benchmarks/data/ndmv4_a100.txt).
 constexpr double kLaunchNs = 8000;
+// NVLS all_reduce: each GPU's buffer crosses its links once each way (the
+// switch reduces and multicasts), at 60% of the NVLink line rate: 8 H100s
+// reach 466-470 GB/s bus bandwidth at 1-2 GiB (nccl-tests#290, #309).
+constexpr double kNvlsEfficiency = 0.6;
+constexpr double kNvlsLatencyNs = 25000;  // NCCL's tuner: hwLat NVLS Simple 23-25 us
 
 constexpr int kMaxRanksPerNode = 64;
 constexpr int kMaxRanks = 1 << 20;
@@ -34,28 +38,47 @@ constexpr double kMaxBytes = 1e18;  // keeps every duration inside TimeNs
 
 struct ProtocolTraits {
   Protocol protocol;
-  double efficiency;   // payload share of the link rate
-  double extra_hop_ns; // synchronisation a hop adds to the link's latency
+  double efficiency;     // payload share of the link rate
+  double nvlink_hop_ns;  // what the protocol adds to a hop's latency, per link kind
+  double pcie_hop_ns;
+  double net_hop_ns;
+  double fixed_ns;       // pipeline fill and drain, once per collective
 };
 
-// LL: 4 payload bytes per 8-byte store with its flag, and one warp per
-// channel polling them, so about a quarter of the link. LL128: 120 of every
-// 128 bytes, a little slower to synchronise. Simple: the full rate, but a
-// memory fence and a flag round trip per chunk.
+// Hop latencies: the differences between NCCL's hwLat rows (tuning.cc,
+// 2.20-2.25: NVLink 0.6/1.9/3.4 us, PCIe 1.0/2.5/5.7, network 2.7/4.0/14 for
+// LL/LL128/Simple). LL: 8 payload bytes per 16-byte line with its flags;
+// NCCL rates it at half the bus bandwidth, capped (kLLMaxBw). LL128 and
+// Simple: efficiency and fixed cost fitted once to three published runs
+// (OCI BM.GPU4.8 8 x A100, nccl-tests#309's 2 x 8 H100 with NCCL_ALGO=Ring,
+// nccl-tests#290's 8 x H100; benchmarks/collective_model.py): between 1 and
+// 64 MiB NCCL's LL128 kernels reach about half the link rate, not the 92%
+// its tuner assumes, and Simple pays ~80 us to fill its pipeline.
 constexpr std::array<ProtocolTraits, 3> kProtocols{{
-    {Protocol::kLL, 0.25, 0},
-    {Protocol::kLL128, 0.92, 500},
-    {Protocol::kSimple, 1.0, 1600},
+    {Protocol::kLL, 0.5, 0, 0, 0, 0},
+    {Protocol::kLL128, 0.5, 1300, 1500, 1300, 20000},
+    {Protocol::kSimple, 1.0, 2800, 4700, 11300, 80000},
 }};
+
+// NCCL's LL bus-bandwidth caps (tuning.cc, llMaxBws, Ampere and Hopper): one
+// node, two nodes, more.
+double ll_max_bw(int nodes) { return nodes == 1 ? 87.7e9 : nodes == 2 ? 22.5e9 : 19.0e9; }
 
 struct Rates {
   double intra_bw, inter_bw;      // bytes/s under this protocol
   double intra_hop, inter_hop;    // ns per hop under this protocol
+  double fixed;                   // ns once per collective
 };
 
 Rates rates(const Topology& t, const ProtocolTraits& p) {
-  return {t.intra_bw * p.efficiency, t.inter_bw * p.efficiency, t.intra_latency_ns + p.extra_hop_ns,
-          t.inter_latency_ns + p.extra_hop_ns};
+  Rates r{t.intra_bw * p.efficiency, t.inter_bw * p.efficiency,
+          t.intra_latency_ns + (t.nvlink ? p.nvlink_hop_ns : p.pcie_hop_ns), t.inter_latency_ns + p.net_hop_ns,
+          p.fixed_ns};
+  if (p.protocol == Protocol::kLL) {
+    r.intra_bw = std::min(r.intra_bw, ll_max_bw(t.nodes));
+    r.inter_bw = std::min(r.inter_bw, ll_max_bw(t.nodes));
+  }
+  return r;
 }
 
 // Time of one ring pass: `steps` hops one after another for the first chunk
@@ -69,7 +92,7 @@ double ring(const Topology& t, const Rates& r, double steps, double wire) {
   const double hop = (1 - net_share) * r.intra_hop + net_share * r.inter_hop;
   double bw = r.intra_bw;
   if (t.nodes > 1) bw = t.ranks_per_node > 1 ? std::min(r.intra_bw, r.inter_bw) : r.inter_bw;
-  return steps * hop + wire / bw * 1e9;
+  return r.fixed + steps * hop + wire / bw * 1e9;
 }
 
 // All_reduce over NCCL's tree: a chain through each node's GPUs and a double
@@ -81,12 +104,27 @@ double ring(const Topology& t, const Rates& r, double steps, double wire) {
 // bandwidth, for every protocol.
 constexpr double kTreeAllReduceShare = 0.92;
 
+int tree_depth(const Topology& t) { return t.nodes > 1 ? static_cast<int>(std::ceil(std::log2(t.nodes))) : 0; }
+
+// What the network part of a tree all_reduce costs (latency and bytes).
+double tree_network(const Topology& t, const Rates& r, double bytes) {
+  if (t.nodes == 1) return 0;
+  const double net = (t.nodes == 2 ? bytes : 2 * bytes) / r.inter_bw;
+  return 2.0 * tree_depth(t) * r.inter_hop + net / kTreeAllReduceShare * 1e9;
+}
+
 double tree_all_reduce(const Topology& t, const Rates& r, double bytes) {
-  const int depth = t.nodes > 1 ? static_cast<int>(std::ceil(std::log2(t.nodes))) : 0;
-  const double latency = 2.0 * ((t.ranks_per_node - 1) * r.intra_hop + depth * r.inter_hop);
+  const double latency = 2.0 * ((t.ranks_per_node - 1) * r.intra_hop + tree_depth(t) * r.inter_hop);
   const double chain = t.ranks_per_node > 1 ? 2 * bytes / r.intra_bw : 0.0;
   const double net = t.nodes > 1 ? (t.nodes == 2 ? bytes : 2 * bytes) / r.inter_bw : 0.0;
-  return latency + std::max(chain, net) / kTreeAllReduceShare * 1e9;
+  return r.fixed + latency + std::max(chain, net) / kTreeAllReduceShare * 1e9;
+}
+
+// NVLS all_reduce: the switch reduces inside each node; across nodes
+// (NVLSTree) a tree over the network, whichever is slower bounds it.
+double nvls_all_reduce(const Topology& t, const Rates& r, double bytes) {
+  const double intra = kNvlsLatencyNs + bytes / (t.nvlink_line_bw * kNvlsEfficiency) * 1e9;
+  return r.fixed + std::max(intra, tree_network(t, r, bytes));
 }
 
 // Point-to-point traffic, all peers at once: `local` bytes leave a GPU over
@@ -95,12 +133,13 @@ double direct(const Topology& t, const Rates& r, double local, double remote) {
   const double hop = t.nodes > 1 && remote > 0 ? r.inter_hop : r.intra_hop;
   const double intra = local > 0 ? local / r.intra_bw : 0.0;
   const double inter = remote > 0 ? remote / r.inter_bw : 0.0;
-  return hop + std::max(intra, inter) * 1e9;
+  return r.fixed + hop + std::max(intra, inter) * 1e9;
 }
 
 // Duration (ns, launch excluded) of `kind` with `algorithm` under `r`, or
 // NaN where NCCL has no such variant.
-double variant(Collective kind, Algorithm algorithm, const Topology& t, const Rates& r, double bytes) {
+double variant(Collective kind, Algorithm algorithm, Protocol protocol, const Topology& t, const Rates& r,
+               double bytes) {
   const double n = t.world();
   const double R = t.ranks_per_node;
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -108,6 +147,10 @@ double variant(Collective kind, Algorithm algorithm, const Topology& t, const Ra
     case Collective::kAllReduce:
       if (algorithm == Algorithm::kRing) return ring(t, r, 2 * (n - 1), 2 * (n - 1) / n * bytes);
       if (algorithm == Algorithm::kTree) return tree_all_reduce(t, r, bytes);
+      // NVLS needs a switch that reduces, two GPUs on it, and runs Simple only.
+      if (algorithm == Algorithm::kNvls && t.nvls && R > 1 && protocol == Protocol::kSimple) {
+        return nvls_all_reduce(t, r, bytes);
+      }
       return nan;
     case Collective::kAllGather:
     case Collective::kReduceScatter:
@@ -186,6 +229,9 @@ Topology make_topology(const GpuSpec& gpu, int world, int ranks_per_node, const 
   t.ranks_per_node = std::min(world, ranks_per_node);
   t.nodes = world / t.ranks_per_node;
   t.nvlink = gpu.nvlink_bandwidth > 0;
+  t.nvlink_line_bw = gpu.nvlink_bandwidth;
+  // NVLink SHARP came with the third-generation NVSwitch (Hopper, sm_90).
+  t.nvls = t.nvlink && gpu.major >= 9;
   t.intra_bw = t.nvlink ? gpu.nvlink_bandwidth * kNvlinkEfficiency : gpu.pcie_bandwidth();
   t.intra_latency_ns = t.nvlink ? kNvlinkHopNs : kPcieHopNs;
   t.inter_bw = net.bandwidth * kNetEfficiency;
@@ -211,14 +257,54 @@ double bus_factor(Collective kind, int ranks) {
   return 1;
 }
 
-CollectiveCost collective_time(Collective kind, double bytes, const Topology& topo) {
+bool AlgorithmSet::allows(Algorithm a) const {
+  switch (a) {
+    case Algorithm::kRing: return ring;
+    case Algorithm::kTree: return tree;
+    case Algorithm::kNvls: return nvls;
+    case Algorithm::kDirect: return true;
+  }
+  return false;
+}
+
+AlgorithmSet parse_algorithms(std::string_view text) {
+  std::string_view rest = text;
+  while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.front()))) rest.remove_prefix(1);
+  const std::string whole = normalized(rest);
+  if (whole.empty() || whole == "default") return {};
+  const bool exclude = rest.front() == '^';
+  if (exclude) rest.remove_prefix(1);
+  AlgorithmSet named{false, false, false};
+  while (true) {
+    const size_t comma = rest.find(',');
+    const std::string key = normalized(rest.substr(0, comma));
+    if (key == "ring") named.ring = true;
+    else if (key == "tree") named.tree = true;
+    else if (key == "nvls" || key == "nvlstree") named.nvls = true;
+    else if (key != "collnetdirect" && key != "collnetchain" && key != "collnet" && key != "pat") {
+      const std::string shown(text.substr(0, 60));
+      detail::throw_error(ErrorKind::kValue, "NCCL_ALGO: expected a comma-separated list of Ring, Tree, NVLS, "
+                          "NVLSTree, CollNetDirect, CollNetChain or PAT (a leading ^ excludes them), got '", shown,
+                          "'");
+    }
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  AlgorithmSet out = named;
+  if (exclude) out = {!named.ring, !named.tree, !named.nvls};
+  EMUGPU_CHECK(out.ring || out.tree || out.nvls, kValue, "NCCL_ALGO: '", std::string(text.substr(0, 60)),
+               "' leaves no algorithm this model has (Ring, Tree, NVLS); allow at least Ring");
+  return out;
+}
+
+CollectiveCost collective_time(Collective kind, double bytes, const Topology& topo, const AlgorithmSet& allowed) {
   EMUGPU_CHECK(std::isfinite(bytes) && bytes >= 0 && bytes <= kMaxBytes, kValue, collective_name(kind),
                ": expected a size from 0 to 1e18 bytes, got ", bytes);
   check_topology(topo);
   CollectiveCost best;
   best.bus_factor = bus_factor(kind, topo.world());
   if (kind == Collective::kBarrier) {
-    best = collective_time(Collective::kAllReduce, 4, topo);
+    best = collective_time(Collective::kAllReduce, 4, topo, allowed);
     best.bus_factor = bus_factor(kind, topo.world());
     return best;
   }
@@ -227,17 +313,20 @@ CollectiveCost collective_time(Collective kind, double bytes, const Topology& to
     return best;
   }
   double best_ns = std::numeric_limits<double>::infinity();
-  for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kDirect}) {
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kDirect, Algorithm::kNvls}) {
+    if (!allowed.allows(a)) continue;
     for (const auto& p : kProtocols) {
       // NCCL enables LL128 only where its stores stay ordered: NVLink.
       if (p.protocol == Protocol::kLL128 && !topo.nvlink) continue;
-      const double ns = variant(kind, a, topo, rates(topo, p), bytes);
+      const double ns = variant(kind, a, p.protocol, topo, rates(topo, p), bytes);
       if (std::isnan(ns) || ns >= best_ns) continue;
       best_ns = ns;
       best.algorithm = a;
       best.protocol = p.protocol;
     }
   }
+  EMUGPU_CHECK(std::isfinite(best_ns), kValue, "NCCL_ALGO leaves ", collective_name(kind),
+               " no algorithm (it runs as a ring); allow Ring");
   best.duration = static_cast<TimeNs>(std::llround(kLaunchNs + best_ns));
   return best;
 }
@@ -277,6 +366,7 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::kRing: return "ring";
     case Algorithm::kTree: return "tree";
     case Algorithm::kDirect: return "direct";
+    case Algorithm::kNvls: return "nvls";
   }
   return "?";
 }

@@ -1,6 +1,7 @@
 // Duration of NCCL-style collectives over a node/network topology: an
-// alpha-beta model of ring and tree algorithms under the LL, LL128 and Simple
-// protocols, picking the fastest the way NCCL's tuner does.
+// alpha-beta model of ring, tree and (on Hopper NVSwitch nodes) NVLink-SHARP
+// algorithms under the LL, LL128 and Simple protocols, picking the fastest
+// the way NCCL's tuner does, among those NCCL_ALGO allows.
 //
 // Sizes follow nccl-tests (its doc/PERFORMANCE.md): `bytes` is the per-rank
 // buffer for all_reduce, broadcast and reduce; the total output (n x the
@@ -31,7 +32,9 @@ enum class Collective {
   kBarrier,   // an all_reduce of one float, as ProcessGroupNCCL does it
 };
 
-enum class Algorithm { kRing, kTree, kDirect };  // kDirect: point-to-point (all_to_all, gather, send/recv)
+// kDirect: point-to-point (all_to_all, gather, send/recv); kNvls: the
+// NVSwitch reduces (NVLink SHARP), across nodes with a tree over the network.
+enum class Algorithm { kRing, kTree, kDirect, kNvls };
 enum class Protocol { kLL, kLL128, kSimple };
 
 // Inter-node network, per node: nominal rates as configured (config.h).
@@ -48,6 +51,8 @@ struct Topology {
   double intra_bw = 0;           // bytes/s per direction per GPU inside a node
   double intra_latency_ns = 0;   // one hop between two GPUs of a node
   bool nvlink = false;           // intra-node traffic rides NVLink/NVSwitch (else PCIe peer-to-peer)
+  bool nvls = false;             // the NVSwitch can reduce (Hopper and later): NCCL's NVLS algorithm
+  double nvlink_line_bw = 0;     // NVLink line rate per direction per GPU (NVLS is rated on it)
   double inter_bw = 0;           // bytes/s per direction per node, all its NICs together
   double inter_latency_ns = 0;   // one network hop
   int world() const { return ranks_per_node * nodes; }
@@ -64,10 +69,24 @@ struct CollectiveCost {
   double bus_factor = 0;         // busbw = bytes / duration x bus_factor
 };
 
-// Fastest algorithm/protocol for `kind` on `bytes` (nccl-tests' size
+// Which algorithms NCCL may use, as NCCL_ALGO sets them; point-to-point
+// collectives (kDirect) are never restricted.
+struct AlgorithmSet {
+  bool ring = true, tree = true, nvls = true;
+  bool allows(Algorithm a) const;
+};
+
+// NCCL_ALGO's syntax: "" or "default" for all; a comma-separated list
+// ("Ring,Tree"); a leading '^' excludes the list. NCCL's other names
+// (CollNetDirect, CollNetChain, PAT) parse and are ignored, NVLSTree is NVLS.
+// Throws kValue naming the choices for anything else or an empty result.
+AlgorithmSet parse_algorithms(std::string_view text);
+
+// Fastest allowed algorithm/protocol for `kind` on `bytes` (nccl-tests' size
 // convention above) over `topo`; throws kValue for a negative or non-finite
-// size or an inconsistent topology.
-CollectiveCost collective_time(Collective kind, double bytes, const Topology& topo);
+// size, an inconsistent topology, or a set that leaves `kind` no algorithm
+// (NCCL fails such a call too).
+CollectiveCost collective_time(Collective kind, double bytes, const Topology& topo, const AlgorithmSet& allowed = {});
 
 // nccl-tests' bus-bandwidth factor of `kind` on `ranks` ranks.
 double bus_factor(Collective kind, int ranks);

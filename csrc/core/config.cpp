@@ -146,6 +146,7 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
   } else if (auto v = env("EMUGPU_NET_LATENCY_US")) {
     c.net_latency_us = parse_net_latency_us(*v, "EMUGPU_NET_LATENCY_US");
   }
+  c.nccl_algo = env("NCCL_ALGO").value_or("");
   if (auto v = env("EMUGPU_HOST_COPY_GBPS")) {
     c.host_copy_gbps = parse_number(*v, "EMUGPU_HOST_COPY_GBPS", "a host copy rate in GB/s (e.g. 14)");
     EMUGPU_CHECK(c.host_copy_gbps > 0 && c.host_copy_gbps <= kMaxNetGBps, kValue,

@@ -1,9 +1,9 @@
 // The configuration of the emulated GPUs, from explicit values or the
 // environment (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE, EMUGPU_CATALOG,
 // the inter-node network of collectives: EMUGPU_NET_GBPS,
-// EMUGPU_NET_LATENCY_US, the ranks' exchange: EMUGPU_EXCHANGE, and the
-// staging of pageable copies: EMUGPU_HOST_COPY_GBPS): the one
-// place either is parsed.
+// EMUGPU_NET_LATENCY_US, and NCCL's own NCCL_ALGO, which a job tuned for real
+// GPUs may set; the ranks' exchange: EMUGPU_EXCHANGE, and the staging of
+// pageable copies: EMUGPU_HOST_COPY_GBPS): the one place either is parsed.
 #pragma once
 
 #include <optional>
@@ -36,6 +36,10 @@ struct Config {
   Mode mode = Mode::kTiming;
   double net_gbps = kDefaultNetGBps;          // GB/s (1e9 bytes/s) per direction per node
   double net_latency_us = kDefaultNetLatencyUs;  // one network hop
+  // NCCL_ALGO as set: what the collective model may choose. Parsed where a
+  // collective is timed (parse_algorithms), so a value only NCCL knows
+  // fails the collectives that use it, not the device.
+  std::string nccl_algo;
   double host_copy_gbps = kDefaultHostCopyGBps;  // GB/s of pageable copies' staging
   ExchangeTransport exchange = ExchangeTransport::kAuto;
 };

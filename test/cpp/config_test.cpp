@@ -15,7 +15,7 @@ using emugpu::Mode;
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
     for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
-                          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE"}) {
+                          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE", "NCCL_ALGO"}) {
       unsetenv(v);
     }
   }
@@ -30,6 +30,12 @@ TEST_F(CleanEnvironment, DefaultsNeedNothingSet) {
   EXPECT_EQ(c.catalog_path, "/x/gpus.json");
   EXPECT_EQ(c.net_gbps, 100);  // 4 x 200 Gb/s InfiniBand per node
   EXPECT_EQ(c.net_latency_us, 3);
+}
+
+TEST_F(CleanEnvironment, NcclAlgoIsKeptAsSetForTheCollectiveModel) {
+  EXPECT_EQ(emugpu::resolve_config({}, "").nccl_algo, "");
+  setenv("NCCL_ALGO", "Rign", 1);  // a bad value fails the collectives that use it, not the device
+  EXPECT_EQ(emugpu::resolve_config({}, "").nccl_algo, "Rign");
 }
 
 TEST_F(CleanEnvironment, TorchrunsLocalWorldSizeIsTheDefaultDeviceCount) {
