@@ -106,3 +106,24 @@ def test_resnet_training_step_with_sgd_matches_cpu():
             opt.step()
     for p, q in zip(model.state_dict().values(), emu_model.state_dict().values(), strict=True):
         torch.testing.assert_close(q.cpu(), p, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "smooth_l1_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_losses_match_cpu_without_resize_warnings(loss: str, reduction: str) -> None:
+    import warnings
+
+    x = torch.randn(4, 3)
+    y = torch.randn(4, 3)
+    fn = getattr(torch.nn.functional, loss)
+    xe = x.to("emugpu").requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PyTorch's "output ... was resized" deprecation warning
+        out = fn(xe, y.to("emugpu"), reduction=reduction)
+        out.sum().backward()
+    xc = x.clone().requires_grad_()
+    want = fn(xc, y, reduction=reduction)
+    want.sum().backward()
+    assert out.shape == want.shape
+    torch.testing.assert_close(out.cpu(), want.detach())
+    torch.testing.assert_close(xe.grad.cpu(), xc.grad)

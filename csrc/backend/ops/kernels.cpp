@@ -261,6 +261,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // them whole to the fallback, which has their Meta shape rule.
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+  // Losses whose generic functional kernel calls their out= variant with a
+  // 0-d result, which PyTorch's own CPU out kernel first resizes to the
+  // elementwise shape (a deprecation warning per call in compute mode): the
+  // fallback runs the functional op instead.
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+  m.impl("smooth_l1_loss", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
   // The fused attention kernel PyTorch leaves to out-of-tree backends.
   m.impl("_scaled_dot_product_fused_attention_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
