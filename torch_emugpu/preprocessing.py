@@ -16,8 +16,9 @@ another GPU's table scaled by SM count, or from a per-image and per-pixel
 cost fitted to our H100 measurement (see `_FALLBACK`).
 
 Resize, crop, flip, normalize and the other torchvision.transforms.v2 ops
-run on emugpu tensors as they are (aten ops timed by the per-op cost model);
-README.md lists them.
+run on emugpu tensors as they are (aten ops timed by the per-op cost model,
+not by the table, whose per-call times are mostly the measured machine's host
+launching small kernels; README.md says why and lists the ops).
 """
 
 from __future__ import annotations
