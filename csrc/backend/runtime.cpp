@@ -3,8 +3,10 @@
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <array>
+#include <cstdlib>
 #include <filesystem>
 
 namespace emugpu {
@@ -48,6 +50,46 @@ void Runtime::configure(const ConfigRequest& request) {
   configure_locked(request);
 }
 
+namespace {
+
+// Under torchrun every rank drives emugpu:LOCAL_RANK, so a device index is
+// the GPU's index on its node in every process: GPU i sits behind uplink
+// i / shared_by. The node's processes share the segment; the process that
+// first opened it removes its name at exit (not a fork()ed child).
+void attach_shared_pcie(const Config& config, const GpuSpec& gpu, std::vector<std::unique_ptr<Device>>& devices) {
+  static std::mutex opened_mutex;
+  static std::shared_ptr<PcieLinks> opened;  // one per process: a reconfigure keeps the node's uplinks
+  static std::string opened_name;
+  std::lock_guard<std::mutex> lock(opened_mutex);
+  if (!opened || opened_name != config.pcie_segment) {
+    if (config.pcie_segment.empty()) {
+      opened = PcieLinks::in_process();
+    } else {
+      opened = PcieLinks::shared(config.pcie_segment);
+      static pid_t owner = 0;
+      static std::string to_unlink;
+      if (owner == 0) {
+        owner = getpid();
+        to_unlink = config.pcie_segment;
+        std::atexit([] {
+          if (getpid() == owner) PcieLinks::unlink(to_unlink);
+        });
+      }
+    }
+    opened_name = config.pcie_segment;
+  }
+  const double factor = config.pcie_uplink_gbps > 0 ? gpu.pcie_bandwidth() / (config.pcie_uplink_gbps * 1e9) : 1.0;
+  for (auto& d : devices) {
+    const int uplink = d->index() / config.pcie_shared_by;
+    EMUGPU_CHECK(uplink < PcieLinks::kMaxUplinks, kValue, "EMUGPU_PCIE_SHARED_BY=", config.pcie_shared_by,
+                 " puts GPU ", d->index(), " behind uplink ", uplink, "; at most ", PcieLinks::kMaxUplinks,
+                 " uplinks per node");
+    d->attach_pcie(opened, uplink, factor);
+  }
+}
+
+}  // namespace
+
 void Runtime::configure_locked(const ConfigRequest& request) {
   const Config config = resolve_config(request, default_catalog());
   if (const State* old = state_.load(std::memory_order_acquire)) {
@@ -67,6 +109,7 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   for (int i = 0; i < config.device_count; ++i) {
     state->devices.push_back(std::make_unique<Device>(i, gpu, steady_clock(), 1024, cost));
   }
+  if (config.pcie_shared_by > 1) attach_shared_pcie(config, gpu, state->devices);
   mode_.store(config.mode);
   state_.store(state.release(), std::memory_order_release);  // the old state is leaked on purpose
 }

@@ -154,6 +154,27 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
                  c.host_copy_gbps);
   }
   if (auto v = env("EMUGPU_EXCHANGE")) c.exchange = parse_exchange(*v, "EMUGPU_EXCHANGE");
+  if (auto v = env("EMUGPU_PCIE_SHARED_BY")) {
+    const double k = parse_number(*v, "EMUGPU_PCIE_SHARED_BY", "a GPU count (e.g. 2: two GPUs per PCIe switch)");
+    EMUGPU_CHECK(k >= 1 && k <= kMaxDevices && k == std::floor(k), kValue,
+                 "EMUGPU_PCIE_SHARED_BY: expected a whole number of GPUs per PCIe uplink from 1 to ", kMaxDevices,
+                 ", got '", *v, "'");
+    c.pcie_shared_by = static_cast<int>(k);
+  }
+  if (auto v = env("EMUGPU_PCIE_UPLINK_GBPS")) {
+    c.pcie_uplink_gbps = parse_number(*v, "EMUGPU_PCIE_UPLINK_GBPS", "a PCIe uplink rate in GB/s (e.g. 25)");
+    EMUGPU_CHECK(c.pcie_uplink_gbps > 0 && c.pcie_uplink_gbps <= kMaxNetGBps, kValue,
+                 "EMUGPU_PCIE_UPLINK_GBPS: expected a rate in GB/s above 0 and at most ", kMaxNetGBps, ", got ",
+                 c.pcie_uplink_gbps);
+  }
+  if (auto run = env("TORCHELASTIC_RUN_ID")) {
+    // One segment per emulated node of one torchrun job; names keep [A-Za-z0-9_-].
+    std::string key;
+    for (char ch : *run + "-" + env("GROUP_RANK").value_or("0")) {
+      key.push_back(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' ? ch : '_');
+    }
+    c.pcie_segment = "/emugpu-pcie-" + key.substr(0, 200);
+  }
   c.catalog_path = env("EMUGPU_CATALOG").value_or(default_catalog);
   return c;
 }

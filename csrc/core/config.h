@@ -2,8 +2,9 @@
 // environment (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE, EMUGPU_CATALOG,
 // the inter-node network of collectives: EMUGPU_NET_GBPS,
 // EMUGPU_NET_LATENCY_US, and NCCL's own NCCL_ALGO, which a job tuned for real
-// GPUs may set; the ranks' exchange: EMUGPU_EXCHANGE, and the staging of
-// pageable copies: EMUGPU_HOST_COPY_GBPS): the one place either is parsed.
+// GPUs may set; the ranks' exchange: EMUGPU_EXCHANGE; the staging of
+// pageable copies: EMUGPU_HOST_COPY_GBPS; shared PCIe uplinks:
+// EMUGPU_PCIE_SHARED_BY, EMUGPU_PCIE_UPLINK_GBPS): the one place either is parsed.
 #pragma once
 
 #include <optional>
@@ -40,6 +41,13 @@ struct Config {
   // collective is timed (parse_algorithms), so a value only NCCL knows
   // fails the collectives that use it, not the device.
   std::string nccl_algo;
+  // GPUs that share one PCIe uplink (a switch, or the host's bandwidth for
+  // every GPU of a node); 1: each GPU has its own link.
+  int pcie_shared_by = 1;
+  double pcie_uplink_gbps = 0;  // the uplink's usable rate; 0: the GPU's own
+  // The node's processes share their uplinks through this shared-memory
+  // name (torchrun: its run id and the node's rank); empty: one process.
+  std::string pcie_segment;
   double host_copy_gbps = kDefaultHostCopyGBps;  // GB/s of pageable copies' staging
   ExchangeTransport exchange = ExchangeTransport::kAuto;
 };

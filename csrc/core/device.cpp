@@ -1,6 +1,7 @@
 #include "device.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "error.h"
 
@@ -64,9 +65,25 @@ TimeNs Device::place_when_queued(Place&& place) {
   }
 }
 
+void Device::attach_pcie(std::shared_ptr<PcieLinks> links, int uplink, double occupancy_factor) {
+  EMUGPU_CHECK(std::isfinite(occupancy_factor) && occupancy_factor > 0, kValue, "device ", index_,
+               ": expected a positive PCIe occupancy factor, got ", occupancy_factor);
+  std::lock_guard<std::mutex> lock(mutex_);
+  pcie_ = std::move(links);
+  uplink_ = uplink;
+  occupancy_factor_ = occupancy_factor;
+}
+
 TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
   EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
+  const bool copy = engine == Engine::kHostToDevice || engine == Engine::kDeviceToHost;
   return place_when_queued([&](TimeNs now) {
+    if (copy && pcie_) {
+      const TimeNs ready = timeline_.start_of(stream, engine, now);
+      const auto occupancy = static_cast<TimeNs>(std::llround(static_cast<double>(estimate) * occupancy_factor_));
+      const TimeNs begin = pcie_->reserve(uplink_, engine == Engine::kHostToDevice, ready, occupancy);
+      return place_locked(stream, engine, begin, std::max(estimate, occupancy), now);
+    }
     const TimeNs start = timeline_.start_of(stream, engine, now);
     const TimeNs duration =
         engine == Engine::kCompute && regions_.active() ? regions_.retime(estimate, start, stream) : estimate;

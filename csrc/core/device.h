@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "clock.h"
 #include "cost_model.h"
 #include "host_bound.h"
+#include "pcie_links.h"
 #include "regions.h"
 
 namespace emugpu {
@@ -55,6 +57,12 @@ class Device {
   // profiled region is re-timed. Blocks only while the launch queue is full.
   // Returns the time the work ends on the device.
   TimeNs launch(int64_t stream, Engine engine, TimeNs estimate);
+
+  // Host<->device copies of this GPU cross `uplink` of `links`, shared with
+  // other GPUs: each occupies it for its duration x `occupancy_factor` (the
+  // GPU's link rate over the uplink's) and lasts at least that long.
+  // Set before the device is used.
+  void attach_pcie(std::shared_ptr<PcieLinks> links, int uplink, double occupancy_factor);
 
   // A collective across ranks (backend `emu`), in two steps. collective_start
   // is when the collective launched now on `stream` would start on this device
@@ -143,6 +151,9 @@ class Device {
   TimeNs blocked_ns_ = 0;
   HostBoundMonitor host_bound_;
   int64_t next_pool_[2] = {0, 0};
+  std::shared_ptr<PcieLinks> pcie_;
+  int uplink_ = 0;
+  double occupancy_factor_ = 1.0;
 };
 
 }  // namespace emugpu

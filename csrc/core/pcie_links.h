@@ -1,0 +1,51 @@
+// The PCIe uplinks that several emulated GPUs of one node share: GPUs behind
+// one PCIe switch, or every GPU of a node behind the host's bandwidth. Each
+// direction of each uplink is a FIFO that a copy occupies for as long as its
+// bytes take at the uplink's rate, so copies of GPUs on one uplink queue
+// behind each other while those on different uplinks overlap.
+//
+// The uplinks live in this process's memory (the GPUs of one process, as
+// DataParallel drives them) or in a POSIX shared-memory segment that every
+// process of one emulated node maps (torchrun's ranks), lock-free either way.
+// Times are the host's steady clock, which the processes of a node share.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "clock.h"
+
+namespace emugpu {
+
+class PcieLinks {
+ public:
+  static constexpr int kMaxUplinks = 64;
+
+  static std::shared_ptr<PcieLinks> in_process();
+  // Opens the node's segment `name` ("/..." as shm_open wants), creating it
+  // if no process of the node has yet; every opener sees the same uplinks.
+  static std::shared_ptr<PcieLinks> shared(const std::string& name);
+  // Removes the segment's name (each process keeps its mapping).
+  static void unlink(const std::string& name);
+  ~PcieLinks();
+  PcieLinks(const PcieLinks&) = delete;
+  PcieLinks& operator=(const PcieLinks&) = delete;
+
+  // When a copy that may start at `earliest` does start on `uplink`
+  // (0..kMaxUplinks-1) in its direction: `earliest`, or later while earlier
+  // copies still occupy it; the copy then occupies it for `occupancy` ns.
+  TimeNs reserve(int uplink, bool to_device, TimeNs earliest, TimeNs occupancy);
+
+ private:
+  PcieLinks(std::atomic<int64_t>* slots, void* mapping, size_t length);
+
+  std::atomic<int64_t>* slots_;  // free-at time per uplink and direction
+  void* mapping_;                // the shared segment, or nullptr
+  size_t length_;
+  std::unique_ptr<std::atomic<int64_t>[]> own_;
+};
+
+}  // namespace emugpu
