@@ -22,7 +22,7 @@ else:
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it
 __all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
-           "host_bound_report", "__version__"]
+           "host_bound_report", "cost_report", "reset_cost_report", "__version__"]
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
                "the profiler and importers work without it")
@@ -91,6 +91,18 @@ def host_bound_report(device: int | None = None) -> dict[str, float | int]:
     _ensure_configured()
     index = torch.emugpu.current_device() if device is None else torch.device("emugpu", device).index
     return dict(_C._host_bound_stats(index))
+
+
+def cost_report(device: int | None = None, reset: bool = False) -> list[dict]:
+    """Per op family, what the per-op cost model charged the device (explain.cost_report)."""
+    from .explain import cost_report as report
+
+    return report(device, reset)
+
+
+def reset_cost_report(device: int | None = None) -> None:
+    """Starts cost_report() over."""
+    cost_report(device, reset=True)
 
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:

@@ -16,6 +16,12 @@ def _gpus(_: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from torch_emugpu import explain
+
+    return explain.main(args)
+
+
 def _train(args: argparse.Namespace) -> int:
     from torch_emugpu import train
 
@@ -107,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description=train.__doc__)
     train.add_arguments(p)
     p.set_defaults(func=_train)
+
+    from torch_emugpu import explain
+
+    ex = sub.add_parser("explain", help="per op family, what the cost model charges a model's training iteration",
+                        description=explain.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    explain.add_arguments(ex)
+    ex.set_defaults(func=_explain)
 
     g = sub.add_parser("gpus", help="list the GPUs that can be emulated")
     g.set_defaults(func=_gpus)

@@ -397,6 +397,26 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_engine_stats", [](int index) {
     guarded([&] { Runtime::get().device(index).reset_stats(); });
   });
+  // torch_emugpu.cost_report(): what the cost model charged, per op family.
+  m.def("_cost_report", [](int index) {
+    return guarded([&] {
+      py::list rows;
+      for (const FamilyCost& f : Runtime::get().device(index).ledger().report()) {
+        py::dict d;
+        d["family"] = op_family_name(f.family);
+        d["kernels"] = f.kernels;
+        d["time_ns"] = f.time_ns;
+        d["flops"] = f.flops;
+        d["bytes"] = f.bytes;
+        d["peak_compute_ns"] = f.peak_compute_ns;
+        d["peak_memory_ns"] = f.peak_memory_ns;
+        d["compute_bound_kernels"] = f.compute_bound;
+        rows.append(d);
+      }
+      return rows;
+    });
+  });
+  m.def("_reset_cost_report", [](int index) { guarded([&] { Runtime::get().device(index).ledger().reset(); }); });
   m.def("_utilization", [](int index) {
     return guarded([&] { return Runtime::get().device(index).utilization(); });
   });

@@ -16,10 +16,13 @@ CostModel::CostModel(const GpuSpec& gpu, CostModelParams params) : gpu_(gpu), pa
                "host staging rate must be a positive number of bytes/s, got ", params.host_staging_rate);
 }
 
-TimeNs CostModel::kernel(const OpCost& cost) const {
-  const double compute_s = cost.flops / (gpu_.peak_flops(cost.dtype) * params_.compute_efficiency);
-  const double memory_s = cost.bytes / (gpu_.memory_bandwidth * params_.memory_efficiency);
-  return params_.launch_ns + static_cast<TimeNs>(std::max(compute_s, memory_s) * 1e9);
+KernelCost CostModel::kernel_cost(const OpCost& cost) const {
+  const double peak_compute_s = cost.flops / gpu_.peak_flops(cost.dtype);
+  const double peak_memory_s = cost.bytes / gpu_.memory_bandwidth;
+  const double compute_s = peak_compute_s / params_.compute_efficiency;
+  const double memory_s = peak_memory_s / params_.memory_efficiency;
+  return {params_.launch_ns + static_cast<TimeNs>(std::max(compute_s, memory_s) * 1e9), peak_compute_s * 1e9,
+          peak_memory_s * 1e9, compute_s > memory_s};
 }
 
 void CostModel::set_measured_transfer(TimeNs latency, double rate, double pinned_rate) {

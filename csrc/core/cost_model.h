@@ -5,6 +5,7 @@
 
 #include "catalog.h"
 #include "clock.h"
+#include "op_cost.h"
 
 namespace emugpu {
 
@@ -12,6 +13,15 @@ struct OpCost {
   double flops = 0;   // floating-point operations the op performs
   double bytes = 0;   // bytes it reads and writes in device memory
   DType dtype = DType::kFloat32;
+  OpFamily family = OpFamily::kElementwise;
+};
+
+// A kernel's charged duration and the same work at the GPU's peak rates.
+struct KernelCost {
+  TimeNs duration = 0;
+  double peak_compute_ns = 0;
+  double peak_memory_ns = 0;
+  bool compute_bound = false;
 };
 
 struct CostModelParams {
@@ -31,7 +41,8 @@ class CostModel {
  public:
   CostModel(const GpuSpec& gpu, CostModelParams params = {});
 
-  TimeNs kernel(const OpCost& cost) const;
+  TimeNs kernel(const OpCost& cost) const { return kernel_cost(cost).duration; }
+  KernelCost kernel_cost(const OpCost& cost) const;
   // Host<->device copy of `bytes`: pinned copies at the link rate, pageable
   // ones also through the host's staging copy; or at the measured rates set
   // by set_measured_transfer().

@@ -27,6 +27,7 @@
 #include "caching_allocator.h"
 #include "catalog.h"
 #include "clock.h"
+#include "cost_ledger.h"
 #include "cost_model.h"
 #include "host_bound.h"
 #include "pcie_links.h"
@@ -51,6 +52,7 @@ class Device {
   CachingAllocator& allocator() { return allocator_; }
   CostModel& cost() { return cost_; }
   const CostModel& cost() const { return cost_; }
+  CostLedger& ledger() { return ledger_; }
   Clock& clock() { return clock_; }
 
   // Enqueues work whose cost-model duration is `estimate`; compute work in a
@@ -143,6 +145,7 @@ class Device {
   Clock& clock_;
   CachingAllocator allocator_;
   CostModel cost_;
+  CostLedger ledger_;
 
   mutable std::mutex mutex_;
   Timeline timeline_;

@@ -34,6 +34,23 @@ OpFamily op_family(std::string_view aten_name) {
   return it == table.end() ? OpFamily::kElementwise : it->second;
 }
 
+const char* op_family_name(OpFamily family) {
+  switch (family) {
+    case OpFamily::kElementwise: return "elementwise and other (by bytes)";
+    case OpFamily::kNorm: return "normalization";
+    case OpFamily::kMm: return "matmul (mm)";
+    case OpFamily::kBmm: return "batched matmul (bmm)";
+    case OpFamily::kAddmm: return "matmul + bias (addmm)";
+    case OpFamily::kBaddbmm: return "batched matmul + bias (baddbmm)";
+    case OpFamily::kConv: return "convolution forward";
+    case OpFamily::kConvBackward: return "convolution backward";
+    case OpFamily::kAttention: return "attention forward";
+    case OpFamily::kAttentionBackward: return "attention backward";
+    case OpFamily::kCopy: return "copies within the GPU";
+  }
+  return "?";
+}
+
 bool uses_cublas(OpFamily f) {
   return f == OpFamily::kMm || f == OpFamily::kBmm || f == OpFamily::kAddmm || f == OpFamily::kBaddbmm;
 }

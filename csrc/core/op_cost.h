@@ -18,7 +18,12 @@ enum class OpFamily {
   kConvBackward,
   kAttention,
   kAttentionBackward,
+  kCopy,  // a copy within one GPU (read + write), charged by CostModel::device_copy
 };
+constexpr int kOpFamilyCount = 11;
+
+// "matmul", "convolution", ...: how cost_report() names a family.
+const char* op_family_name(OpFamily family);
 
 // The family of an aten operator ("aten::mm"); kElementwise for the rest.
 OpFamily op_family(std::string_view aten_name);

@@ -23,6 +23,7 @@ DType dtype_class(at::ScalarType s, bool tensor_core_fp32) {
 OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                 const std::vector<c10::IValue>& args) {
   OpCost cost;
+  cost.family = info.family;
   double out_numel = 0;
   at::ScalarType dtype = at::kFloat;
   bool found_float = false;
@@ -81,6 +82,7 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
       cost.flops = norm_flops(in_numel);
       break;
     case OpFamily::kElementwise:
+    case OpFamily::kCopy:  // never an aten op's family (op_family): copies are charged by copy_from
       break;
   }
   const bool tf32 = (uses_cublas(info.family) && at::globalContext().allowTF32CuBLAS()) ||
@@ -103,6 +105,7 @@ double tensor_bytes(const at::Tensor& t) {
 OpCost estimate_sparse(const OpInfo& info, const std::vector<c10::IValue>& args,
                        const std::vector<at::Tensor>& outputs) {
   OpCost cost;
+  cost.family = info.family;
   at::Tensor sparse;
   size_t sparse_arg = 0;
   double in_bytes = 0, numel = 0;

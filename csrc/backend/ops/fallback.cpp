@@ -192,17 +192,23 @@ void compute_values(const c10::OperatorHandle& op, const OpInfo& info, const std
 // estimate is remembered with the shapes.
 void charge_time(const OpInfo& info, const std::vector<c10::IValue>& args, int device, Shapes& shapes,
                  const std::vector<at::Tensor>& inputs, const Outputs& o) {
-  TimeNs duration = 0;
+  OpCost cost;
+  KernelCost charged;
+  Device& dev = Runtime::get().device(device);
   if (shapes.cached != nullptr) {
-    duration = shapes.cached->duration;
+    cost = shapes.cached->cost;
+    charged = shapes.cached->charged;
   } else if (!info.metadata_only) {
-    duration = translate_errors(
-        [&] { return Runtime::get().device(device).cost().kernel(estimate(info, inputs, o.written, args)); });
+    cost = translate_errors([&] { return estimate(info, inputs, o.written, args); });
+    charged = translate_errors([&] { return dev.cost().kernel_cost(cost); });
   }
   if (shapes.cached == nullptr && shapes.cacheable) {
-    shape_cache().entries.emplace(std::move(shapes.miss_key), ShapeResult{std::move(shapes.fresh), duration});
+    shape_cache().entries.emplace(std::move(shapes.miss_key), ShapeResult{std::move(shapes.fresh), cost, charged});
   }
-  if (!info.metadata_only) translate_errors([&] { charge(device, Engine::kCompute, duration); });
+  if (!info.metadata_only) {
+    dev.ledger().record(cost, charged);
+    translate_errors([&] { charge(device, Engine::kCompute, charged.duration); });
+  }
 }
 
 }  // namespace

@@ -121,7 +121,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     const double bytes = transfer_bytes(dst);
     const int s = self.device().index();
     if (s == d) {
-      charge(d, Engine::kCompute, dev.cost().device_copy(bytes));
+      const TimeNs duration = dev.cost().device_copy(bytes);
+      const double peak_ns = 2 * bytes / dev.gpu().memory_bandwidth * 1e9;
+      dev.ledger().record({0, 2 * bytes, DType::kFloat32, OpFamily::kCopy}, {duration, 0, peak_ns, false});
+      charge(d, Engine::kCompute, duration);
     } else {
       // Peer to peer over NVLink, else PCIe. As PyTorch orders CUDA peer
       // copies, the copy waits for the source's stream, and the source's

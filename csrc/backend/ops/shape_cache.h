@@ -11,6 +11,7 @@
 
 #include "backend/ops/tensor_util.h"
 #include "core/clock.h"
+#include "core/cost_model.h"
 
 namespace emugpu {
 
@@ -24,7 +25,8 @@ struct OutDesc {
 // the same metadata, so steady-state iterations never run a Meta kernel.
 struct ShapeResult {
   std::vector<OutDesc> outs;
-  TimeNs duration = 0;
+  OpCost cost;         // what the cost model was asked
+  KernelCost charged;  // and what it charged (duration 0: no kernel)
 };
 
 using Key = std::vector<int64_t>;

@@ -161,7 +161,11 @@ void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, 
     std::vector<at::Tensor> outputs;
     for (const auto& r : run.results) for_each_tensor(r, [&](const at::Tensor& t) { outputs.push_back(t); });
     translate_errors([&] {
-      const TimeNs d = Runtime::get().device(device).cost().kernel(estimate_sparse(info, args, outputs));
+      Device& dev = Runtime::get().device(device);
+      const OpCost cost = estimate_sparse(info, args, outputs);
+      const KernelCost charged = dev.cost().kernel_cost(cost);
+      dev.ledger().record(cost, charged);
+      const TimeNs d = charged.duration;
       if (run.nnz_from_values) charge_and_wait(device, Engine::kCompute, d);
       else charge(device, Engine::kCompute, d);
     });

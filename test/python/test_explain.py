@@ -1,0 +1,67 @@
+"""cost_report() and `torch-emugpu explain`: what the per-op cost model
+charged, per op family."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO
+
+import torch_emugpu
+
+
+def by_family(rows: list[dict]) -> dict[str, dict]:
+    return {r["family"]: r for r in rows}
+
+
+def test_families_count_every_kernel_even_from_the_shape_cache() -> None:
+    a = torch.randn(1024, 1024, device="emugpu")
+    torch_emugpu.reset_cost_report()
+    for _ in range(3):  # the second and third calls hit the shape cache
+        b = torch.relu(a @ a)
+    torch.emugpu.synchronize()
+    rows = by_family(torch_emugpu.cost_report())
+    mm = rows["matmul (mm)"]
+    assert mm["kernels"] == 3
+    assert mm["flops"] == pytest.approx(3 * 2 * 1024**3)
+    assert mm["bound"] == "compute"
+    assert 0 < mm["compute_of_peak"] <= 1
+    relu = rows["elementwise and other (by bytes)"]
+    assert relu["kernels"] >= 3 and relu["bound"] == "memory"
+    assert sum(r["share"] for r in rows.values()) == pytest.approx(1)
+    assert b.shape == (1024, 1024)
+
+
+def test_the_report_matches_the_compute_engine_and_resets() -> None:
+    x = torch.randn(8, 3, 64, 64, device="emugpu")
+    conv = torch.nn.Conv2d(3, 16, 3).to("emugpu")
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    torch.emugpu.reset_engine_stats()
+    conv(x).sum().backward()
+    torch.emugpu.synchronize()
+    rows = torch_emugpu.cost_report(reset=True)
+    families = by_family(rows)
+    assert {"convolution forward", "convolution backward"} <= set(families)
+    # No profile here: every compute-engine nanosecond is a cost-model charge.
+    charged = sum(r["time_s"] for r in rows)
+    assert charged == pytest.approx(torch.emugpu.engine_stats()["compute_busy_s"], rel=1e-6)
+    assert torch_emugpu.cost_report() == []
+
+
+def test_explain_prints_the_families_of_a_training_iteration() -> None:
+    env = dict(os.environ, PYTHONPATH=REPO)
+    r = subprocess.run([sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--gpu", "a100",
+                        "--batch-size", "4", "--iterations", "1"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "A100" in r.stdout and "cost model only" in r.stdout
+    for family in ("convolution backward", "convolution forward", "normalization", "total"):
+        assert family in r.stdout, r.stdout
+    bad = subprocess.run([sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--batch-size",
+                          "0"], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--batch-size" in bad.stderr

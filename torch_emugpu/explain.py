@@ -1,0 +1,140 @@
+"""What the per-op cost model charged, per op family, and why.
+
+`torch_emugpu.cost_report()` reads it from a running program;
+`torch-emugpu explain --model resnet50 --gpu a100` runs training iterations
+of a model with profiles switched off (the cost model is the only time
+source) and prints it: per family the kernels, the time charged and its
+share, the achieved FLOP/s and bytes/s, the same work at the GPU's peak
+rates as a share of the time charged, and whether the family was compute-
+or memory-bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import torch
+
+
+def cost_report(device: int | None = None, reset: bool = False) -> list[dict[str, Any]]:
+    """Per op family, what the cost model charged `device` since the last reset, the most time first.
+
+    Keys: family, kernels, time_s, share (of the time charged), tflops and
+    gbps (achieved), compute_of_peak and memory_of_peak (the family's FLOPs at
+    the dtype's peak, and its bytes at the memory's peak bandwidth, as
+    fractions of the time charged), bound ("compute" or "memory": what most of
+    its kernels were), flops, bytes. Kernels that profiled regions re-timed
+    count with what the cost model charged them."""
+    from torch_emugpu import _C, _ensure_configured
+
+    _ensure_configured()
+    index = torch.emugpu.current_device() if device is None else torch.device("emugpu", device).index
+    raw = list(_C._cost_report(index))
+    if reset:
+        _C._reset_cost_report(index)
+    total = sum(r["time_ns"] for r in raw) or 1
+    rows = []
+    for r in raw:
+        t = r["time_ns"] or 1
+        rows.append({
+            "family": r["family"], "kernels": r["kernels"], "time_s": r["time_ns"] / 1e9,
+            "share": r["time_ns"] / total, "tflops": r["flops"] / t / 1e3, "gbps": r["bytes"] / t,
+            "compute_of_peak": r["peak_compute_ns"] / t, "memory_of_peak": r["peak_memory_ns"] / t,
+            "bound": "compute" if 2 * r["compute_bound_kernels"] > r["kernels"] else "memory",
+            "flops": r["flops"], "bytes": r["bytes"],
+        })
+    return rows
+
+
+def reset_cost_report(device: int | None = None) -> None:
+    """Starts cost_report() over."""
+    cost_report(device, reset=True)
+
+
+def format_cost_report(rows: list[dict[str, Any]], per: int = 1) -> str:
+    """A table of cost_report() rows; times divided by `per` (e.g. iterations)."""
+    head = (f"{'family':<34} {'kernels':>8} {'time ms':>9} {'share':>6} {'TFLOP/s':>8} {'GB/s':>8} "
+            f"{'of peak':>8}  bound")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        peak = r["compute_of_peak"] if r["bound"] == "compute" else r["memory_of_peak"]
+        lines.append(f"{r['family']:<34} {r['kernels'] // per:>8} {r['time_s'] * 1e3 / per:>9.3f} "
+                     f"{r['share']:>6.1%} {r['tflops']:>8.2f} {r['gbps']:>8.1f} {peak:>8.1%}  {r['bound']}")
+    total = sum(r["time_s"] for r in rows)
+    lines.append(f"{'total':<34} {sum(r['kernels'] for r in rows) // per:>8} {total * 1e3 / per:>9.3f}")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a torchvision classifier (resnet50, vit_b_16, ...) or gpt2")
+    p.add_argument("--gpu", default=None, help="the emulated GPU (default: EMUGPU_GPU or the catalog's default)")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
+    p.add_argument("--seq-len", type=int, default=512, help="sequence length for gpt2 (default 512)")
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                   help="autocast dtype (default none: float32)")
+    p.add_argument("--iterations", type=int, default=2, help="training iterations measured (default 2)")
+
+
+def _model_and_step(args: argparse.Namespace, device: torch.device):  # type: ignore[no-untyped-def]
+    from torch_emugpu.models import GPT, GPTConfig, gpt_loss, image_size, torchvision_model
+
+    amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    if args.model == "gpt2":
+        net = GPT(GPTConfig(context=max(1024, args.seq_len))).to(device)
+        x = torch.randint(0, net.cfg.vocab_size, (args.batch_size, args.seq_len), device=device)
+
+        def loss_fn() -> torch.Tensor:
+            return gpt_loss(net, x, x)
+    else:
+        net = torchvision_model(args.model).to(device)
+        size = image_size(args.model)
+        x = torch.randn(args.batch_size, 3, size, size, device=device)
+        y = torch.randint(0, 1000, (args.batch_size,), device=device)
+
+        def loss_fn() -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(net(x), y)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+    def step() -> None:
+        with torch.autocast("emugpu", dtype=amp or torch.float32, enabled=amp is not None):
+            loss = loss_fn()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.batch_size < 1 or args.iterations < 1 or args.seq_len < 1:
+        raise ValueError("--batch-size, --iterations and --seq-len must be at least 1")
+    os.environ["EMUGPU_PROFILES"] = "off"  # the cost model is the only time source
+    import warnings
+
+    import torch_emugpu
+
+    warnings.filterwarnings("ignore", message=".*no profile matched.*")  # on purpose here
+
+    torch_emugpu.configure(gpu=args.gpu)
+    device = torch.device("emugpu", 0)
+    step = _model_and_step(args, device)
+    step()  # warm-up: shapes are learnt, optimizer state allocated
+    torch.emugpu.synchronize()
+    reset_cost_report()
+    torch.emugpu.reset_engine_stats()
+    t0 = time.perf_counter()
+    for _ in range(args.iterations):
+        step()
+    torch.emugpu.synchronize()
+    wall = time.perf_counter() - t0
+    rows = cost_report()
+    busy = torch.emugpu.engine_stats()["compute_busy_s"]
+    print(f"{args.model}, batch {args.batch_size}, {args.amp if args.amp != 'none' else 'float32'}, on "
+          f"{torch.emugpu.get_device_name()} (cost model only), per training iteration (AdamW):")
+    print(format_cost_report(rows, per=args.iterations))
+    print(f"compute engine busy {busy * 1e3 / args.iterations:.3f} ms per iteration; "
+          f"host wall {wall * 1e3 / args.iterations:.1f} ms per iteration here")
+    return 0
