@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -112,8 +113,6 @@ def main(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.iterations < 1 or args.seq_len < 1:
         raise ValueError("--batch-size, --iterations and --seq-len must be at least 1")
     os.environ["EMUGPU_PROFILES"] = "off"  # the cost model is the only time source
-    import warnings
-
     import torch_emugpu
 
     warnings.filterwarnings("ignore", message=".*no profile matched.*")  # on purpose here

@@ -54,8 +54,9 @@ namespace {
 
 // Under torchrun every rank drives emugpu:LOCAL_RANK, so a device index is
 // the GPU's index on its node in every process: GPU i sits behind uplink
-// i / shared_by. The node's processes share the segment; the process that
-// first opened it removes its name at exit (not a fork()ed child).
+// i / shared_by. The node's processes share the segment; each removes its
+// name at exit (not a fork()ed child's exit), so none outlives the job, and
+// a process that opens it after another rank ended gets uplinks of its own.
 void attach_shared_pcie(const Config& config, const GpuSpec& gpu, std::vector<std::unique_ptr<Device>>& devices) {
   static std::mutex opened_mutex;
   static std::shared_ptr<PcieLinks> opened;  // one per process: a reconfigure keeps the node's uplinks

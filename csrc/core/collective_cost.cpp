@@ -48,7 +48,7 @@ struct ProtocolTraits {
 // Hop latencies: the differences between NCCL's hwLat rows (tuning.cc,
 // 2.20-2.25: NVLink 0.6/1.9/3.4 us, PCIe 1.0/2.5/5.7, network 2.7/4.0/14 for
 // LL/LL128/Simple). LL: 8 payload bytes per 16-byte line with its flags;
-// NCCL rates it at half the bus bandwidth, capped (kLLMaxBw). LL128 and
+// NCCL rates it at half the bus bandwidth, capped (ll_max_bw). LL128 and
 // Simple: efficiency and fixed cost fitted once to three published runs
 // (OCI BM.GPU4.8 8 x A100, nccl-tests#309's 2 x 8 H100 with NCCL_ALGO=Ring,
 // nccl-tests#290's 8 x H100; benchmarks/collective_model.py): between 1 and
