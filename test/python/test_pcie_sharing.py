@@ -36,12 +36,15 @@ for d, e0, e1 in events:
     e1.synchronize()
     print(json.dumps({"device": d, "ms": e0.elapsed_time(e1)}))
 """
-MIB = 32  # 1.3 ms over an A100's PCIe 4 link; 335 ms through a 0.1 GB/s uplink
+# 4 MiB: 0.17 ms over an A100's PCIe 4 link, about 0.9 s through a 5 MB/s
+# uplink, so that the host's own memcpy (milliseconds, more on a loaded
+# machine) is small beside what the uplink adds.
+MIB = 4
 
 
 def run_jobs(device_sets: list[str], shared_by: int, run_id: str | None = None) -> dict[int, float]:
     env = dict(os.environ, PYTHONPATH=REPO, EMUGPU_DEVICE_COUNT="2", EMUGPU_PCIE_SHARED_BY=str(shared_by),
-               EMUGPU_PCIE_UPLINK_GBPS="0.1", EMUGPU_GPU="a100")
+               EMUGPU_PCIE_UPLINK_GBPS="0.005", EMUGPU_GPU="a100")
     if run_id:
         env.update(TORCHELASTIC_RUN_ID=run_id, GROUP_RANK="0", LOCAL_WORLD_SIZE="2")
     start_at = f"{time.time() + 6:.3f}"  # after every process has imported torch
@@ -60,19 +63,20 @@ def run_jobs(device_sets: list[str], shared_by: int, run_id: str | None = None) 
 def test_gpus_of_one_process_queue_on_their_shared_uplink() -> None:
     shared = run_jobs(["0,1"], shared_by=2)
     # Device 1's copy waited for device 0's on the uplink: about twice as long.
-    assert shared[0] > 300 and shared[1] > 1.6 * shared[0], shared
+    assert shared[0] > 600 and shared[1] > 1.6 * shared[0], shared
     own = run_jobs(["0,1"], shared_by=1)
-    assert max(own.values()) < 100, own  # each GPU on its own link: no uplink at all
+    assert max(own.values()) < 300, own  # each GPU on its own link: no uplink at all
 
 
 def test_the_processes_of_a_torchrun_node_share_uplinks() -> None:
     run_id = f"pcie-test-{uuid.uuid4().hex[:8]}"
     shared = run_jobs(["0", "1"], shared_by=2, run_id=run_id)
     slow, fast = max(shared.values()), min(shared.values())
-    assert fast > 300 and slow > 1.6 * fast, shared
+    # The processes start together, give or take scheduling: the later copy queues behind the other.
+    assert fast > 600 and slow > 1.3 * fast, shared
     assert not os.path.exists(f"/dev/shm/emugpu-pcie-{run_id}-0"), "the segment outlived the job"
     apart = run_jobs(["0", "1"], shared_by=1, run_id=f"{run_id}-apart")
-    assert max(apart.values()) < 100, apart
+    assert max(apart.values()) < 300, apart
 
 
 def test_bad_settings_name_the_variable() -> None:
