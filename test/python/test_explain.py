@@ -65,3 +65,26 @@ def test_explain_prints_the_families_of_a_training_iteration() -> None:
     bad = subprocess.run([sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--batch-size",
                           "0"], env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--batch-size" in bad.stderr
+
+
+def test_a_foreach_optimizer_step_is_one_kernel_per_op_not_per_tensor() -> None:
+    params = [torch.nn.Parameter(torch.randn(64, 64, device="emugpu")) for _ in range(40)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, foreach=True)
+    opt.step()  # state allocated
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    opt.step()
+    torch.emugpu.synchronize()
+    kernels = sum(r["kernels"] for r in torch_emugpu.cost_report())
+    # CUDA runs each _foreach_ op as fused multi-tensor kernels: a handful
+    # per step here, not one per parameter and op (hundreds).
+    assert 0 < kernels < 40, kernels
+    single = torch.optim.AdamW(params, foreach=False)
+    single.step()
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    single.step()
+    torch.emugpu.synchronize()
+    assert sum(r["kernels"] for r in torch_emugpu.cost_report()) > 4 * 40

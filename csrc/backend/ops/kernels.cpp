@@ -277,4 +277,30 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
 }
 
+namespace {
+
+// torch.optim's foreach paths (the default for every device that supports
+// them, as emugpu does) run one fused multi-tensor kernel per call on CUDA.
+// Their generic kernel loops over the tensors, one aten op each, which would
+// charge a launch per tensor: the fallback takes the whole call instead, one
+// kernel timed by every tensor's bytes.
+struct ForeachRegistrations {
+  std::unique_ptr<torch::Library> library;
+  ForeachRegistrations()
+      : library(std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                                 __FILE__, __LINE__)) {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
+      std::string qualified = name.name.substr(6);
+      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+      library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+    }
+  }
+};
+
+const ForeachRegistrations foreach_registrations;
+
+}  // namespace
+
 }  // namespace emugpu
