@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _config
+from .explain import cost_report, reset_cost_report
 
 try:
     from . import _C  # registers the PrivateUse1 kernels, guard and allocator
@@ -91,18 +92,6 @@ def host_bound_report(device: int | None = None) -> dict[str, float | int]:
     _ensure_configured()
     index = torch.emugpu.current_device() if device is None else torch.device("emugpu", device).index
     return dict(_C._host_bound_stats(index))
-
-
-def cost_report(device: int | None = None, reset: bool = False) -> list[dict]:
-    """Per op family, what the per-op cost model charged the device (explain.cost_report)."""
-    from .explain import cost_report as report
-
-    return report(device, reset)
-
-
-def reset_cost_report(device: int | None = None) -> None:
-    """Starts cost_report() over."""
-    cost_report(device, reset=True)
 
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:

@@ -106,18 +106,21 @@ constexpr double kTreeAllReduceShare = 0.92;
 
 int tree_depth(const Topology& t) { return t.nodes > 1 ? static_cast<int>(std::ceil(std::log2(t.nodes))) : 0; }
 
+// Seconds a node's NICs send a tree all_reduce's bytes (see above).
+double tree_net_s(const Topology& t, const Rates& r, double bytes) {
+  return t.nodes > 1 ? (t.nodes == 2 ? bytes : 2 * bytes) / r.inter_bw : 0.0;
+}
+
 // What the network part of a tree all_reduce costs (latency and bytes).
 double tree_network(const Topology& t, const Rates& r, double bytes) {
   if (t.nodes == 1) return 0;
-  const double net = (t.nodes == 2 ? bytes : 2 * bytes) / r.inter_bw;
-  return 2.0 * tree_depth(t) * r.inter_hop + net / kTreeAllReduceShare * 1e9;
+  return 2.0 * tree_depth(t) * r.inter_hop + tree_net_s(t, r, bytes) / kTreeAllReduceShare * 1e9;
 }
 
 double tree_all_reduce(const Topology& t, const Rates& r, double bytes) {
   const double latency = 2.0 * ((t.ranks_per_node - 1) * r.intra_hop + tree_depth(t) * r.inter_hop);
   const double chain = t.ranks_per_node > 1 ? 2 * bytes / r.intra_bw : 0.0;
-  const double net = t.nodes > 1 ? (t.nodes == 2 ? bytes : 2 * bytes) / r.inter_bw : 0.0;
-  return r.fixed + latency + std::max(chain, net) / kTreeAllReduceShare * 1e9;
+  return r.fixed + latency + std::max(chain, tree_net_s(t, r, bytes)) / kTreeAllReduceShare * 1e9;
 }
 
 // NVLS all_reduce: the switch reduces inside each node; across nodes
