@@ -23,11 +23,13 @@ import torch
 def cost_report(device: int | None = None, reset: bool = False) -> list[dict[str, Any]]:
     """Per op family, what the cost model charged `device` since the last reset, the most time first.
 
-    Keys: family, kernels, time_s, share (of the time charged), tflops and
+    Keys: family, ops, kernels (launches: a convolution's backward is two,
+    a foreach op one per chunk of tensors), time_s, share (of the time charged), tflops and
     gbps (achieved), compute_of_peak and memory_of_peak (the family's FLOPs at
     the dtype's peak, and its bytes at the memory's peak bandwidth, as
     fractions of the time charged), bound ("compute" or "memory": what most of
-    its kernels were), flops, bytes. Kernels that profiled regions re-timed
+    its ops were), flops, bytes. Ops the model has no family for are charged
+    by the bytes they move and reported as "unmodelled (by bytes)". Kernels that profiled regions re-timed
     count with what the cost model charged them."""
     from torch_emugpu import _C, _ensure_configured
 
@@ -41,10 +43,10 @@ def cost_report(device: int | None = None, reset: bool = False) -> list[dict[str
     for r in raw:
         t = r["time_ns"] or 1
         rows.append({
-            "family": r["family"], "kernels": r["kernels"], "time_s": r["time_ns"] / 1e9,
+            "family": r["family"], "ops": r["ops"], "kernels": r["kernels"], "time_s": r["time_ns"] / 1e9,
             "share": r["time_ns"] / total, "tflops": r["flops"] / t / 1e3, "gbps": r["bytes"] / t,
             "compute_of_peak": r["peak_compute_ns"] / t, "memory_of_peak": r["peak_memory_ns"] / t,
-            "bound": "compute" if 2 * r["compute_bound_kernels"] > r["kernels"] else "memory",
+            "bound": "compute" if 2 * r["compute_bound_ops"] > r["ops"] else "memory",
             "flops": r["flops"], "bytes": r["bytes"],
         })
     return rows

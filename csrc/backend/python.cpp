@@ -16,6 +16,8 @@
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
 #include "core/collective_cost.h"
+#include "core/cost_ledger.h"
+#include "core/kernel_params.h"
 #include "core/host_allocator.h"
 #include "core/shm_exchange.h"
 
@@ -46,6 +48,54 @@ auto guarded(Fn&& fn) -> decltype(fn()) {
 // backend `emu`'s drain_all, called by c10's device synchronize; a leaked
 // reference, as it may be called until the interpreter finalizes.
 PyObject* drain_callable = nullptr;
+
+
+// OpCost <-> dict, for the trace of the fitting benchmark and _kernel_times.
+py::dict op_cost_dict(const OpCost& c) {
+  py::dict d;
+  d["family"] = static_cast<int>(c.family);
+  d["flops"] = c.flops;
+  d["bytes"] = c.bytes;
+  d["dtype"] = static_cast<int>(c.dtype);
+  d["kernels"] = c.kernels;
+  py::list gemms;
+  for (int i = 0; i < c.gemm_count; ++i) {
+    const GemmShape& g = c.gemms[static_cast<size_t>(i)];
+    gemms.append(py::make_tuple(g.batch, g.m, g.n, g.k, g.winograd));
+  }
+  d["gemms"] = gemms;
+  const ConvShape& v = c.conv;
+  d["conv"] = py::make_tuple(v.n, v.c, v.h, v.w, v.k, v.r, v.s, v.p, v.q, v.groups, v.stride);
+  return d;
+}
+
+OpCost op_cost_from_dict(const py::dict& d) {
+  OpCost c;
+  const int family = d["family"].cast<int>();
+  const int dtype = d["dtype"].cast<int>();
+  EMUGPU_CHECK(family >= 0 && family < kOpFamilyCount && dtype >= 0 && dtype <= static_cast<int>(DType::kInteger),
+               kValue, "op family must lie in [0, ", kOpFamilyCount, ") and dtype in [0, ",
+               static_cast<int>(DType::kInteger), "], got ", family, " and ", dtype);
+  c.family = static_cast<OpFamily>(family);
+  c.dtype = static_cast<DType>(dtype);
+  c.flops = d["flops"].cast<double>();
+  c.bytes = d["bytes"].cast<double>();
+  c.kernels = d["kernels"].cast<int>();
+  const auto gemms = d["gemms"].cast<py::list>();
+  EMUGPU_CHECK(gemms.size() <= c.gemms.size(), kValue, "an op runs at most ", c.gemms.size(), " GEMMs, got ",
+               gemms.size());
+  for (const auto& item : gemms) {
+    const auto t = item.cast<py::tuple>();
+    c.gemms[static_cast<size_t>(c.gemm_count++)] = {t[0].cast<double>(), t[1].cast<double>(), t[2].cast<double>(),
+                                                    t[3].cast<double>(), t[4].cast<bool>()};
+  }
+  const auto v = d["conv"].cast<py::tuple>();
+  EMUGPU_CHECK(v.size() == 11, kValue, "conv must hold 11 sizes, got ", v.size());
+  double* fields[] = {&c.conv.n, &c.conv.c, &c.conv.h, &c.conv.w, &c.conv.k, &c.conv.r,
+                      &c.conv.s, &c.conv.p, &c.conv.q, &c.conv.groups, &c.conv.stride};
+  for (size_t i = 0; i < 11; ++i) *fields[i] = v[i].cast<double>();
+  return c;
+}
 
 void call_drain() {
   if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
@@ -404,19 +454,64 @@ PYBIND11_MODULE(_C, m) {
       for (const FamilyCost& f : Runtime::get().device(index).ledger().report()) {
         py::dict d;
         d["family"] = op_family_name(f.family);
+        d["ops"] = f.ops;
         d["kernels"] = f.kernels;
         d["time_ns"] = f.time_ns;
         d["flops"] = f.flops;
         d["bytes"] = f.bytes;
         d["peak_compute_ns"] = f.peak_compute_ns;
         d["peak_memory_ns"] = f.peak_memory_ns;
-        d["compute_bound_kernels"] = f.compute_bound;
+        d["compute_bound_ops"] = f.compute_bound;
         rows.append(d);
       }
       return rows;
     });
   });
   m.def("_reset_cost_report", [](int index) { guarded([&] { Runtime::get().device(index).ledger().reset(); }); });
+  // The ops the cost model timed, as it saw them (benchmarks/fit_cost_model.py).
+  m.def("_cost_trace_start", [](int index, int64_t limit) {
+    guarded([&] { Runtime::get().device(index).ledger().start_trace(static_cast<size_t>(std::max<int64_t>(limit, 0))); });
+  });
+  m.def("_cost_trace", [](int index) {
+    return guarded([&] {
+      py::list out;
+      for (const TracedOp& op : Runtime::get().device(index).ledger().take_trace()) {
+        py::dict d = op_cost_dict(op.cost);
+        d["name"] = op.name;
+        d["charged_ns"] = op.charged;
+        out.append(d);
+      }
+      return out;
+    });
+  });
+  // Each op's duration on the catalog GPU `gpu` with its architecture's
+  // kernel parameters, or those given (name -> value) over them.
+  m.def("_kernel_times", [](const std::string& gpu, const py::dict& params, const py::list& ops) {
+    return guarded([&] {
+      const GpuSpec& spec = Runtime::get().catalog().find(gpu);
+      KernelParams p = default_kernel_params(spec);
+      for (const auto& [k, v] : params) set_kernel_param(p, k.cast<std::string>(), v.cast<double>());
+      const CostModel model(spec, {}, p);
+      std::vector<TimeNs> out;
+      out.reserve(ops.size());
+      for (const auto& op : ops) out.push_back(model.kernel(op_cost_from_dict(op.cast<py::dict>())));
+      return out;
+    });
+  });
+  m.def("_kernel_params", [](const std::string& gpu) {
+    return guarded([&] {
+      const KernelParams p = default_kernel_params(Runtime::get().catalog().find(gpu));
+      py::dict d;
+      for (const KernelParamField& f : kernel_param_fields()) d[f.name] = p.*f.member;
+      d["source"] = p.source;
+      return d;
+    });
+  });
+  m.def("_op_family_names", [] {
+    py::list names;
+    for (int i = 0; i < kOpFamilyCount; ++i) names.append(op_family_name(static_cast<OpFamily>(i)));
+    return names;
+  });
   m.def("_utilization", [](int index) {
     return guarded([&] { return Runtime::get().device(index).utilization(); });
   });

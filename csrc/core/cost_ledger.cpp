@@ -4,18 +4,32 @@
 
 namespace emugpu {
 
-void CostLedger::record(const OpCost& cost, const KernelCost& charged) {
+void CostLedger::record(const OpCost& cost, const KernelCost& charged, std::string_view name) {
   const auto index = static_cast<size_t>(cost.family);
   std::lock_guard<std::mutex> lock(mutex_);
   FamilyCost& f = families_[index];
   f.family = cost.family;
-  f.kernels += 1;
+  f.ops += 1;
+  f.kernels += std::max(cost.kernels, 1);
   f.time_ns += charged.duration;
   f.flops += cost.flops;
   f.bytes += cost.bytes;
   f.peak_compute_ns += charged.peak_compute_ns;
   f.peak_memory_ns += charged.peak_memory_ns;
   f.compute_bound += charged.compute_bound ? 1 : 0;
+  if (trace_.size() < trace_limit_) trace_.push_back({std::string(name), cost, charged.duration});
+}
+
+void CostLedger::start_trace(size_t limit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  trace_.clear();
+  trace_limit_ = limit;
+}
+
+std::vector<TracedOp> CostLedger::take_trace() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  trace_limit_ = 0;
+  return std::move(trace_);
 }
 
 std::vector<FamilyCost> CostLedger::report() const {
@@ -23,7 +37,7 @@ std::vector<FamilyCost> CostLedger::report() const {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const FamilyCost& f : families_) {
-      if (f.kernels > 0) out.push_back(f);
+      if (f.ops > 0) out.push_back(f);
     }
   }
   std::stable_sort(out.begin(), out.end(), [](const FamilyCost& a, const FamilyCost& b) {

@@ -7,6 +7,8 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "clock.h"
@@ -16,18 +18,30 @@ namespace emugpu {
 
 struct FamilyCost {
   OpFamily family = OpFamily::kElementwise;
-  int64_t kernels = 0;
+  int64_t ops = 0;
+  int64_t kernels = 0;  // launches: an op may run several
   TimeNs time_ns = 0;
   double flops = 0;
   double bytes = 0;
   double peak_compute_ns = 0;  // the FLOPs at the dtype's peak rate
   double peak_memory_ns = 0;   // the bytes at the memory's peak bandwidth
-  int64_t compute_bound = 0;   // kernels whose compute time exceeded their memory time
+  int64_t compute_bound = 0;   // ops whose compute time exceeded their memory time
+};
+
+// One op as the cost model saw it, for the fitting benchmark and debugging.
+struct TracedOp {
+  std::string name;
+  OpCost cost;
+  TimeNs charged = 0;
 };
 
 class CostLedger {
  public:
-  void record(const OpCost& cost, const KernelCost& charged);
+  void record(const OpCost& cost, const KernelCost& charged, std::string_view name = {});
+  // Keeps the next `limit` ops recorded (replacing any trace kept so far);
+  // take_trace() hands them over and stops.
+  void start_trace(size_t limit);
+  std::vector<TracedOp> take_trace();
   // Families that ran kernels, the most time first.
   std::vector<FamilyCost> report() const;
   void reset();
@@ -35,6 +49,8 @@ class CostLedger {
  private:
   mutable std::mutex mutex_;
   std::array<FamilyCost, kOpFamilyCount> families_{};
+  std::vector<TracedOp> trace_;
+  size_t trace_limit_ = 0;
 };
 
 }  // namespace emugpu

@@ -2,26 +2,112 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "error.h"
 
 namespace emugpu {
 
-CostModel::CostModel(const GpuSpec& gpu, CostModelParams params) : gpu_(gpu), params_(params) {
-  EMUGPU_CHECK(params.compute_efficiency > 0 && params.compute_efficiency <= 1 &&
-                   params.memory_efficiency > 0 && params.memory_efficiency <= 1,
-               kValue, "cost model efficiencies must lie in (0, 1], got compute=",
-               params.compute_efficiency, " memory=", params.memory_efficiency);
+namespace {
+
+// Whether `dtype` runs on tensor cores on `gpu` (cuBLAS and cuDNN use them
+// by default for FP16 from Volta, for BF16 and TF32 from Ampere on).
+bool on_tensor_cores(const GpuSpec& gpu, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return gpu.major >= 7;
+    case DType::kBFloat16:
+    case DType::kTensorFloat32: return gpu.major >= 8;
+    default: return false;
+  }
+}
+
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+}  // namespace
+
+double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p) {
+  if (g.batch <= 0 || g.m <= 0 || g.n <= 0 || g.k <= 0 || rate <= 0) return 0;
+  // CTA tiles cuBLAS/CUTLASS pick from, with the fraction of a 128x128
+  // tile's throughput each reaches per SM (smaller tiles reuse each loaded
+  // element for fewer multiply-adds) and how many of them an SM holds at once.
+  struct Tile {
+    double m, n, efficiency, resident;
+  };
+  static constexpr Tile kTiles[] = {
+      {128, 128, 1.0, 1}, {128, 64, 0.9, 2}, {64, 64, 0.8, 4}, {64, 32, 0.65, 6}, {32, 32, 0.5, 8}};
+  const double sms = std::max(sm_count, 1);
+  double best = std::numeric_limits<double>::infinity();
+  for (const Tile& t : kTiles) {
+    const double tiles = g.batch * ceil_div(g.m, t.m) * ceil_div(g.n, t.n);
+    const double slots = sms * t.resident;
+    // Split-K: too few tiles to fill the GPU share the reduction out.
+    double split = 1;
+    if (tiles < slots) split = std::clamp(std::floor(slots / tiles), 1.0, std::max(1.0, std::floor(g.k / 256)));
+    const double waves = ceil_div(tiles * split, slots);
+    const double k = g.k / split;
+    const double wave_s = 2 * t.m * t.n * k / (rate / slots * t.efficiency) * (1 + p.gemm_k_half / k);
+    best = std::min(best, waves * wave_s);
+  }
+  return best;
+}
+
+CostModel::CostModel(const GpuSpec& gpu, CostModelParams params)
+    : CostModel(gpu, params, default_kernel_params(gpu)) {}
+
+CostModel::CostModel(const GpuSpec& gpu, CostModelParams params, const KernelParams& kernel)
+    : gpu_(gpu), params_(params), kernel_(kernel) {
   EMUGPU_CHECK(std::isfinite(params.host_staging_rate) && params.host_staging_rate > 0, kValue,
                "host staging rate must be a positive number of bytes/s, got ", params.host_staging_rate);
+  set_kernel_params(kernel);
+}
+
+void CostModel::set_kernel_params(const KernelParams& kernel) {
+  for (const KernelParamField& f : kernel_param_fields()) {
+    const double v = kernel.*f.member;
+    EMUGPU_CHECK(std::isfinite(v) && v >= f.lo && v <= f.hi, kValue, "kernel parameter '", f.name,
+                 "' must lie in [", f.lo, ", ", f.hi, "], got ", v, " (", kernel.source, ")");
+  }
+  std::lock_guard<std::mutex> lock(kernel_mutex_);
+  kernel_ = kernel;
+}
+
+KernelParams CostModel::kernel_params() const {
+  std::lock_guard<std::mutex> lock(kernel_mutex_);
+  return kernel_;
 }
 
 KernelCost CostModel::kernel_cost(const OpCost& cost) const {
-  const double peak_compute_s = cost.flops / gpu_.peak_flops(cost.dtype);
+  const KernelParams p = kernel_params();
+  const double peak_rate = gpu_.peak_flops(cost.dtype);
+  const bool tensor = on_tensor_cores(gpu_, cost.dtype);
+  const double rate = peak_rate * (tensor ? p.tensor_efficiency : p.simt_efficiency);
+  const double peak_compute_s = peak_rate > 0 ? cost.flops / peak_rate : 0;
   const double peak_memory_s = cost.bytes / gpu_.memory_bandwidth;
-  const double compute_s = peak_compute_s / params_.compute_efficiency;
-  const double memory_s = peak_memory_s / params_.memory_efficiency;
-  return {params_.launch_ns + static_cast<TimeNs>(std::max(compute_s, memory_s) * 1e9), peak_compute_s * 1e9,
+  double compute_s = 0;
+  double memory_s = peak_memory_s / p.memory_efficiency;
+  const bool depthwise = (cost.family == OpFamily::kConv || cost.family == OpFamily::kConvBackward) &&
+                         cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
+  if (depthwise) {
+    // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
+    memory_s = peak_memory_s / p.depthwise_efficiency;
+    compute_s = rate > 0 ? cost.flops / rate : 0;
+  } else if (is_gemm_family(cost.family)) {
+    if (cost.gemm_count > 0) {
+      for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
+        const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
+        const double gain = g.winograd && !tensor ? p.winograd_gain : 1.0;
+        compute_s += gemm_compute_seconds(g, rate, gpu_.sm_count, p) / gain;
+      }
+    } else if (rate > 0) {
+      compute_s = cost.flops / rate;  // no shape known (sparse products): the plain rate
+    }
+  } else if (cost.family == OpFamily::kGather) {
+    memory_s = peak_memory_s / p.gather_efficiency;
+  } else {
+    compute_s = rate > 0 ? cost.flops / rate : 0;
+  }
+  const double launches = std::max(cost.kernels, 1);
+  return {static_cast<TimeNs>(launches * p.launch_ns + std::max(compute_s, memory_s) * 1e9), peak_compute_s * 1e9,
           peak_memory_s * 1e9, compute_s > memory_s};
 }
 
@@ -42,8 +128,10 @@ TimeNs CostModel::transfer(double bytes, bool pinned) const {
 }
 
 TimeNs CostModel::device_copy(double bytes) const {
-  return params_.launch_ns +
-         static_cast<TimeNs>(2 * bytes / (gpu_.memory_bandwidth * params_.memory_efficiency) * 1e9);
+  OpCost copy;
+  copy.bytes = 2 * bytes;
+  copy.family = OpFamily::kCopy;
+  return kernel(copy);
 }
 
 }  // namespace emugpu

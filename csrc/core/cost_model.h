@@ -1,10 +1,16 @@
-// Per-op duration estimates: a roofline over the catalog's peak rates.
+// Per-op duration estimates where no profile covers an op: each kernel is
+// timed from the GPU's peak rates and how far real kernels of its family fall
+// short of them (kernel_params.h), GEMM-shaped kernels through the tiles and
+// waves they run in.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <mutex>
 
 #include "catalog.h"
 #include "clock.h"
+#include "kernel_params.h"
 #include "op_cost.h"
 
 namespace emugpu {
@@ -14,6 +20,12 @@ struct OpCost {
   double bytes = 0;   // bytes it reads and writes in device memory
   DType dtype = DType::kFloat32;
   OpFamily family = OpFamily::kElementwise;
+  int kernels = 1;    // launches the op makes
+  // The GEMM-shaped kernels of matmul, convolution and attention ops; the
+  // other families are timed by their bytes.
+  int gemm_count = 0;
+  std::array<GemmShape, 3> gemms{};  // conv_gemms fills up to three
+  ConvShape conv{};   // convolutions only
 };
 
 // A kernel's charged duration and the same work at the GPU's peak rates.
@@ -25,11 +37,6 @@ struct KernelCost {
 };
 
 struct CostModelParams {
-  // Fraction of the peak that real kernels sustain (cuBLAS/cuDNN reach
-  // 60-80% of peak on large shapes; elementwise kernels ~80% of bandwidth).
-  double compute_efficiency = 0.7;
-  double memory_efficiency = 0.8;
-  TimeNs launch_ns = 4'000;  // per-kernel fixed cost on the device
   TimeNs copy_latency_ns = 8'000;
   // Pageable copies go through CUDA's pinned staging buffers: the host's
   // memcpy into them runs in series with the link. Measured on an H100
@@ -39,7 +46,10 @@ struct CostModelParams {
 
 class CostModel {
  public:
+  // Kernels are timed with `kernel` (default: the GPU architecture's row of
+  // the table in kernel_params.cpp).
   CostModel(const GpuSpec& gpu, CostModelParams params = {});
+  CostModel(const GpuSpec& gpu, CostModelParams params, const KernelParams& kernel);
 
   TimeNs kernel(const OpCost& cost) const { return kernel_cost(cost).duration; }
   KernelCost kernel_cost(const OpCost& cost) const;
@@ -53,14 +63,27 @@ class CostModel {
   void set_measured_transfer(TimeNs latency, double rate, double pinned_rate);
   // Device-to-device copy within one GPU (read + write).
   TimeNs device_copy(double bytes) const;
+  // Replaces the kernel parameters (a calibration file loaded after start).
+  void set_kernel_params(const KernelParams& kernel);
+  KernelParams kernel_params() const;
   const CostModelParams& params() const { return params_; }
+  const GpuSpec& gpu() const { return gpu_; }
 
  private:
   const GpuSpec& gpu_;
   CostModelParams params_;
+  mutable std::mutex kernel_mutex_;  // kernel_cost runs on shape-cache misses only
+  KernelParams kernel_;
   std::atomic<TimeNs> measured_latency_{0};
   std::atomic<double> measured_rate_{0};
   std::atomic<double> measured_pinned_rate_{0};
 };
+
+// The seconds one GEMM-shaped kernel computes for, at `rate` FLOP/s of the
+// whole GPU: its output tiles run in waves over the SMs (a last partial wave
+// costs a full one), small problems use smaller tiles that reuse less, and
+// short reductions pay a pipeline fill (KernelParams::gemm_k_half).
+// Exposed for tests.
+double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p);
 
 }  // namespace emugpu

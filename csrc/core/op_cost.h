@@ -3,12 +3,14 @@
 // families that do more than one operation per element perform.
 #pragma once
 
+#include <array>
 #include <string_view>
 
 namespace emugpu {
 
 enum class OpFamily {
-  kElementwise,  // one operation per output (or input, for reductions) element
+  kElementwise,  // one operation per output element: pointwise ops, pooling, fills, random
+  kReduction,    // sums, means, softmax and losses: one operation per input element
   kNorm,
   kMm,
   kBmm,
@@ -18,15 +20,44 @@ enum class OpFamily {
   kConvBackward,
   kAttention,
   kAttentionBackward,
-  kCopy,  // a copy within one GPU (read + write), charged by CostModel::device_copy
+  kGather,     // embedding, index_select, gather/scatter, index_put: bytes moved, scattered
+  kOptimizer,  // _foreach_* and _fused_* kernels: a few launches over many tensors
+  kCopy,       // copies and concatenations within one GPU (read + write)
+  kUnmodelled, // no family known: charged by the bytes it moves, as an elementwise kernel
 };
-constexpr int kOpFamilyCount = 11;
+constexpr int kOpFamilyCount = 15;
 
 // "matmul", "convolution", ...: how cost_report() names a family.
 const char* op_family_name(OpFamily family);
 
-// The family of an aten operator ("aten::mm"); kElementwise for the rest.
-OpFamily op_family(std::string_view aten_name);
+// The family of an aten operator ("aten::mm"). Ops outside the name table
+// are kElementwise when PyTorch tags them pointwise, kReduction when tagged
+// reduction, and kUnmodelled otherwise.
+OpFamily op_family(std::string_view aten_name, bool pointwise_tag = false, bool reduction_tag = false);
+// Families timed as GEMMs (the others are timed by the bytes they move).
+bool is_gemm_family(OpFamily family);
+
+// One GEMM-shaped kernel: `batch` independent (m x k) @ (k x n) products.
+struct GemmShape {
+  double batch = 1;
+  double m = 0;
+  double n = 0;
+  double k = 0;
+  bool winograd = false;  // a 3x3 stride-1 convolution pass cuDNN may run as Winograd
+};
+
+// A 2-D convolution: N images of C x H x W, K filters of C/groups x R x S,
+// outputs of P x Q.
+struct ConvShape {
+  double n = 0, c = 0, h = 0, w = 0, k = 0, r = 0, s = 0, p = 0, q = 0, groups = 1;
+  double stride = 1;
+};
+
+// The GEMMs a convolution runs as implicit GEMMs (cuDNN's default form):
+// forward (N*P*Q x K/g, reduction C/g*R*S per group), the input gradient
+// (N*H*W x C/g over K/g*R*S) and the weight gradient (K/g x C/g*R*S over
+// N*P*Q). Returns how many of `out` it filled: one per pass asked for.
+int conv_gemms(const ConvShape& conv, bool forward, bool input_grad, bool weight_grad, GemmShape* out);
 // True for the families whose fp32 math runs on tensor cores as TF32 when
 // cuBLAS (matmuls) or cuDNN (convolutions) allow it.
 bool uses_cublas(OpFamily family);

@@ -12,10 +12,48 @@ TEST(OpCost, FamiliesComeFromTheAtenName) {
   EXPECT_EQ(emugpu::op_family("aten::addmm"), OpFamily::kAddmm);
   EXPECT_EQ(emugpu::op_family("aten::convolution_backward"), OpFamily::kConvBackward);
   EXPECT_EQ(emugpu::op_family("aten::native_layer_norm"), OpFamily::kNorm);
-  EXPECT_EQ(emugpu::op_family("aten::add"), OpFamily::kElementwise);
+  // Outside the table, PyTorch's tags decide; with no tag the op is unmodelled.
+  EXPECT_EQ(emugpu::op_family("aten::add", true, false), OpFamily::kElementwise);
+  EXPECT_EQ(emugpu::op_family("aten::amax", false, true), OpFamily::kReduction);
+  EXPECT_EQ(emugpu::op_family("aten::some_new_op"), OpFamily::kUnmodelled);
+  EXPECT_EQ(emugpu::op_family("aten::threshold_backward"), OpFamily::kElementwise);
+  EXPECT_EQ(emugpu::op_family("aten::hardswish_"), OpFamily::kElementwise);
+  EXPECT_EQ(emugpu::op_family("aten::tanh_backward"), OpFamily::kElementwise);
+  EXPECT_EQ(emugpu::op_family("aten::_log_softmax"), OpFamily::kReduction);
+  EXPECT_EQ(emugpu::op_family("aten::embedding_dense_backward"), OpFamily::kGather);
+  EXPECT_EQ(emugpu::op_family("aten::_foreach_mul_"), OpFamily::kOptimizer);
+  EXPECT_EQ(emugpu::op_family("aten::_fused_adamw_"), OpFamily::kOptimizer);
+  EXPECT_EQ(emugpu::op_family("aten::cat"), OpFamily::kCopy);
+  EXPECT_TRUE(emugpu::is_gemm_family(OpFamily::kConvBackward));
+  EXPECT_FALSE(emugpu::is_gemm_family(OpFamily::kNorm));
   EXPECT_TRUE(emugpu::uses_cublas(OpFamily::kBmm));
   EXPECT_TRUE(emugpu::uses_cudnn(OpFamily::kConv));
   EXPECT_FALSE(emugpu::uses_cublas(OpFamily::kConv));
+}
+
+TEST(OpCost, ConvolutionsRunAsImplicitGemms) {
+  // resnet50's 3x3 convolution at 14x14: N=32, C=K=256.
+  const emugpu::ConvShape conv{32, 256, 14, 14, 256, 3, 3, 14, 14, 1, 1};
+  emugpu::GemmShape g[3];
+  ASSERT_EQ(emugpu::conv_gemms(conv, true, true, true, g), 3);
+  EXPECT_DOUBLE_EQ(g[0].m, 32 * 14 * 14);  // forward: one row per output pixel
+  EXPECT_DOUBLE_EQ(g[0].n, 256);
+  EXPECT_DOUBLE_EQ(g[0].k, 256 * 9);
+  EXPECT_TRUE(g[0].winograd);
+  EXPECT_DOUBLE_EQ(g[1].n, 256);  // input gradient: C columns over K*R*S
+  EXPECT_TRUE(g[1].winograd);
+  EXPECT_DOUBLE_EQ(g[2].m, 256);  // weight gradient: reduces over N*P*Q
+  EXPECT_DOUBLE_EQ(g[2].k, 32 * 14 * 14);
+  EXPECT_FALSE(g[2].winograd);
+  // Every pass does the forward's FLOPs.
+  for (const auto& x : g) EXPECT_DOUBLE_EQ(2 * x.batch * x.m * x.n * x.k, 2.0 * 32 * 196 * 256 * 2304);
+  // Grouped: one GEMM per group; stride 2 is no Winograd case.
+  const emugpu::ConvShape grouped{8, 128, 28, 28, 128, 3, 3, 14, 14, 32, 2};
+  ASSERT_EQ(emugpu::conv_gemms(grouped, false, true, false, g), 1);
+  EXPECT_DOUBLE_EQ(g[0].batch, 32);
+  EXPECT_DOUBLE_EQ(g[0].n, 4);
+  EXPECT_FALSE(g[0].winograd);
+  EXPECT_THROW(emugpu::conv_gemms({1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1}, true, false, false, g), emugpu::Error);
 }
 
 TEST(OpCost, MatmulCountsTwoFlopsPerMultiplyAdd) {

@@ -30,7 +30,7 @@ def test_families_count_every_kernel_even_from_the_shape_cache() -> None:
     assert mm["flops"] == pytest.approx(3 * 2 * 1024**3)
     assert mm["bound"] == "compute"
     assert 0 < mm["compute_of_peak"] <= 1
-    relu = rows["elementwise and other (by bytes)"]
+    relu = rows["elementwise"]
     assert relu["kernels"] >= 3 and relu["bound"] == "memory"
     assert sum(r["share"] for r in rows.values()) == pytest.approx(1)
     assert b.shape == (1024, 1024)
@@ -51,6 +51,24 @@ def test_the_report_matches_the_compute_engine_and_resets() -> None:
     charged = sum(r["time_s"] for r in rows)
     assert charged == pytest.approx(torch.emugpu.engine_stats()["compute_busy_s"], rel=1e-6)
     assert torch_emugpu.cost_report() == []
+
+
+def test_a_convolution_backward_is_two_kernels_and_unknown_ops_are_unmodelled() -> None:
+    x = torch.randn(8, 16, 32, 32, device="emugpu", requires_grad=True)
+    conv = torch.nn.Conv2d(16, 16, 3, bias=False).to("emugpu")
+    y = conv(x)
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    y.backward(torch.ones_like(y))
+    torch.histc(x.detach(), bins=10)  # no family, no pointwise or reduction tag
+    torch.emugpu.synchronize()
+    rows = by_family(torch_emugpu.cost_report())
+    back = rows["convolution backward"]
+    # cuDNN runs the input and the weight gradient as two kernels.
+    assert back["ops"] == 1 and back["kernels"] == 2
+    unmodelled = rows["unmodelled (by bytes)"]
+    assert unmodelled["ops"] == 1 and unmodelled["bound"] == "memory"
+    assert unmodelled["bytes"] >= x.numel() * 4
 
 
 def test_explain_prints_the_families_of_a_training_iteration() -> None:

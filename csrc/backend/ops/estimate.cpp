@@ -1,6 +1,8 @@
 #include "backend/ops/estimate.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
 #include "backend/ops/sparse_layout.h"
 #include "backend/ops/tensor_util.h"
@@ -16,6 +18,93 @@ DType dtype_class(at::ScalarType s, bool tensor_core_fp32) {
     case at::kFloat: return tensor_core_fp32 ? DType::kTensorFloat32 : DType::kFloat32;
     default: return at::isFloatingType(s) ? DType::kFloat32 : DType::kInteger;
   }
+}
+
+}  // namespace
+
+namespace {
+
+double dim(const at::Tensor& t, int64_t d) { return static_cast<double>(t.size(d)); }
+
+// Input sizes, kernel sizes and output sizes of a convolution as a 2-D
+// shape: 1-D and 3-D convolutions fold their spatial dims into H and R.
+ConvShape conv_shape(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& output, double groups,
+                     double stride) {
+  ConvShape c;
+  c.n = dim(input, 0);
+  c.c = dim(input, 1);
+  c.k = dim(output, 1);
+  c.groups = groups;
+  c.stride = stride;
+  const int64_t spatial = input.dim() - 2;
+  if (spatial == 2) {
+    c.h = dim(input, 2), c.w = dim(input, 3), c.r = dim(weight, 2), c.s = dim(weight, 3);
+    c.p = dim(output, 2), c.q = dim(output, 3);
+    return c;
+  }
+  c.h = c.r = c.p = 1;
+  c.w = c.s = c.q = 1;
+  for (int64_t d = 2; d < input.dim(); ++d) c.h *= dim(input, d), c.r *= dim(weight, d), c.p *= dim(output, d);
+  return c;
+}
+
+void set_conv(OpCost& cost, const OpInfo& info, const std::vector<at::Tensor>& outputs,
+              const std::vector<c10::IValue>& args) {
+  const bool forward = info.family == OpFamily::kConv;
+  auto arg_int = [&](int index, double fallback) {
+    if (index < 0) return fallback;
+    const c10::IValue& v = args[static_cast<size_t>(index)];
+    if (v.isInt()) return static_cast<double>(v.toInt());
+    if (v.isIntList() && !v.toIntVector().empty()) {
+      const auto list = v.toIntVector();
+      return std::all_of(list.begin(), list.end(), [&](int64_t x) { return x == list[0]; })
+                 ? static_cast<double>(list[0]) : 0.0;  // mixed strides: no Winograd
+    }
+    return fallback;
+  };
+  const double groups = std::max(arg_int(info.groups_arg, 1), 1.0);
+  const double stride = arg_int(info.stride_arg, 1);
+  const bool transposed = info.transposed_arg >= 0 && args[static_cast<size_t>(info.transposed_arg)].toBool();
+  const at::Tensor input = args[forward ? 0 : 1].toTensor();
+  const at::Tensor weight = args[forward ? 1 : 2].toTensor();
+  const at::Tensor output = forward ? outputs.at(0) : args[0].toTensor();
+  bool passes[3] = {forward, false, false};  // forward, input gradient, weight gradient
+  int bias = 0;
+  if (!forward && info.mask_arg >= 0) {
+    const auto mask = args[static_cast<size_t>(info.mask_arg)].toBoolList();
+    passes[1] = mask.get(0);
+    passes[2] = mask.get(1);
+    bias = mask.get(2) ? 1 : 0;
+  }
+  // A transposed convolution's forward is a convolution's input gradient
+  // (and the other way round), with input and output swapped.
+  cost.conv = transposed ? conv_shape(output, weight, input, groups, stride)
+                         : conv_shape(input, weight, output, groups, stride);
+  if (transposed) std::swap(passes[0], passes[1]);
+  cost.gemm_count = conv_gemms(cost.conv, passes[0], passes[1], passes[2], cost.gemms.data());
+  cost.flops = 0;
+  for (int i = 0; i < cost.gemm_count; ++i) {
+    const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
+    cost.flops += matmul_flops(g.batch, g.m, g.k, g.n);
+  }
+  cost.kernels = std::max(cost.gemm_count + bias, 1);
+}
+
+// CUDA's multi_tensor_apply launches one kernel per chunk of tensors (fewer
+// the more lists a kernel walks) and per 320 blocks of 64 Ki elements.
+int foreach_kernels(const std::vector<c10::IValue>& args) {
+  int depth = 0;
+  double tensors = 0, numel = 0;
+  for (const auto& a : args) {
+    if (!a.isTensorList()) continue;
+    ++depth;
+    if (depth > 1) continue;
+    for (const at::Tensor& t : a.toTensorVector()) tensors += 1, numel += static_cast<double>(t.numel());
+  }
+  static constexpr double kTensorsPerLaunch[] = {110, 110, 64, 48, 36, 30};
+  const double per_launch = kTensorsPerLaunch[std::clamp(depth, 0, 5)];
+  const double launches = std::max(std::ceil(tensors / per_launch), std::ceil(numel / (65536.0 * 320)));
+  return static_cast<int>(std::clamp(launches, 1.0, 1e6));
 }
 
 }  // namespace
@@ -39,50 +128,60 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
   // one per input element; the other families count their own (core/op_cost.h).
   const double in_numel = inputs.empty() ? 0 : static_cast<double>(inputs.front().numel());
   cost.flops = std::max(out_numel, in_numel);
-  auto size = [&](size_t arg, int64_t dim) { return static_cast<double>(args[arg].toTensor().size(dim)); };
+  auto size = [&](size_t arg, int64_t d) { return dim(args[arg].toTensor(), d); };
+  auto set_gemm = [&](double batch, double m, double k, double n) {
+    cost.flops = matmul_flops(batch, m, k, n);
+    cost.gemm_count = 1;
+    cost.gemms[0] = {batch, m, n, k, false};
+  };
   switch (info.family) {
     case OpFamily::kMm:
-      cost.flops = matmul_flops(1, size(0, 0), size(0, 1), size(1, 1));
+      set_gemm(1, size(0, 0), size(0, 1), size(1, 1));
       break;
     case OpFamily::kAddmm:
-      cost.flops = matmul_flops(1, size(1, 0), size(1, 1), size(2, 1));
+      set_gemm(1, size(1, 0), size(1, 1), size(2, 1));
       break;
     case OpFamily::kBmm:
-      cost.flops = matmul_flops(size(0, 0), size(0, 1), size(0, 2), size(1, 2));
+      set_gemm(size(0, 0), size(0, 1), size(0, 2), size(1, 2));
       break;
     case OpFamily::kBaddbmm:
-      cost.flops = matmul_flops(size(1, 0), size(1, 1), size(1, 2), size(2, 2));
+      set_gemm(size(1, 0), size(1, 1), size(1, 2), size(2, 2));
       break;
     case OpFamily::kConv:
-    case OpFamily::kConvBackward: {
-      const bool forward = info.family == OpFamily::kConv;
-      const at::Tensor weight = args[forward ? 1 : 2].toTensor();
-      const at::Tensor out = forward ? outputs.at(0) : args[0].toTensor();
-      int passes = 1;
-      if (!forward) {
-        const auto mask = args.back().toBoolList();
-        passes = (mask.get(0) ? 1 : 0) + (mask.get(1) ? 1 : 0);
-      }
-      cost.flops = conv_flops(static_cast<double>(out.numel()), static_cast<double>(weight.numel()),
-                              static_cast<double>(weight.size(0)), passes);
+    case OpFamily::kConvBackward:
+      set_conv(cost, info, outputs, args);
       break;
-    }
     case OpFamily::kAttention:
     case OpFamily::kAttentionBackward: {
-      const size_t first = info.family == OpFamily::kAttention ? 0 : 1;
+      const bool backward = info.family == OpFamily::kAttentionBackward;
+      const size_t first = backward ? 1 : 0;
       const at::Tensor q = args[first].toTensor(), k = args[first + 1].toTensor(), v = args[first + 2].toTensor();
-      // (B, H, L, E) layout; flash-style kernels never store the L x S matrix.
-      const double b_h = static_cast<double>(q.numel()) / static_cast<double>(q.size(-1) * q.size(-2));
-      cost.flops = attention_flops(b_h, static_cast<double>(q.size(-2)), static_cast<double>(k.size(-2)),
-                                   static_cast<double>(q.size(-1)), static_cast<double>(v.size(-1)),
-                                   info.family == OpFamily::kAttentionBackward);
+      // (B, H, L, E) layout; flash-style kernels never store the L x S
+      // matrix, and causal masks skip half of its tiles.
+      const bool causal = info.causal_arg >= 0 && args[static_cast<size_t>(info.causal_arg)].isBool() &&
+                          args[static_cast<size_t>(info.causal_arg)].toBool();
+      const double b_h = static_cast<double>(q.numel()) / (dim(q, -1) * dim(q, -2)) * (causal ? 0.5 : 1.0);
+      const double l = dim(q, -2), s = dim(k, -2), e = dim(q, -1), ev = dim(v, -1);
+      cost.flops = attention_flops(b_h, l, s, e, ev, backward);
+      cost.gemm_count = 1;
+      cost.gemms[0] = {b_h, l, s, (e + ev) * (backward ? 2.5 : 1.0), false};
+      cost.kernels = backward ? 3 : 1;  // the backward: preprocessing, the main kernel, dQ's conversion
       break;
     }
     case OpFamily::kNorm:
       cost.flops = norm_flops(in_numel);
+      // Statistics first, then normalisation: the input is read twice.
+      if (!inputs.empty()) cost.bytes += numel_bytes(inputs.front());
+      if (info.name.find("backward") != std::string::npos) cost.kernels = 2;
+      break;
+    case OpFamily::kOptimizer:
+      cost.kernels = foreach_kernels(args);
       break;
     case OpFamily::kElementwise:
-    case OpFamily::kCopy:  // never an aten op's family (op_family): copies are charged by copy_from
+    case OpFamily::kReduction:
+    case OpFamily::kGather:
+    case OpFamily::kCopy:
+    case OpFamily::kUnmodelled:
       break;
   }
   const bool tf32 = (uses_cublas(info.family) && at::globalContext().allowTF32CuBLAS()) ||

@@ -206,7 +206,7 @@ void charge_time(const OpInfo& info, const std::vector<c10::IValue>& args, int d
     shape_cache().entries.emplace(std::move(shapes.miss_key), ShapeResult{std::move(shapes.fresh), cost, charged});
   }
   if (!info.metadata_only) {
-    dev.ledger().record(cost, charged);
+    dev.ledger().record(cost, charged, info.name);
     translate_errors([&] { charge(device, Engine::kCompute, charged.duration); });
   }
 }

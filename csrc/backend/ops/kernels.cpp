@@ -123,7 +123,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (s == d) {
       const TimeNs duration = dev.cost().device_copy(bytes);
       const double peak_ns = 2 * bytes / dev.gpu().memory_bandwidth * 1e9;
-      dev.ledger().record({0, 2 * bytes, DType::kFloat32, OpFamily::kCopy}, {duration, 0, peak_ns, false});
+      dev.ledger().record({0, 2 * bytes, DType::kFloat32, OpFamily::kCopy}, {duration, 0, peak_ns, false}, "aten::copy_");
       charge(d, Engine::kCompute, duration);
     } else {
       // Peer to peer over NVLink, else PCIe. As PyTorch orders CUDA peer

@@ -51,7 +51,7 @@ OpInfo analyze(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   OpInfo info;
   info.name = schema.name();
-  info.family = op_family(info.name);
+  info.family = op_family(info.name, op.hasTag(at::Tag::pointwise), op.hasTag(at::Tag::reduction));
   info.data_dependent = data_dependent_of(info.name);
   info.value_dependent = depends_on_values(info.data_dependent, info.name);
   info.per_tensor_devices = info.name.rfind("aten::_foreach", 0) == 0 || info.name.rfind("aten::_fused", 0) == 0 ||
@@ -67,6 +67,13 @@ OpInfo analyze(const c10::OperatorHandle& op) {
   info.writes.resize(args.size());
   info.reads.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& n = args[i].name();
+    const int index = static_cast<int>(i);
+    if (n == "groups") info.groups_arg = index;
+    if (n == "stride") info.stride_arg = index;
+    if (n == "transposed") info.transposed_arg = index;
+    if (n == "is_causal") info.causal_arg = index;
+    if (n == "output_mask") info.mask_arg = index;
     const auto* a = element_alias(args[i]);
     info.writes[i] = a != nullptr && a->isWrite();
     info.reads[i] = !(info.writes[i] && args[i].kwarg_only());

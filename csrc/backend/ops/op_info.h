@@ -38,6 +38,12 @@ struct OpInfo {
   bool per_tensor_devices = false;  // foreach / fused ops: list entries may sit on different devices
   bool host_index_tensors = false;  // CPU index or length tensors are accepted, as CUDA does
   bool keeps_values = false;  // resize_: its write changes the geometry, the bytes already there stay real
+  // Arguments the cost estimate reads by name (-1: the schema has none).
+  int groups_arg = -1;
+  int stride_arg = -1;
+  int transposed_arg = -1;
+  int causal_arg = -1;
+  int mask_arg = -1;  // convolution_backward's output_mask
 };
 
 // The operator's information, computed on first use (per thread: no lock).

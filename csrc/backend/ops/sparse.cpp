@@ -164,7 +164,7 @@ void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, 
       Device& dev = Runtime::get().device(device);
       const OpCost cost = estimate_sparse(info, args, outputs);
       const KernelCost charged = dev.cost().kernel_cost(cost);
-      dev.ledger().record(cost, charged);
+      dev.ledger().record(cost, charged, info.name);
       const TimeNs d = charged.duration;
       if (run.nnz_from_values) charge_and_wait(device, Engine::kCompute, d);
       else charge(device, Engine::kCompute, d);

@@ -1,0 +1,57 @@
+// How real kernels of one GPU fall short of its peak rates: a handful of
+// parameters per GPU architecture (kernel_params.cpp cites where each row
+// comes from), replaced by a calibration file's fit where one exists.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "catalog.h"
+
+namespace emugpu {
+
+struct KernelParams {
+  // Fraction of the peak FP32 (and FP64) rate large GEMM-shaped kernels
+  // (cuBLAS SGEMM, cuDNN's implicit-GEMM convolutions) sustain on CUDA cores.
+  double simt_efficiency = 0.75;
+  // The same on tensor cores (FP16, BF16, TF32 where the architecture has them).
+  double tensor_efficiency = 0.6;
+  // Fraction of the peak DRAM bandwidth streaming kernels (elementwise,
+  // reductions, norms, copies, optimizer steps) sustain.
+  double memory_efficiency = 0.8;
+  // Fraction of the peak bandwidth kernels with scattered reads sustain
+  // (embedding lookups and their backward, index and scatter ops).
+  double gather_efficiency = 0.4;
+  // Fraction of the peak bandwidth depthwise convolutions (one input channel
+  // per group: cuDNN's direct kernels) sustain.
+  double depthwise_efficiency = 0.35;
+  // How much faster than its implicit GEMM cuDNN runs a 3x3 stride-1 FP32
+  // convolution (forward and input gradient) with Winograd, which it picks
+  // there on CUDA cores; 1 where it does not.
+  double winograd_gain = 1.0;
+  // Device time of a kernel that does no work: launch, ramp-up and drain.
+  double launch_ns = 4'000;
+  // A GEMM's reduction length at which its tiles' main loop is as long as
+  // their prologue and epilogue (short reductions run far below peak).
+  double gemm_k_half = 32;
+  // Where the values come from: "table: volta", "calibration: <file>".
+  std::string source;
+};
+
+// The row of the architecture table for `gpu`'s compute capability.
+KernelParams default_kernel_params(const GpuSpec& gpu);
+
+// The parameters by name, for calibration fits and the fitting benchmark.
+struct KernelParamField {
+  const char* name;
+  double KernelParams::*member;
+  double lo;  // the range a fit may move it in
+  double hi;
+};
+const std::vector<KernelParamField>& kernel_param_fields();
+// Sets the parameter `name`; throws kValue for an unknown name or a value
+// outside the field's range.
+void set_kernel_param(KernelParams& params, std::string_view name, double value);
+
+}  // namespace emugpu
