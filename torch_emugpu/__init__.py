@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _config
-from .explain import cost_report, reset_cost_report
+from .explain import cost_report, kernel_params, reset_cost_report
 
 try:
     from . import _C  # registers the PrivateUse1 kernels, guard and allocator
@@ -23,7 +23,7 @@ else:
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it
 __all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
-           "host_bound_report", "cost_report", "reset_cost_report", "__version__"]
+           "host_bound_report", "cost_report", "reset_cost_report", "kernel_params", "__version__"]
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
                "the profiler and importers work without it")

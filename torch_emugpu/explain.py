@@ -52,6 +52,17 @@ def cost_report(device: int | None = None, reset: bool = False) -> list[dict[str
     return rows
 
 
+def kernel_params(device: int | None = None) -> dict[str, Any]:
+    """The per-op cost model's kernel parameters for `device` and their `source`: "table: <architecture>"
+    (csrc/core/kernel_params.cpp) or "calibration: <file>" (fitted to a `torch-emugpu calibrate` sweep
+    for this GPU found on the profile search path)."""
+    from torch_emugpu import _C, _ensure_configured
+
+    _ensure_configured()
+    index = torch.emugpu.current_device() if device is None else torch.device("emugpu", device).index
+    return dict(_C._current_kernel_params(index))
+
+
 def reset_cost_report(device: int | None = None) -> None:
     """Starts cost_report() over."""
     cost_report(device, reset=True)
@@ -136,6 +147,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"{args.model}, batch {args.batch_size}, {args.amp if args.amp != 'none' else 'float32'}, on "
           f"{torch.emugpu.get_device_name()} (cost model only), per training iteration (AdamW):")
     print(format_cost_report(rows, per=args.iterations))
+    params = kernel_params()
+    print(f"kernel parameters: {params.pop('source')} ("
+          + ", ".join(f"{k} {v:.3g}" for k, v in params.items()) + ")")
     print(f"compute engine busy {busy * 1e3 / args.iterations:.3f} ms per iteration; "
           f"host wall {wall * 1e3 / args.iterations:.1f} ms per iteration here")
     return 0

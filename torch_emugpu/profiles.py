@@ -34,8 +34,8 @@ import torch
 
 from torch_emugpu import _C, _parallel
 
-__all__ = ["search_path", "user_profile_dir", "reload", "available", "lookup", "use_profile", "profiled_as",
-           "region_report"]
+__all__ = ["search_path", "calibration_path", "user_profile_dir", "reload", "available", "lookup", "use_profile",
+           "profiled_as", "region_report"]
 
 
 def user_profile_dir() -> Path:
@@ -56,6 +56,20 @@ def search_path() -> list[Path]:
         raise ValueError(f"EMUGPU_PROFILES: expected 'on' or 'off', got {switch!r}")
     if switch == "off":  # every time from the cost model, e.g. to measure the cost model itself
         return []
+    return _directories()
+
+
+def calibration_path() -> list[Path]:
+    """Directories searched for the emulated GPU's calibration file, first match wins: the profile
+    directories, also under EMUGPU_PROFILES=off (a calibration belongs to the cost model, not to a
+    profile); none with EMUGPU_CALIBRATION=off."""
+    switch = os.environ.get("EMUGPU_CALIBRATION", "on").strip().lower()
+    if switch not in ("on", "off"):
+        raise ValueError(f"EMUGPU_CALIBRATION: expected 'on' or 'off', got {switch!r}")
+    return [] if switch == "off" else _directories()
+
+
+def _directories() -> list[Path]:
     env = [Path(p) for p in os.environ.get("EMUGPU_PROFILE_PATH", "").split(os.pathsep) if p.strip()]
     return [*env, user_profile_dir(), packaged_profile_dir()]
 
@@ -65,13 +79,17 @@ _summaries: list[dict[str, Any]] | None = None
 
 
 def reload() -> list[dict[str, Any]]:
-    """(Re)reads every profile on the search path; a malformed file raises ValueError naming it."""
+    """(Re)reads every profile, and the calibration file of the emulated GPU, on the search path; a
+    malformed file raises ValueError naming it and the field."""
     global _summaries
     import torch_emugpu
 
     torch_emugpu._ensure_configured()  # GPU names are checked against the catalog (configure() reloads too)
     with _lock:
         _summaries = list(_C._load_profiles([str(p) for p in search_path()]))
+        # The cost model's kernel parameters: a calibration file for this GPU
+        # on the search path (fitted), else its architecture's defaults.
+        _C._load_calibration([str(p) for p in calibration_path()])
         _planner.forget()
     if _summaries:
         _planner.install()

@@ -7,6 +7,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <optional>
 
 #include "backend/allocator.h"
@@ -15,6 +19,7 @@
 #include "backend/host_allocator.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
+#include "core/calibration.h"
 #include "core/collective_cost.h"
 #include "core/cost_ledger.h"
 #include "core/kernel_params.h"
@@ -49,6 +54,34 @@ auto guarded(Fn&& fn) -> decltype(fn()) {
 // reference, as it may be called until the interpreter finalizes.
 PyObject* drain_callable = nullptr;
 
+
+
+py::dict kernel_params_dict(const KernelParams& p) {
+  py::dict d;
+  for (const KernelParamField& f : kernel_param_fields()) d[f.name] = p.*f.member;
+  d["source"] = p.source;
+  return d;
+}
+
+// A calibration's fit, once per file version: configure() reloads profiles
+// often, and a fit takes a fraction of a second.
+KernelParams fitted_calibration(const std::string& path, const GpuSpec& gpu) {
+  namespace fs = std::filesystem;
+  static std::mutex mutex;
+  static std::map<std::tuple<std::string, std::string, uintmax_t, int64_t>, KernelParams> fits;
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  const auto mtime = fs::last_write_time(path, ec).time_since_epoch().count();
+  const auto key = std::make_tuple(path, gpu.name, size, static_cast<int64_t>(mtime));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = fits.find(key);
+  if (it == fits.end()) {
+    const Calibration cal = load_calibration(path, gpu);
+    it = fits.emplace(key, fit_kernel_params(gpu, cal.cases, default_kernel_params(gpu), {},
+                                             "calibration: " + path)).first;
+  }
+  return it->second;
+}
 
 // OpCost <-> dict, for the trace of the fitting benchmark and _kernel_times.
 py::dict op_cost_dict(const OpCost& c) {
@@ -371,6 +404,21 @@ PYBIND11_MODULE(_C, m) {
       return out;
     });
   });
+  // The cost model's kernel parameters for the configured GPU: fitted to the
+  // first calibration file for it on the search path, else its architecture's row.
+  m.def("_load_calibration", [](const std::vector<std::string>& directories) {
+    return guarded([&] {
+      const GpuSpec& gpu = Runtime::get().device(0).gpu();
+      KernelParams params = default_kernel_params(gpu);
+      if (const auto path = find_calibration(directories, gpu)) params = fitted_calibration(*path, gpu);
+      for (int i = 0; i < Runtime::get().device_count(); ++i) Runtime::get().device(i).cost().set_kernel_params(params);
+      invalidate_shape_caches();  // cached ops keep the durations of the old parameters
+      return kernel_params_dict(params);
+    });
+  });
+  m.def("_current_kernel_params", [](int index) {
+    return guarded([&] { return kernel_params_dict(Runtime::get().device(index).cost().kernel_params()); });
+  });
   m.def("_profile_lookup", [](const std::string& gpu, const std::string& model, py::object parameters,
                               int64_t batch_size, int gpu_count) {
     return guarded([&]() -> py::object {
@@ -500,11 +548,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_kernel_params", [](const std::string& gpu) {
     return guarded([&] {
-      const KernelParams p = default_kernel_params(Runtime::get().catalog().find(gpu));
-      py::dict d;
-      for (const KernelParamField& f : kernel_param_fields()) d[f.name] = p.*f.member;
-      d["source"] = p.source;
-      return d;
+      return kernel_params_dict(default_kernel_params(Runtime::get().catalog().find(gpu)));
     });
   });
   m.def("_op_family_names", [] {

@@ -1,0 +1,262 @@
+#include "calibration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+
+namespace emugpu {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kSchema = "torch-emugpu calibration v1";
+constexpr size_t kMaxPoints = 100'000;
+
+[[noreturn]] void bad(const std::string& path, const std::string& field, const std::string& what) {
+  detail::throw_error(ErrorKind::kValue, "calibration ", path, ": field '", field, "': ", what,
+                      "; measure it again with `torch-emugpu calibrate` or remove the file");
+}
+
+const json& need(const json& obj, const char* key, const std::string& path, const std::string& where) {
+  if (!obj.is_object() || !obj.contains(key)) bad(path, where + key, "missing");
+  return obj.at(key);
+}
+
+std::string need_string(const json& obj, const char* key, const std::string& path, const std::string& where) {
+  const json& v = need(obj, key, path, where);
+  if (!v.is_string()) bad(path, where + key, "expected a string, got " + describe_json(v));
+  return v.get<std::string>();
+}
+
+// A finite number in [lo, hi].
+double need_number(const json& obj, const char* key, double lo, double hi, const std::string& path,
+                   const std::string& where) {
+  const json& v = need(obj, key, path, where);
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < lo || v.get<double>() > hi) {
+    std::ostringstream range;
+    range << "expected a number >= " << lo << " and <= " << hi << ", got " << describe_json(v);
+    bad(path, where + key, range.str());
+  }
+  return v.get<double>();
+}
+
+bool flag(const json& m, const char* key) {
+  const auto flags = m.find("flags");
+  if (flags == m.end() || !flags->is_object()) return false;
+  const auto it = flags->find(key);
+  return it != flags->end() && it->is_boolean() && it->get<bool>();
+}
+
+DType dtype_of(const std::string& name, bool tf32, const std::string& path, const std::string& where) {
+  if (name == "float32") return tf32 ? DType::kTensorFloat32 : DType::kFloat32;
+  if (name == "bfloat16") return DType::kBFloat16;
+  if (name == "float16") return DType::kFloat16;
+  if (name == "float64") return DType::kFloat64;
+  bad(path, where + "dtype", "expected float32, bfloat16, float16 or float64, got '" + name + "'");
+}
+
+constexpr double kMaxSize = 1e12;  // any one dimension or count in a sweep
+
+double dim(const json& shape, const char* key, const std::string& path, const std::string& where) {
+  return need_number(shape, key, 0, kMaxSize, path, where + "shape.");
+}
+
+double itemsize(DType d) {
+  switch (d) {
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat64: return 8;
+    default: return 4;
+  }
+}
+
+// The OpCosts the emulator would charge for one measured point, as the
+// glue's estimate() builds them (backend/ops/estimate.cpp), or none for a
+// point the cost model has no form for.
+std::vector<OpCost> point_ops(const json& m, const std::string& path, const std::string& where) {
+  const std::string family = need_string(m, "family", path, where);
+  const std::string op = need_string(m, "op", path, where);
+  const json& shape = need(m, "shape", path, where);
+  if (!shape.is_object()) bad(path, where + "shape", "expected an object, got " + describe_json(shape));
+  const bool tf32 = flag(m, "tf32") || flag(m, "cudnn_tf32");
+  OpCost c;
+  c.dtype = dtype_of(need_string(m, "dtype", path, where), tf32, path, where);
+  c.flops = need_number(m, "flops", 0, 1e18, path, where);
+  c.bytes = need_number(m, "bytes", 0, 1e15, path, where);
+  const json& kernels = m.contains("kernels") ? m.at("kernels") : json();
+  if (!kernels.is_null()) c.kernels = static_cast<int>(need_number(m, "kernels", 0, 1e6, path, where));
+  c.kernels = std::max(c.kernels, 1);
+  auto d = [&](const char* key) { return dim(shape, key, path, where); };
+  if (family == "launch" || family == "elementwise") {
+    c.family = OpFamily::kElementwise;
+  } else if (family == "reduction" || family == "softmax" || family == "cross_entropy") {
+    c.family = OpFamily::kReduction;
+  } else if (family == "copy") {
+    c.family = OpFamily::kCopy;
+  } else if (family == "embedding") {
+    c.family = OpFamily::kGather;
+  } else if (family == "optimizer") {
+    c.family = OpFamily::kOptimizer;
+  } else if (family == "norm") {
+    c.family = OpFamily::kNorm;
+    // estimate() charges the input's second read (statistics, then normalisation).
+    const double numel = shape.contains("tokens") ? d("tokens") * d("width") : d("N") * d("C") * d("H") * d("W");
+    c.bytes += numel * itemsize(c.dtype);
+  } else if (family == "gemm" || family == "bmm") {
+    c.family = family == "gemm" ? OpFamily::kMm : OpFamily::kBmm;
+    c.gemm_count = 1;
+    c.gemms[0] = {family == "bmm" ? d("batch") : 1.0, d("M"), d("N"), d("K"), false};
+  } else if (family == "conv") {
+    const bool forward = op == "forward";
+    const bool input_grad = op == "backward_input";
+    if (!forward && !input_grad && op != "backward_weight") {
+      bad(path, where + "op", "expected forward, backward_input or backward_weight, got '" + op + "'");
+    }
+    c.family = forward ? OpFamily::kConv : OpFamily::kConvBackward;
+    c.conv = {d("N"), d("C"), d("H"), d("W"), d("K"), d("R"), d("S"), d("P"), d("Q"), std::max(d("groups"), 1.0),
+              d("stride")};
+    c.gemm_count = conv_gemms(c.conv, forward, input_grad, !forward && !input_grad, c.gemms.data());
+  } else if (family == "attention") {
+    const bool causal = flag(m, "causal");
+    const double b_h = d("B") * d("H") * (causal ? 0.5 : 1.0), l = d("L"), e = d("E");
+    OpCost fwd = c;
+    fwd.family = OpFamily::kAttention;
+    fwd.kernels = 1;
+    fwd.gemm_count = 1;
+    fwd.gemms[0] = {b_h, l, l, 2 * e, false};
+    if (op == "forward") return {fwd};
+    if (op != "forward_backward") bad(path, where + "op", "expected forward or forward_backward, got '" + op + "'");
+    OpCost bwd = fwd;
+    bwd.family = OpFamily::kAttentionBackward;
+    bwd.kernels = std::max(c.kernels - 1, 1);
+    bwd.gemms[0].k = 2 * e * 2.5;
+    fwd.flops = c.flops / 3.5;  // the file counts forward + 2.5x forward
+    bwd.flops = c.flops - fwd.flops;
+    fwd.bytes = bwd.bytes = c.bytes / 2;
+    return {fwd, bwd};
+  } else if (family == "transfer") {
+    return {};  // host<->device copies: measured transfer rates, not kernels
+  } else {
+    bad(path, where + "family", "unknown family '" + family + "'");
+  }
+  return {c};
+}
+
+}  // namespace
+
+Calibration parse_calibration(std::string_view text, const std::string& path, const GpuSpec& gpu) {
+  const json doc = parse_json_document(text, "calibration " + path);
+  if (!doc.is_object()) bad(path, "", "expected a JSON object at the top level");
+  const std::string schema = need_string(doc, "schema", path, "");
+  if (schema != kSchema) bad(path, "schema", "expected '" + std::string(kSchema) + "', got '" + schema + "'");
+  Calibration cal;
+  cal.path = path;
+  cal.gpu = need_string(doc, "gpu", path, "");
+  if (normalize_gpu_name(cal.gpu) != normalize_gpu_name(gpu.name)) {
+    bad(path, "gpu", "measured on '" + cal.gpu + "', but the emulated GPU is '" + gpu.name + "'");
+  }
+  const json& points = need(doc, "measurements", path, "");
+  if (!points.is_array()) bad(path, "measurements", "expected an array, got " + describe_json(points));
+  if (points.size() > kMaxPoints) bad(path, "measurements", "more than 100000 points");
+  for (size_t i = 0; i < points.size(); ++i) {
+    const std::string where = "measurements[" + std::to_string(i) + "].";
+    const json& m = points[i];
+    if (!m.is_object()) bad(path, where, "expected an object, got " + describe_json(m));
+    const double seconds = need_number(m, "time_s", 1e-9, 3600, path, where);
+    std::vector<OpCost> ops = point_ops(m, path, where);
+    if (ops.empty()) {
+      ++cal.skipped;
+      continue;
+    }
+    cal.cases.push_back({std::move(ops), seconds});
+  }
+  EMUGPU_CHECK(!cal.cases.empty(), kValue, "calibration ", path,
+               ": field 'measurements': no point the cost model can be fitted to; measure one with "
+               "`torch-emugpu calibrate`");
+  return cal;
+}
+
+Calibration load_calibration(const std::string& path, const GpuSpec& gpu) {
+  std::ifstream in(path);
+  EMUGPU_CHECK(in.good(), kValue, "cannot read calibration ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_calibration(text.str(), path, gpu);
+}
+
+std::optional<std::string> find_calibration(const std::vector<std::string>& directories, const GpuSpec& gpu) {
+  namespace fs = std::filesystem;
+  const std::string want = normalize_gpu_name(gpu.name);
+  for (const std::string& dir : directories) {
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      if (!it->is_directory(ec) || normalize_gpu_name(it->path().filename().string()) != want) continue;
+      const fs::path file = it->path() / "calibration.json";
+      if (fs::is_regular_file(file, ec)) return file.string();
+    }
+  }
+  return std::nullopt;
+}
+
+double mean_abs_log_error(const GpuSpec& gpu, const std::vector<MeasuredCase>& cases, const KernelParams& params) {
+  const CostModel model(gpu, {}, params);
+  double sum = 0;
+  for (const MeasuredCase& c : cases) {
+    double ns = 0;
+    for (const OpCost& op : c.ops) ns += static_cast<double>(model.kernel(op));
+    sum += std::abs(std::log(std::max(ns, 1.0) * 1e-9 / c.seconds));
+  }
+  return cases.empty() ? 0 : sum / static_cast<double>(cases.size());
+}
+
+KernelParams fit_kernel_params(const GpuSpec& gpu, const std::vector<MeasuredCase>& cases, KernelParams start,
+                               const std::vector<std::string>& names, const std::string& source) {
+  std::vector<const KernelParamField*> fields;
+  for (const KernelParamField& f : kernel_param_fields()) {
+    if (names.empty() || std::find(names.begin(), names.end(), f.name) != names.end()) fields.push_back(&f);
+  }
+  EMUGPU_CHECK(names.empty() || fields.size() == names.size(), kValue,
+               "unknown kernel parameter among those to fit; known: simt_efficiency, tensor_efficiency, "
+               "memory_efficiency, gather_efficiency, depthwise_efficiency, winograd_gain, launch_ns, gemm_k_half");
+  KernelParams best = start;
+  double best_loss = mean_abs_log_error(gpu, cases, best);
+  constexpr int kRounds = 3;
+  constexpr int kSteps = 24;
+  const double golden = (std::sqrt(5.0) - 1) / 2;
+  for (int round = 0; round < kRounds; ++round) {
+    for (const KernelParamField* f : fields) {
+      // In log space for ranges over decades (launch_ns), linear otherwise.
+      const bool log_scale = f->lo > 0 && f->hi / f->lo > 50;
+      auto to_value = [&](double x) { return log_scale ? std::exp(x) : x; };
+      double a = log_scale ? std::log(f->lo) : f->lo;
+      double b = log_scale ? std::log(f->hi) : f->hi;
+      auto loss_at = [&](double x) {
+        KernelParams p = best;
+        p.*(f->member) = std::clamp(to_value(x), f->lo, f->hi);
+        return mean_abs_log_error(gpu, cases, p);
+      };
+      for (int i = 0; i < kSteps; ++i) {
+        const double c = b - golden * (b - a), d = a + golden * (b - a);
+        if (loss_at(c) < loss_at(d)) {
+          b = d;
+        } else {
+          a = c;
+        }
+      }
+      KernelParams trial = best;
+      trial.*(f->member) = std::clamp(to_value((a + b) / 2), f->lo, f->hi);
+      const double loss = mean_abs_log_error(gpu, cases, trial);
+      if (loss < best_loss) best = trial, best_loss = loss;
+    }
+  }
+  best.source = source;
+  return best;
+}
+
+}  // namespace emugpu

@@ -1,0 +1,49 @@
+// Calibration files (`torch-emugpu calibrate`: a microbenchmark sweep on a
+// real GPU) and the fit of the cost model's kernel parameters to them, or to
+// any set of measured op sequences.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "catalog.h"
+#include "cost_model.h"
+#include "kernel_params.h"
+
+namespace emugpu {
+
+// Ops whose durations add up to one measured time.
+struct MeasuredCase {
+  std::vector<OpCost> ops;
+  double seconds = 0;
+};
+
+struct Calibration {
+  std::string path;
+  std::string gpu;                  // as the file names it
+  std::vector<MeasuredCase> cases;  // the sweep's points the cost model has a form for
+  int skipped = 0;                  // points it has none for (host<->device transfers)
+};
+
+// Parses a calibration file for `gpu`; throws kValue naming the file and the
+// field for malformed content, for another schema, and for a file measured
+// on another GPU.
+Calibration parse_calibration(std::string_view text, const std::string& path, const GpuSpec& gpu);
+Calibration load_calibration(const std::string& path, const GpuSpec& gpu);
+// The first `<dir>/<GPU folder>/calibration.json` on the search path whose
+// folder names `gpu` (as `torch-emugpu calibrate` writes it: the name with
+// '_' for spaces; compared loosely, as catalog lookups are).
+std::optional<std::string> find_calibration(const std::vector<std::string>& directories, const GpuSpec& gpu);
+
+// Fits the parameters named in `names` (all of kernel_param_fields() when
+// empty) to `cases`, starting from `start`: coordinate descent with a
+// golden-section search per parameter over its range, minimising the mean
+// |log(predicted / measured)|. `source` becomes the result's source.
+KernelParams fit_kernel_params(const GpuSpec& gpu, const std::vector<MeasuredCase>& cases, KernelParams start,
+                               const std::vector<std::string>& names, const std::string& source);
+// The loss fit_kernel_params minimises.
+double mean_abs_log_error(const GpuSpec& gpu, const std::vector<MeasuredCase>& cases, const KernelParams& params);
+
+}  // namespace emugpu

@@ -1,0 +1,146 @@
+#include "calibration.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "error.h"
+
+namespace {
+
+using emugpu::DType;
+using emugpu::OpCost;
+using emugpu::OpFamily;
+
+emugpu::GpuSpec h100() {
+  emugpu::GpuSpec g;
+  g.name = "NVIDIA H100 80GB HBM3";
+  g.sm_count = 132;
+  g.major = 9;
+  g.fp32_flops = 67e12;
+  g.tf32_flops = 495e12;
+  g.bf16_flops = 989e12;
+  g.fp16_flops = 989e12;
+  g.memory_bandwidth = 3.35e12;
+  return g;
+}
+
+std::string error_of(const std::string& text, const emugpu::GpuSpec& gpu) {
+  try {
+    emugpu::parse_calibration(text, "cal.json", gpu);
+  } catch (const emugpu::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kPoints = R"([
+  {"family": "gemm", "op": "mm", "shape": {"M": 4096, "N": 4096, "K": 4096}, "dtype": "float32",
+   "flags": {"tf32": true}, "time_s": 0.0004, "flops": 137438953472, "bytes": 201326592, "kernels": 1},
+  {"family": "elementwise", "op": "add", "shape": {"numel": 1048576}, "dtype": "float32", "flags": {},
+   "time_s": 1.2e-5, "flops": 1048576, "bytes": 12582912, "kernels": 1},
+  {"family": "conv", "op": "backward_weight", "shape": {"N": 32, "C": 64, "H": 56, "W": 56, "K": 64, "R": 3,
+   "S": 3, "stride": 1, "pad": 1, "groups": 1, "P": 56, "Q": 56}, "dtype": "bfloat16", "flags": {},
+   "time_s": 2e-4, "flops": 7e9, "bytes": 1e7, "kernels": 1},
+  {"family": "transfer", "op": "h2d", "shape": {"bytes": 4096}, "dtype": "float32", "flags": {"pinned": true},
+   "time_s": 1e-5, "flops": 0, "bytes": 4096, "kernels": 1}
+])";
+
+std::string document(const std::string& gpu, const std::string& points) {
+  return R"({"schema": "torch-emugpu calibration v1", "gpu": ")" + gpu + R"(", "measurements": )" + points + "}";
+}
+
+TEST(Calibration, ParsesTheSweepIntoTheOpsTheEmulatorCharges) {
+  const auto gpu = h100();
+  const auto cal = emugpu::parse_calibration(document("NVIDIA H100 80GB HBM3", kPoints), "cal.json", gpu);
+  ASSERT_EQ(cal.cases.size(), 3u);
+  EXPECT_EQ(cal.skipped, 1);  // the transfer
+  const OpCost& mm = cal.cases[0].ops.at(0);
+  EXPECT_EQ(mm.family, OpFamily::kMm);
+  EXPECT_EQ(mm.dtype, DType::kTensorFloat32);  // the tf32 flag
+  EXPECT_EQ(mm.gemms[0].k, 4096);
+  EXPECT_EQ(cal.cases[1].ops.at(0).family, OpFamily::kElementwise);
+  const OpCost& wgrad = cal.cases[2].ops.at(0);
+  EXPECT_EQ(wgrad.family, OpFamily::kConvBackward);
+  ASSERT_EQ(wgrad.gemm_count, 1);
+  EXPECT_EQ(wgrad.gemms[0].k, 32 * 56 * 56);  // the weight gradient reduces over N*P*Q
+  EXPECT_EQ(cal.cases[2].seconds, 2e-4);
+}
+
+TEST(Calibration, RefusesAFileMeasuredOnAnotherGpu) {
+  const std::string e = error_of(document("NVIDIA A100-SXM4-40GB", kPoints), h100());
+  EXPECT_NE(e.find("cal.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("field 'gpu'"), std::string::npos) << e;
+  EXPECT_NE(e.find("A100"), std::string::npos) << e;
+}
+
+TEST(Calibration, NamesTheFileAndFieldOfMalformedContent) {
+  const auto gpu = h100();
+  std::string points = kPoints;
+  points.replace(points.find("\"time_s\": 0.0004"), 16, "\"time_s\": -1");
+  std::string e = error_of(document(gpu.name, points), gpu);
+  EXPECT_NE(e.find("measurements[0].time_s"), std::string::npos) << e;
+  e = error_of(R"({"schema": "torch-emugpu profile v1", "gpu": "x", "measurements": []})", gpu);
+  EXPECT_NE(e.find("field 'schema'"), std::string::npos) << e;
+  e = error_of(document(gpu.name, R"([{"family": "gemm", "op": "mm", "shape": {"M": 1, "N": 1}, "dtype": "float32",
+                                      "time_s": 1e-5, "flops": 2, "bytes": 12}])"), gpu);
+  EXPECT_NE(e.find("measurements[0].shape.K"), std::string::npos) << e;
+  e = error_of(document(gpu.name, R"([{"family": "fft", "op": "x", "shape": {}, "dtype": "float32",
+                                      "time_s": 1e-5, "flops": 2, "bytes": 12}])"), gpu);
+  EXPECT_NE(e.find("unknown family 'fft'"), std::string::npos) << e;
+  e = error_of("{not json", gpu);
+  EXPECT_NE(e.find("cal.json"), std::string::npos) << e;
+  e = error_of(document(gpu.name, "[]"), gpu);
+  EXPECT_NE(e.find("no point"), std::string::npos) << e;
+}
+
+TEST(Calibration, TheFitRecoversTheParametersThatMadeTheData) {
+  const auto gpu = h100();
+  emugpu::KernelParams truth = emugpu::default_kernel_params(gpu);
+  truth.tensor_efficiency = 0.45;
+  truth.memory_efficiency = 0.55;
+  truth.launch_ns = 7'000;
+  const emugpu::CostModel model(gpu, {}, truth);
+  std::vector<emugpu::MeasuredCase> cases;
+  for (double n : {256.0, 1024.0, 4096.0, 8192.0}) {
+    OpCost mm{2 * n * n * n, 6 * n * n, DType::kBFloat16, OpFamily::kMm};
+    mm.gemm_count = 1;
+    mm.gemms[0] = {1, n, n, n, false};
+    cases.push_back({{mm}, static_cast<double>(model.kernel(mm)) * 1e-9});
+  }
+  for (double bytes : {1e3, 1e6, 1e8, 1e9}) {
+    const OpCost add{bytes / 12, bytes, DType::kFloat32, OpFamily::kElementwise};
+    cases.push_back({{add}, static_cast<double>(model.kernel(add)) * 1e-9});
+  }
+  const auto start = emugpu::default_kernel_params(gpu);
+  EXPECT_GT(emugpu::mean_abs_log_error(gpu, cases, start), 0.05);
+  const auto fit = emugpu::fit_kernel_params(gpu, cases, start, {"tensor_efficiency", "memory_efficiency",
+                                                                 "launch_ns"}, "calibration: test");
+  EXPECT_NEAR(fit.tensor_efficiency, 0.45, 0.02);
+  EXPECT_NEAR(fit.memory_efficiency, 0.55, 0.02);
+  EXPECT_NEAR(fit.launch_ns, 7'000, 300);
+  EXPECT_LT(emugpu::mean_abs_log_error(gpu, cases, fit), 0.01);
+  EXPECT_EQ(fit.source, "calibration: test");
+  EXPECT_THROW(emugpu::fit_kernel_params(gpu, cases, start, {"warp_speed"}, "x"), emugpu::Error);
+}
+
+TEST(Calibration, IsFoundInTheGpusFolderOnTheSearchPath) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("emugpu-cal-" + std::to_string(::getpid()));
+  fs::create_directories(root / "second" / "NVIDIA_H100_80GB_HBM3");
+  fs::create_directories(root / "first" / "NVIDIA_A100-SXM4-40GB");
+  std::ofstream(root / "first" / "NVIDIA_A100-SXM4-40GB" / "calibration.json") << "{}";
+  std::ofstream(root / "second" / "NVIDIA_H100_80GB_HBM3" / "calibration.json") << "{}";
+  const auto found = emugpu::find_calibration({(root / "first").string(), (root / "second").string()}, h100());
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(fs::path(*found), root / "second" / "NVIDIA_H100_80GB_HBM3" / "calibration.json");
+  EXPECT_FALSE(emugpu::find_calibration({(root / "first").string(), "/nonexistent"}, h100()).has_value());
+  fs::remove_all(root);
+}
+
+}  // namespace
