@@ -11,8 +11,9 @@ Step 2 times each trace with the core's cost model on each reference GPU
 (`_C._kernel_times`: the same code the emulator charges with) and prints
 median, p95 and median signed error of forward + backward per GPU, for the
 architecture table's parameters or, with --fit, for parameters fitted to
-that GPU's data: coordinate descent over the names in --params minimising
-the mean absolute log error. The fitted rows are what
+that GPU's data by the core's fit (the one calibration files get:
+coordinate descent over the names in --params minimising the mean absolute
+log error). The fitted rows are what
 csrc/core/kernel_params.cpp cites; the data stays in ../shared/reference.
 
 Configurations the reference measured host-bound (forward + backward within
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -154,34 +154,12 @@ def summary(errs: list[tuple[str, int, float, bool]]) -> str:
             f"      all {line(device + host)}")
 
 
-def fit(ev: Evaluator, start: dict[str, float], names: list[str], bounds: dict[str, tuple[float, float]],
-        rounds: int = 4) -> dict[str, float]:
-    """Coordinate descent on the mean |log(predicted / measured)| of device-bound configs."""
-
-    def loss(p: dict[str, float]) -> float:
-        errs = [e for _m, _b, e, hb in ev.errors(p) if not hb]
-        return statistics.fmean(abs(math.log1p(e)) for e in errs)
-
-    best = dict(start)
-    best_loss = loss(best)
-    for _ in range(rounds):
-        for name in names:
-            lo, hi = bounds[name]
-            # Golden-section search in log space over the field's range.
-            a, b = math.log(max(lo, 1e-6)), math.log(hi)
-            g = (math.sqrt(5) - 1) / 2
-            for _ in range(18):
-                c, d = b - g * (b - a), a + g * (b - a)
-                pc, pd = dict(best, **{name: math.exp(c)}), dict(best, **{name: math.exp(d)})
-                if loss(pc) < loss(pd):
-                    b = d
-                else:
-                    a = c
-            trial = dict(best, **{name: math.exp((a + b) / 2)})
-            trial_loss = loss(trial)
-            if trial_loss < best_loss:
-                best, best_loss = trial, trial_loss
-    return best
+def fit(ev: Evaluator, start: dict[str, float], names: list[str]) -> dict[str, float]:
+    """The core's fit (the one calibration files get) over the device-bound configs."""
+    cases = [(ops, seconds) for (_m, _b, ops, seconds, hb) in ev.cases if not hb]
+    fitted = ev._C._fit_kernel_params(ev.gpu, start, cases, names)
+    fitted.pop("source")
+    return fitted
 
 
 def main() -> None:
@@ -195,10 +173,9 @@ def main() -> None:
     parser.add_argument("--host-bound", type=float, default=0.25,
                         help="a config within this fraction of batch 1's time counts as host-bound")
     parser.add_argument("--fit", action="store_true", help="fit the parameters per GPU")
-    parser.add_argument("--params", default="simt_efficiency,memory_efficiency,winograd_gain,launch_ns,"
-                        "depthwise_efficiency,gemm_k_half")
-    parser.add_argument("--limit", action="append", default=[], metavar="NAME=LO:HI",
-                        help="narrow a parameter's range for the fit (repeatable)")
+    parser.add_argument("--params", default="simt_efficiency,memory_efficiency,norm_efficiency,winograd_gain,"
+                        "launch_ns,depthwise_efficiency,gemm_k_half",
+                        help="the parameters to fit (the others keep the table's values)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="evaluate with this value instead of the table's (repeatable)")
     parser.add_argument("--worst", type=int, default=8, help="print the worst configs")
@@ -225,13 +202,6 @@ def main() -> None:
     traces = {m: traces[m] for m in models}
     from torch_emugpu import _C
 
-    fields = {"simt_efficiency": (0.05, 1.0), "tensor_efficiency": (0.05, 1.0), "memory_efficiency": (0.05, 1.0),
-              "gather_efficiency": (0.01, 1.0), "depthwise_efficiency": (0.01, 1.0), "winograd_gain": (1.0, 4.0),
-              "launch_ns": (500, 100_000), "gemm_k_half": (1, 1024)}
-    for item in args.limit:
-        name, _, rng = item.partition("=")
-        lo, _, hi = rng.partition(":")
-        fields[name] = (float(lo), float(hi))
     overrides = {k: float(v) for k, _, v in (item.partition("=") for item in args.set)}
     for gpu in gpus:
         refs = {m: reference(ref, gpu, m) for m in models}
@@ -241,7 +211,7 @@ def main() -> None:
         errs = ev.errors(table)
         print(f"{gpu} ({_C._kernel_params(gpu.replace('_', ' '))['source']}):\n      {summary(errs)}")
         if args.fit:
-            fitted = fit(ev, table, args.params.split(","), fields)
+            fitted = fit(ev, table, args.params.split(","))
             errs = ev.errors(fitted)
             print("   fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
             print(f"      {summary(errs)}")

@@ -84,11 +84,14 @@ def measure(case: Case, device: torch.device, warmup: int, iterations: int) -> d
     model, loss_fn, opt, opt_desc = build(case, device)
     model.train()
     amp = case.precision == "bf16-autocast"
-    fwd, bwd = [], []
+    fwd, bwd, busy = [], [], []
+    emulated = device.type == "emugpu"
     for i in range(warmup + iterations):
         if i == warmup:
             backend.reset_peak_memory_stats(device)
         sync()
+        if emulated:
+            torch.emugpu.reset_engine_stats(device)
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             loss = loss_fn()
@@ -103,6 +106,8 @@ def measure(case: Case, device: torch.device, warmup: int, iterations: int) -> d
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
+            if emulated:
+                busy.append(torch.emugpu.engine_stats(device)["compute_busy_s"])
     entry = {"id": case.id, "model": case.model, "batch": case.batch, "precision": case.precision,
              "parameters": sum(p.numel() for p in model.parameters()), "optimizer": opt_desc,
              "forward_s": robust_median(fwd), "backward_step_s": robust_median(bwd),
@@ -110,6 +115,10 @@ def measure(case: Case, device: torch.device, warmup: int, iterations: int) -> d
              "peak_bytes": backend.max_memory_allocated(device), "samples": iterations}
     if case.model.startswith("gpt"):
         entry["sequence"] = SEQ
+    if emulated:
+        # The emulated GPU's own time: on a host slower than the GPU the
+        # iteration waits for the host (as it would on a real machine with that host).
+        entry["device_busy_s"] = robust_median(busy)
     del model, opt, loss_fn
     return entry
 
@@ -192,8 +201,10 @@ def compare(reference: dict[str, Any], doc: dict[str, Any]) -> None:
 
     ref = {c["id"]: c for c in reference["cases"] if not c.get("out_of_memory")}
     print(f"{doc['device']} against {reference['device']}")
-    print(f"{'case':28} {'ref ms':>9} {'this ms':>9} {'error':>8} {'ref GiB':>8} {'this GiB':>9} {'error':>8}")
+    print(f"{'case':28} {'ref ms':>9} {'this ms':>9} {'error':>8} {'GPU busy':>9} {'error':>8} {'ref GiB':>8} "
+          f"{'this GiB':>9} {'error':>8}")
     errors: dict[str, list[float]] = {}
+    busy_errors: dict[str, list[float]] = {}
     for c in doc["cases"]:
         r = ref.get(c["id"])
         if r is None or c.get("out_of_memory"):
@@ -201,12 +212,17 @@ def compare(reference: dict[str, Any], doc: dict[str, Any]) -> None:
         e = c["iteration_s"] / r["iteration_s"] - 1
         m = c["peak_bytes"] / r["peak_bytes"] - 1
         errors.setdefault(c["precision"], []).append(e)
-        print(f"{c['id']:28} {r['iteration_s'] * 1e3:9.2f} {c['iteration_s'] * 1e3:9.2f} {e:+8.1%} "
+        busy = c.get("device_busy_s")
+        if busy is not None:
+            busy_errors.setdefault(c["precision"], []).append(busy / r["iteration_s"] - 1)
+        busy_text = f"{busy * 1e3:9.2f} {busy / r['iteration_s'] - 1:+8.1%}" if busy is not None else " " * 18
+        print(f"{c['id']:28} {r['iteration_s'] * 1e3:9.2f} {c['iteration_s'] * 1e3:9.2f} {e:+8.1%} {busy_text} "
               f"{r['peak_bytes'] / 2**30:8.2f} {c['peak_bytes'] / 2**30:9.2f} {m:+8.1%}")
-    for precision, es in errors.items():
-        print(f"{precision}: median |error| {statistics.median(abs(e) for e in es):.1%}, "
-              f"median signed {statistics.median(es):+.1%} over {len(es)} cases")
-
+    for label, table in (("iteration (wall)", errors), ("emulated GPU busy", busy_errors)):
+        every = [e for es in table.values() for e in es]
+        for precision, es in [*table.items(), ("all", every)]:
+            print(f"{label}, {precision}: median |error| {statistics.median(abs(e) for e in es):.1%}, "
+                  f"median signed {statistics.median(es):+.1%} over {len(es)} cases")
 
 if __name__ == "__main__":
     raise SystemExit(main())

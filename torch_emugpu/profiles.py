@@ -278,9 +278,10 @@ class _Planner:
             return None
         device, parameters = info
         name = self.name_of(module)
+        precision = _precision(module)
         cached = self.plans.setdefault(module, {})
-        if (batch, name) in cached:
-            return cached[(batch, name)]
+        if (batch, name, precision) in cached:
+            return cached[(batch, name, precision)]
         gpu = torch.emugpu.get_device_name(device)
         label = name or f"{type(module).__name__}({parameters} parameters)"
         fingerprint = None if name else parameters
@@ -297,6 +298,13 @@ class _Planner:
                                f"batch ({batch}) on device {span.primary}, and its other replicas the cost model. "
                                f"Add a 'data_parallel' entry with gpu_count {span.gpu_count} to that profile "
                                f"(profiles/README.md) to time the step as measured on {span.gpu_count} GPUs")
+        if entry is not None and (entry["amp"], entry["dtype"]) != precision:
+            # A profile times the model as measured: another precision runs other kernels.
+            self.warn_once(f"precision:{entry['path']}:{precision}",
+                           f"emugpu: {entry['path']} was measured {_describe_precision(entry['amp'], entry['dtype'])}"
+                           f", but {label} runs {_describe_precision(*precision)}; its time comes from the cost "
+                           f"model instead")
+            entry = None
         plan = None
         if entry is None:
             self.sources[label] = {"source": "cost model", "batch_size": batch}
@@ -325,7 +333,7 @@ class _Planner:
                                   f"table: the 1-GPU time of the whole batch")
             for region in (plan.forward_key, plan.backward_key):
                 self.sources[region] = source
-        cached[(batch, name)] = plan
+        cached[(batch, name, precision)] = plan
         return plan
 
     def pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -497,6 +505,18 @@ def profiled_as(model: str) -> Iterator[None]:
         yield
     finally:
         _planner.scoped.model = previous
+
+
+def _precision(module: torch.nn.Module) -> tuple[bool, str]:
+    """(autocast on emugpu?, the dtype it computes in) for a forward about to run."""
+    if torch.is_autocast_enabled("emugpu"):
+        return True, str(torch.get_autocast_dtype("emugpu")).removeprefix("torch.")
+    param = next(module.parameters(), None)
+    return False, str(param.dtype if param is not None else torch.float32).removeprefix("torch.")
+
+
+def _describe_precision(amp: bool, dtype: str) -> str:
+    return f"under {dtype} autocast" if amp else f"in {dtype}"
 
 
 def _batch_size(args: tuple[Any, ...], dim: int = 0) -> int | None:

@@ -194,6 +194,8 @@ py::dict profile_summary(const Profile& p) {
   d["model"] = p.model;
   d["parameters"] = p.parameters ? py::object(py::int_(*p.parameters)) : py::object(py::none());
   d["source"] = p.source;
+  d["dtype"] = p.dtype;
+  d["amp"] = p.amp;
   py::list tables;
   for (const auto& t : p.tables) {
     py::list sizes;
@@ -416,6 +418,21 @@ PYBIND11_MODULE(_C, m) {
       return kernel_params_dict(params);
     });
   });
+  // A calibration file's points as the cost model sees them, with the fitted
+  // parameters (benchmarks/fit_cost_model.py --calibration).
+  m.def("_calibration_cases", [](const std::string& path, const std::string& gpu) {
+    return guarded([&] {
+      const GpuSpec& spec = Runtime::get().catalog().find(gpu);
+      const Calibration cal = load_calibration(path, spec);
+      py::list cases;
+      for (const MeasuredCase& c : cal.cases) {
+        py::list ops;
+        for (const OpCost& op : c.ops) ops.append(op_cost_dict(op));
+        cases.append(py::make_tuple(ops, c.seconds, c.upper_bound));
+      }
+      return py::make_tuple(cases, kernel_params_dict(fitted_calibration(path, spec)));
+    });
+  });
   m.def("_current_kernel_params", [](int index) {
     return guarded([&] { return kernel_params_dict(Runtime::get().device(index).cost().kernel_params()); });
   });
@@ -545,6 +562,33 @@ PYBIND11_MODULE(_C, m) {
       for (const auto& op : ops) out.push_back(model.kernel(op_cost_from_dict(op.cast<py::dict>())));
       return out;
     });
+  });
+  // fit_kernel_params over (ops, seconds) cases, from the GPU's table row or
+  // the given parameters over it (benchmarks/fit_cost_model.py --fit).
+  m.def("_fit_kernel_params", [](const std::string& gpu, const py::dict& start, const py::list& cases,
+                                 const std::vector<std::string>& names) {
+    return guarded([&] {
+      const GpuSpec& spec = Runtime::get().catalog().find(gpu);
+      KernelParams p = default_kernel_params(spec);
+      for (const auto& [k, v] : start) set_kernel_param(p, k.cast<std::string>(), v.cast<double>());
+      std::vector<MeasuredCase> measured;
+      for (const auto& item : cases) {
+        const auto t = item.cast<py::tuple>();
+        MeasuredCase c;
+        for (const auto& op : t[0].cast<py::list>()) c.ops.push_back(op_cost_from_dict(op.cast<py::dict>()));
+        c.seconds = t[1].cast<double>();
+        measured.push_back(std::move(c));
+      }
+      py::gil_scoped_release no_gil;
+      const KernelParams fit = fit_kernel_params(spec, measured, p, names, "fit");
+      py::gil_scoped_acquire gil;
+      return kernel_params_dict(fit);
+    });
+  });
+  m.def("_kernel_param_fields", [] {
+    py::dict d;
+    for (const KernelParamField& f : kernel_param_fields()) d[f.name] = py::make_tuple(f.lo, f.hi);
+    return d;
   });
   m.def("_kernel_params", [](const std::string& gpu) {
     return guarded([&] {

@@ -18,6 +18,9 @@ namespace emugpu {
 struct MeasuredCase {
   std::vector<OpCost> ops;
   double seconds = 0;
+  // The time may be the host's (launches back to back, Python, autograd):
+  // the device took at most this long, so only over-predictions count.
+  bool upper_bound = false;
 };
 
 struct Calibration {
@@ -40,7 +43,8 @@ std::optional<std::string> find_calibration(const std::vector<std::string>& dire
 // Fits the parameters named in `names` (all of kernel_param_fields() when
 // empty) to `cases`, starting from `start`: coordinate descent with a
 // golden-section search per parameter over its range, minimising the mean
-// |log(predicted / measured)|. `source` becomes the result's source.
+// |log(predicted / measured)| (over-predictions only for upper bounds).
+// `source` becomes the result's source.
 KernelParams fit_kernel_params(const GpuSpec& gpu, const std::vector<MeasuredCase>& cases, KernelParams start,
                                const std::vector<std::string>& names, const std::string& source);
 // The loss fit_kernel_params minimises.

@@ -23,6 +23,26 @@ bool on_tensor_cores(const GpuSpec& gpu, DType dtype) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+// The fraction of the peak bandwidth a family's kernels sustain.
+double memory_efficiency(OpFamily family, const KernelParams& p) {
+  switch (family) {
+    case OpFamily::kReduction: return p.reduction_efficiency;
+    case OpFamily::kNorm: return p.norm_efficiency;
+    case OpFamily::kOptimizer: return p.optimizer_efficiency;
+    case OpFamily::kGather: return p.gather_efficiency;
+    default: return p.memory_efficiency;
+  }
+}
+
+double element_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat64: return 8;
+    default: return 4;
+  }
+}
+
 }  // namespace
 
 double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p) {
@@ -84,7 +104,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   const double peak_compute_s = peak_rate > 0 ? cost.flops / peak_rate : 0;
   const double peak_memory_s = cost.bytes / gpu_.memory_bandwidth;
   double compute_s = 0;
-  double memory_s = peak_memory_s / p.memory_efficiency;
+  double memory_s = peak_memory_s / memory_efficiency(cost.family, p);
   const bool depthwise = (cost.family == OpFamily::kConv || cost.family == OpFamily::kConvBackward) &&
                          cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
   if (depthwise) {
@@ -93,16 +113,22 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     compute_s = rate > 0 ? cost.flops / rate : 0;
   } else if (is_gemm_family(cost.family)) {
     if (cost.gemm_count > 0) {
+      const bool matmul = uses_cublas(cost.family);
+      const double align = 16 / element_bytes(cost.dtype);
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
-        const double gain = g.winograd && !tensor ? p.winograd_gain : 1.0;
+        double gain = g.winograd && !tensor ? p.winograd_gain : 1.0;
+        if (tensor && matmul && (std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0)) {
+          gain *= p.unaligned_efficiency;
+        }
+        if (cost.family == OpFamily::kAttention || cost.family == OpFamily::kAttentionBackward) {
+          gain *= p.attention_efficiency;
+        }
         compute_s += gemm_compute_seconds(g, rate, gpu_.sm_count, p) / gain;
       }
     } else if (rate > 0) {
       compute_s = cost.flops / rate;  // no shape known (sparse products): the plain rate
     }
-  } else if (cost.family == OpFamily::kGather) {
-    memory_s = peak_memory_s / p.gather_efficiency;
   } else {
     compute_s = rate > 0 ? cost.flops / rate : 0;
   }

@@ -17,9 +17,18 @@ struct KernelParams {
   double simt_efficiency = 0.75;
   // The same on tensor cores (FP16, BF16, TF32 where the architecture has them).
   double tensor_efficiency = 0.6;
+  // Fused attention kernels' fraction of the rate GEMMs reach (softmax and
+  // masking between their two products, the backward's recomputation).
+  double attention_efficiency = 0.6;
   // Fraction of the peak DRAM bandwidth streaming kernels (elementwise,
-  // reductions, norms, copies, optimizer steps) sustain.
+  // copies, and ops with no family) sustain.
   double memory_efficiency = 0.8;
+  // The same for row reductions, softmax and losses,
+  double reduction_efficiency = 0.6;
+  // normalisation layers (statistics, then normalisation),
+  double norm_efficiency = 0.6;
+  // and optimizer steps (foreach and fused multi-tensor kernels).
+  double optimizer_efficiency = 0.7;
   // Fraction of the peak bandwidth kernels with scattered reads sustain
   // (embedding lookups and their backward, index and scatter ops).
   double gather_efficiency = 0.4;
@@ -30,6 +39,10 @@ struct KernelParams {
   // convolution (forward and input gradient) with Winograd, which it picks
   // there on CUDA cores; 1 where it does not.
   double winograd_gain = 1.0;
+  // The fraction of the tensor-core rate cuBLAS keeps when a matrix's
+  // contiguous dimension (N or K) is not a multiple of 16 bytes: without
+  // vectorised loads it picks slower kernels (GPT-2's 50257-word head).
+  double unaligned_efficiency = 0.3;
   // Device time of a kernel that does no work: launch, ramp-up and drain.
   double launch_ns = 4'000;
   // A GEMM's reduction length at which its tiles' main loop is as long as

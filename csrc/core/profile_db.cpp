@@ -149,7 +149,14 @@ Profile from_document(const json& doc, const std::string& path) {
   p.gpu = need_string(doc, "gpu", path, "");
   p.model = need_string(doc, "model", path, "");
   const json& prov = need(doc, "provenance", path, "");
-  for (const char* key : {"tool", "torch", "dtype", "date"}) need_string(prov, key, path, "provenance.");
+  for (const char* key : {"tool", "torch", "date"}) need_string(prov, key, path, "provenance.");
+  p.dtype = need_string(prov, "dtype", path, "provenance.");
+  if (prov.contains("amp") && !prov.at("amp").is_null()) {
+    if (!prov.at("amp").is_boolean()) {
+      bad(path, "provenance.amp", "expected true or false, got " + describe_json(prov.at("amp")));
+    }
+    p.amp = prov.at("amp").get<bool>();
+  }
   p.source = need_string(prov, "source", path, "provenance.");
   if (doc.contains("fingerprint") && !doc.at("fingerprint").is_null()) {
     // Beyond any model that exists (10^15 parameters) and exact as a double.

@@ -33,6 +33,8 @@ struct Profile {
   std::string model;  // e.g. "resnet50"
   std::optional<int64_t> parameters;  // structural fingerprint, when known
   std::string source;                 // provenance.source
+  std::string dtype;                  // provenance.dtype: what the model computed in
+  bool amp = false;                   // provenance.amp: under autocast to `dtype`
   std::vector<ProfileTable> tables;   // one per GPU count, 1 first
 
   const ProfileTable* table(int gpu_count) const;

@@ -70,6 +70,29 @@ TEST(Calibration, ParsesTheSweepIntoTheOpsTheEmulatorCharges) {
   ASSERT_EQ(wgrad.gemm_count, 1);
   EXPECT_EQ(wgrad.gemms[0].k, 32 * 56 * 56);  // the weight gradient reduces over N*P*Q
   EXPECT_EQ(cal.cases[2].seconds, 2e-4);
+  EXPECT_TRUE(cal.cases[0].upper_bound);  // alone in its group: its own floor
+}
+
+TEST(Calibration, PointsAtTheirOpsFloorOnlyBoundTheDeviceTime) {
+  const auto gpu = h100();
+  const auto cal = emugpu::parse_calibration(document(gpu.name, R"([
+    {"family": "elementwise", "op": "add", "shape": {"numel": 1024}, "dtype": "float32", "time_s": 8e-6,
+     "flops": 1024, "bytes": 12288},
+    {"family": "elementwise", "op": "add", "shape": {"numel": 4096}, "dtype": "float32", "time_s": 9e-6,
+     "flops": 4096, "bytes": 49152},
+    {"family": "elementwise", "op": "add", "shape": {"numel": 268435456}, "dtype": "float32", "time_s": 1.2e-3,
+     "flops": 268435456, "bytes": 3221225472}])"), "cal.json", gpu);
+  ASSERT_EQ(cal.cases.size(), 3u);
+  EXPECT_TRUE(cal.cases[0].upper_bound);
+  EXPECT_TRUE(cal.cases[1].upper_bound);  // within 1.5x of the fastest: launch-bound
+  EXPECT_FALSE(cal.cases[2].upper_bound);
+  // An upper bound counts only when the model predicts more.
+  auto fast = emugpu::default_kernel_params(gpu);
+  fast.launch_ns = 1'000;
+  std::vector<emugpu::MeasuredCase> small = {cal.cases[0]};
+  EXPECT_EQ(emugpu::mean_abs_log_error(gpu, small, fast), 0);
+  fast.launch_ns = 20'000;
+  EXPECT_GT(emugpu::mean_abs_log_error(gpu, small, fast), 0.5);
 }
 
 TEST(Calibration, RefusesAFileMeasuredOnAnotherGpu) {

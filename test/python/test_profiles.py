@@ -162,6 +162,34 @@ def test_explicit_names_by_call_and_context_manager(profile_dir):
             other(torch.empty(2, 3, 32, 32, device="emugpu"))
 
 
+def test_a_profile_times_only_the_precision_it_was_measured_in(profile_dir):
+    write_profile(profile_dir)  # float32, no autocast
+    profiles.reload()
+    model = torchvision.models.resnet18().to("emugpu")
+    x = torch.empty(4, 3, 64, 64, device="emugpu")
+    with pytest.warns(UserWarning, match=r"measured in float32, but ResNet\(11689512 parameters\) runs under "
+                      r"bfloat16 autocast; its time comes from the cost model"):
+        with torch.autocast("emugpu", dtype=torch.bfloat16):
+            model(x)
+    assert not any(r["key"].startswith("resnet18@4") for r in torch_emugpu.region_report())
+    model(x)  # float32 again: the profile
+    assert any(r["key"] == "resnet18@4:forward" for r in torch_emugpu.region_report())
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["provenance"].update(amp="yes"), "provenance.amp"),
+    (lambda d: d["provenance"].pop("dtype"), "provenance.dtype"),
+])
+def test_a_profile_says_its_precision(profile_dir, edit, field):
+    path = write_profile(profile_dir)
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        profiles.reload()
+    path.unlink()
+
+
 def test_input_copies_take_the_profiled_transfer_time(profile_dir):
     write_profile(profile_dir)
     profiles.reload()

@@ -170,8 +170,11 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
     }
     case OpFamily::kNorm:
       cost.flops = norm_flops(in_numel);
-      // Statistics first, then normalisation: the input is read twice.
-      if (!inputs.empty()) cost.bytes += numel_bytes(inputs.front());
+      // Batch norm reads its input twice (statistics over the batch, then
+      // normalisation); layer, group and RMS norms keep a row on chip.
+      if (!inputs.empty() && info.name.find("batch_norm") != std::string::npos) {
+        cost.bytes += numel_bytes(inputs.front());
+      }
       if (info.name.find("backward") != std::string::npos) cost.kernels = 2;
       break;
     case OpFamily::kOptimizer:
