@@ -15,7 +15,9 @@ forward + backward. Phases:
             engine's busy time) vs the reference, printed apart for the
             configurations the reference measured host-bound (within 25% of
             batch 1's time: its host's Python and launch overhead, which an
-            emulator reproduces from its own host, not from the cost model)
+            emulator reproduces from its own host, not from the cost model),
+            and all of them as run here (wall time: this host's overhead
+            where it exceeds the emulated GPU's time)
   shapes    loop shapes (issue 6): no per-iteration sync timed with events,
             per-iteration sync, loss.item() only, gradient accumulation,
             evaluation forwards between steps, two models in one loop; per
@@ -298,7 +300,7 @@ def main() -> None:
             rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="roofline")
                     for r in rs if not r.get("oom")]
             for g in gpus:
-                device, host = [], []
+                device, host, wall = [], [], []
                 for r in rows:
                     if r["gpu"] != g:
                         continue
@@ -308,8 +310,9 @@ def main() -> None:
                         # Within HOST_BOUND of batch 1's time: the reference measured its host's
                         # Python and launch overhead there, which an emulator takes from its own host.
                         (host if t < t1 * (1 + HOST_BOUND) else device).append(r["busy"] / t - 1)
+                        wall.append(r["wall"] / t - 1)
                 for label, errs in (("device-bound", device), ("host-bound in the reference", host),
-                                    ("all", device + host)):
+                                    ("all", device + host), ("all, as run here (wall time)", wall)):
                     if errs:
                         mag = [abs(e) for e in errs]
                         print(f"cost model only, {g}, {label}: {len(errs)} configs, median |error| "

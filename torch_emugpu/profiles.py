@@ -311,7 +311,8 @@ class _Planner:
             why = (f"no profile for model '{name}'" if name else
                    f"no profile matched {label} (by parameter count)")
             self.warn_once(f"cost model:{label}:{gpu}",
-                           f"emugpu: {why} on {gpu}; its time comes from the uncalibrated cost model. "
+                           f"emugpu: {why} on {gpu}; its time comes from the per-op cost model "
+                           f"({_C._current_kernel_params(device)['source']}). "
                            f"Name its profile with torch_emugpu.use_profile(model, NAME), or measure one with "
                            f"`torch-emugpu profile` (`torch-emugpu profiles` lists what exists)")
         else:
@@ -467,7 +468,7 @@ class _CostModelNotice:
         self.remove()
         dirs = ", ".join(str(p) for p in search_path())
         warnings.warn(f"emugpu: no measured profiles on the search path ({dirs}), so every model's time comes "
-                      f"from the uncalibrated cost model. Measure profiles with `torch-emugpu profile` on a CUDA "
+                      f"from the per-op cost model. Measure profiles with `torch-emugpu profile` on a CUDA "
                       f"machine or import some with `torch-emugpu import gpemu`", stacklevel=_user_stacklevel())
 
     def remove(self) -> None:

@@ -107,7 +107,11 @@ std::vector<OpCost> point_ops(const json& m, const std::string& path, const std:
   } else if (family == "norm") {
     c.family = OpFamily::kNorm;
     // estimate() charges batch norm's second read of its input (statistics, then normalisation).
-    if (op.starts_with("batch_norm")) c.bytes += d("N") * d("C") * d("H") * d("W") * itemsize(c.dtype);
+    // and charges 16-bit batch norms as 32-bit ones (their kernels run at a rate of elements).
+    if (op.starts_with("batch_norm")) {
+      c.bytes += d("N") * d("C") * d("H") * d("W") * itemsize(c.dtype);
+      c.bytes *= 4 / itemsize(c.dtype);
+    }
   } else if (family == "gemm" || family == "bmm") {
     c.family = family == "gemm" ? OpFamily::kMm : OpFamily::kBmm;
     c.gemm_count = 1;

@@ -115,10 +115,15 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     if (cost.gemm_count > 0) {
       const bool matmul = uses_cublas(cost.family);
       const double align = 16 / element_bytes(cost.dtype);
+      // cuDNN's tensor-core convolutions want channels in 16-byte groups too
+      // (the 3-channel stem runs on slower kernels).
+      const bool unaligned_conv = tensor && cost.conv.groups >= 1 && cost.conv.c > 0 &&
+                                  (cost.family == OpFamily::kConv || cost.family == OpFamily::kConvBackward) &&
+                                  std::fmod(cost.conv.c / cost.conv.groups, align) != 0;
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
         double gain = g.winograd && !tensor ? p.winograd_gain : 1.0;
-        if (tensor && matmul && (std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0)) {
+        if ((tensor && matmul && (std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0)) || unaligned_conv) {
           gain *= p.unaligned_efficiency;
         }
         if (cost.family == OpFamily::kAttention || cost.family == OpFamily::kAttentionBackward) {

@@ -248,5 +248,5 @@ def test_without_any_profile_one_notice_says_times_come_from_the_cost_model(tmp_
                    "print('hooks left', len(torch.nn.modules.module._global_forward_pre_hooks))",
                    env={"EMUGPU_PROFILES": "off", "XDG_DATA_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    assert r.stderr.count("uncalibrated cost model") == 1
+    assert r.stderr.count("comes from the per-op cost model") == 1
     assert "hooks left 0" in r.stdout  # module calls are back on PyTorch's fast path
