@@ -178,6 +178,8 @@ def main() -> None:
                         help="the parameters to fit (the others keep the table's values)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="evaluate with this value instead of the table's (repeatable)")
+    parser.add_argument("--row-from", default=None, metavar="GPU",
+                        help="evaluate with this catalog GPU's table row (how a row carries to another GPU)")
     parser.add_argument("--worst", type=int, default=8, help="print the worst configs")
     args = parser.parse_args()
     ref = Path(args.reference)
@@ -206,10 +208,11 @@ def main() -> None:
     for gpu in gpus:
         refs = {m: reference(ref, gpu, m) for m in models}
         ev = Evaluator(gpu, traces, refs, args.host_bound)
-        table = {k: v for k, v in _C._kernel_params(gpu.replace("_", " ")).items() if k != "source"}
+        row_gpu = args.row_from or gpu.replace("_", " ")
+        table = {k: v for k, v in _C._kernel_params(row_gpu).items() if k != "source"}
         table.update(overrides)
         errs = ev.errors(table)
-        print(f"{gpu} ({_C._kernel_params(gpu.replace('_', ' '))['source']}):\n      {summary(errs)}")
+        print(f"{gpu} ({_C._kernel_params(row_gpu)['source']}):\n      {summary(errs)}")
         if args.fit:
             fitted = fit(ev, table, args.params.split(","))
             errs = ev.errors(fitted)
