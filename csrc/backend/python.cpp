@@ -63,6 +63,13 @@ py::dict kernel_params_dict(const KernelParams& p) {
   return d;
 }
 
+// The GPU's table row with the named parameters of `values` over it.
+KernelParams params_over_table(const GpuSpec& gpu, const py::dict& values) {
+  KernelParams p = default_kernel_params(gpu);
+  for (const auto& [k, v] : values) set_kernel_param(p, k.cast<std::string>(), v.cast<double>());
+  return p;
+}
+
 // A calibration's fit, once per file version: configure() reloads profiles
 // often, and a fit takes a fraction of a second.
 KernelParams fitted_calibration(const std::string& path, const GpuSpec& gpu) {
@@ -554,9 +561,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_kernel_times", [](const std::string& gpu, const py::dict& params, const py::list& ops) {
     return guarded([&] {
       const GpuSpec& spec = Runtime::get().catalog().find(gpu);
-      KernelParams p = default_kernel_params(spec);
-      for (const auto& [k, v] : params) set_kernel_param(p, k.cast<std::string>(), v.cast<double>());
-      const CostModel model(spec, {}, p);
+      const CostModel model(spec, {}, params_over_table(spec, params));
       std::vector<TimeNs> out;
       out.reserve(ops.size());
       for (const auto& op : ops) out.push_back(model.kernel(op_cost_from_dict(op.cast<py::dict>())));
@@ -569,8 +574,7 @@ PYBIND11_MODULE(_C, m) {
                                  const std::vector<std::string>& names) {
     return guarded([&] {
       const GpuSpec& spec = Runtime::get().catalog().find(gpu);
-      KernelParams p = default_kernel_params(spec);
-      for (const auto& [k, v] : start) set_kernel_param(p, k.cast<std::string>(), v.cast<double>());
+      const KernelParams p = params_over_table(spec, start);
       std::vector<MeasuredCase> measured;
       for (const auto& item : cases) {
         const auto t = item.cast<py::tuple>();

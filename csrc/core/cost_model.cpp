@@ -122,14 +122,14 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
                                   std::fmod(cost.conv.c / cost.conv.groups, align) != 0;
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
-        double gain = g.winograd && !tensor ? p.winograd_gain : 1.0;
+        double speedup = g.winograd && !tensor ? p.winograd_gain : 1.0;
         if ((tensor && matmul && (std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0)) || unaligned_conv) {
-          gain *= p.unaligned_efficiency;
+          speedup *= p.unaligned_efficiency;
         }
         if (cost.family == OpFamily::kAttention || cost.family == OpFamily::kAttentionBackward) {
-          gain *= p.attention_efficiency;
+          speedup *= p.attention_efficiency;
         }
-        compute_s += gemm_compute_seconds(g, rate, gpu_.sm_count, p) / gain;
+        compute_s += gemm_compute_seconds(g, rate, gpu_.sm_count, p) / speedup;
       }
     } else if (rate > 0) {
       compute_s = cost.flops / rate;  // no shape known (sparse products): the plain rate

@@ -30,10 +30,10 @@ struct ArchRow {
 // cuBLAS HGEMM reaches 90-100 of the V100's 125 TFLOP/s on large shapes.
 // The Hopper row is the fit of this project's own H100 sweep
 // (profiles/NVIDIA_H100_80GB_HBM3/calibration.json, `torch-emugpu
-// calibrate`), which also applies to that GPU directly. Turing, Ampere, Ada
-// and Blackwell are not fitted: they take Volta's forms for CUDA-core work
-// and Hopper's for tensor cores and bandwidth, with their launch costs in
-// between; a calibration file measured on the GPU replaces them.
+// calibrate`), which also applies to that GPU directly. Turing, Ampere (with
+// Ada) and Blackwell are not fitted: they take Volta's forms for CUDA-core
+// work and Hopper's for tensor cores and bandwidth, with their launch costs
+// in between; a calibration file measured on the GPU replaces them.
 const std::vector<ArchRow>& rows() {
   static const std::vector<ArchRow> table = {
       {3, 0, "kepler", {{"simt_efficiency", 0.62}, {"memory_efficiency", 0.24}, {"norm_efficiency", 0.65},
@@ -57,11 +57,6 @@ const std::vector<ArchRow>& rows() {
                         {"optimizer_efficiency", 0.75}, {"gather_efficiency", 0.8}, {"depthwise_efficiency", 0.15},
                         {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.2}, {"launch_ns", 10'000},
                         {"gemm_k_half", 48}}},
-      {8, 9, "ada", {{"simt_efficiency", 0.85}, {"tensor_efficiency", 0.7}, {"attention_efficiency", 0.7},
-                     {"memory_efficiency", 0.9}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.45},
-                     {"optimizer_efficiency", 0.75}, {"gather_efficiency", 0.8}, {"depthwise_efficiency", 0.15},
-                     {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.2}, {"launch_ns", 10'000},
-                     {"gemm_k_half", 48}}},
       {9, 0, "hopper", {{"simt_efficiency", 0.79}, {"tensor_efficiency", 0.73}, {"attention_efficiency", 0.71},
                         {"memory_efficiency", 0.92}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.39},
                         {"optimizer_efficiency", 0.77}, {"gather_efficiency", 1.0}, {"depthwise_efficiency", 0.14},
