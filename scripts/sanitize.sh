@@ -2,7 +2,7 @@
 # Checks the torch-free core under sanitizers; exits non-zero on any finding.
 #   1. AddressSanitizer + UndefinedBehaviorSanitizer build (build/asan): ctest
 #   2. ThreadSanitizer build (build/tsan): ctest
-#   3. the catalog/profile parser fuzz target under ASan+UBSan (build/fuzz),
+#   3. the catalog/profile/calibration parser fuzz target under ASan+UBSan (build/fuzz),
 #      run for FUZZ_SECONDS (default 20) from the seeds in test/fuzz/corpus
 # Usage: scripts/sanitize.sh [FUZZ_SECONDS]     (also: JOBS=2, FUZZ_SEED=N)
 # About 5 minutes on 2 cores, mostly compiling. A fuzz finding is saved as

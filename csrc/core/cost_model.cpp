@@ -138,7 +138,11 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     compute_s = rate > 0 ? cost.flops / rate : 0;
   }
   const double launches = std::max(cost.kernels, 1);
-  return {static_cast<TimeNs>(launches * p.launch_ns + std::max(compute_s, memory_s) * 1e9), peak_compute_s * 1e9,
+  // Sizes from files or absurd shapes must not overflow the clock: a kernel
+  // lasts at most a day.
+  constexpr double kMaxKernelNs = 86'400e9;
+  const double ns = launches * p.launch_ns + std::max(compute_s, memory_s) * 1e9;
+  return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs), peak_compute_s * 1e9,
           peak_memory_s * 1e9, compute_s > memory_s};
 }
 

@@ -1,5 +1,6 @@
-// Fuzz target for the two JSON parsers users feed by hand: the GPU catalog
-// and profile files. The only acceptable failure is emugpu::Error; anything
+// Fuzz target for the JSON parsers users feed by hand: the GPU catalog,
+// profile files and calibration files (whose points the cost model then
+// times). The only acceptable failure is emugpu::Error; anything
 // else (another exception, a crash, a sanitizer report, a parsed value that
 // breaks an invariant) is a finding.
 #include <cmath>
@@ -9,7 +10,9 @@
 #include <string>
 #include <string_view>
 
+#include "calibration.h"
 #include "catalog.h"
+#include "cost_model.h"
 #include "error.h"
 #include "profile_db.h"
 
@@ -66,11 +69,48 @@ void fuzz_profile(std::string_view text) {
   }
 }
 
+// The GPU calibration files in the corpus name.
+const emugpu::GpuSpec& fuzz_gpu() {
+  static const emugpu::GpuSpec gpu = [] {
+    emugpu::GpuSpec g;
+    g.name = "Fuzz GPU";
+    g.sm_count = 108;
+    g.major = 8;
+    g.fp32_flops = 19.5e12;
+    g.tf32_flops = 156e12;
+    g.fp16_flops = g.bf16_flops = 312e12;
+    g.memory_bandwidth = 1.555e12;
+    return g;
+  }();
+  return gpu;
+}
+
+void fuzz_calibration(std::string_view text) {
+  emugpu::Calibration cal;
+  try {
+    cal = emugpu::parse_calibration(text, "fuzz-calibration.json", fuzz_gpu());
+  } catch (const emugpu::Error&) {
+    return;
+  }
+  if (cal.cases.empty()) finding("a calibration without points was accepted");
+  const emugpu::CostModel model(fuzz_gpu());
+  for (const auto& c : cal.cases) {
+    if (c.ops.empty() || !(c.seconds > 0) || !std::isfinite(c.seconds)) finding("an impossible calibration point");
+    for (const auto& op : c.ops) {
+      if (model.kernel(op) < 0) finding("the cost model gave a negative time for a calibration point");
+    }
+  }
+  if (!std::isfinite(emugpu::mean_abs_log_error(fuzz_gpu(), cal.cases, model.kernel_params()))) {
+    finding("a calibration's error is not finite");
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   fuzz_catalog(text);
   fuzz_profile(text);
+  fuzz_calibration(text);
   return 0;
 }
