@@ -167,6 +167,9 @@ def plot(doc: dict[str, Any], path: str | Path) -> None:
 # --- model-level regions ---------------------------------------------------------------
 
 
+_COST_MODEL = -1.0  # a region target: no profile, the ops' cost-model times stand
+
+
 @dataclass
 class _Plan:
     device: int  # its regions end the iteration: the model's device (DataParallel: device_ids[0])
@@ -307,7 +310,12 @@ class _Planner:
             entry = None
         plan = None
         if entry is None:
-            self.sources[label] = {"source": "cost model", "batch_size": batch}
+            # Cost-model regions: timed by their ops alone, reported beside the profiled ones.
+            at = f"{label}@{batch}"
+            plan = _Plan(device, label, f"{at}:forward", f"{at}:backward", _COST_MODEL, _COST_MODEL, {},
+                         span is not None)
+            source = {"source": "cost model", "batch_size": batch}
+            self.sources[plan.forward_key] = self.sources[plan.backward_key] = source
             why = (f"no profile for model '{name}'" if name else
                    f"no profile matched {label} (by parameter count)")
             self.warn_once(f"cost model:{label}:{gpu}",
@@ -544,13 +552,9 @@ def region_report(device: int | None = None) -> list[dict[str, Any]]:
     """Per region: its source (profile file and whether exact, interpolated or
     extrapolated), the profiled target, the device time of its last complete
     occurrence, how often it was host-bound (took longer because the host
-    launched its work too late), cancelled or aborted; models that matched no
-    profile are listed with source "cost model"."""
+    launched its work too late), cancelled or aborted. Models that matched no
+    profile have regions too, with source "cost model" and target_s None: their
+    ops keep the cost model's times, and last_s says what their forward and
+    backward + update took on the device."""
     index = torch.emugpu.current_device() if device is None else device
-    rows = []
-    for r in _C._region_report(index):
-        rows.append({**r, **_planner.sources.get(r["key"], {"source": "unknown"})})
-    for label, info in _planner.sources.items():
-        if info["source"] == "cost model":
-            rows.append({"key": label, **info})
-    return rows
+    return [{**r, **_planner.sources.get(r["key"], {"source": "unknown"})} for r in _C._region_report(index)]

@@ -63,6 +63,8 @@ py::dict kernel_params_dict(const KernelParams& p) {
   return d;
 }
 
+TimeNs region_target(double seconds) { return seconds < 0 ? kUnbudgeted : seconds_to_ns(seconds); }
+
 // The GPU's table row with the named parameters of `values` over it.
 KernelParams params_over_table(const GpuSpec& gpu, const py::dict& values) {
   KernelParams p = default_kernel_params(gpu);
@@ -225,7 +227,7 @@ py::dict region_dict(const RegionReport& r) {
   py::dict d;
   d["key"] = r.key;
   d["kind"] = r.kind == RegionKind::kForward ? "forward" : "backward";
-  d["target_s"] = r.target / 1e9;
+  d["target_s"] = r.target == kUnbudgeted ? py::object(py::none()) : py::object(py::float_(r.target / 1e9));
   d["last_s"] = r.last_time / 1e9;
   d["charged_s"] = r.charged / 1e9;
   d["estimated_s"] = r.estimated / 1e9;
@@ -370,23 +372,24 @@ PYBIND11_MODULE(_C, m) {
       return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
     });
   });
-  // The model-level planner (torch_emugpu/profiles.py) drives the regions.
+  // The model-level planner (torch_emugpu/profiles.py) drives the regions;
+  // a negative target is a cost-model region (kUnbudgeted).
   m.def("_forward_begin", [](int index, const std::string& key, double target_s, int64_t called_at_ns) {
     return guarded([&] {
-      return Runtime::get().device(index).forward_begin(current_stream_id(index), key, seconds_to_ns(target_s),
+      return Runtime::get().device(index).forward_begin(current_stream_id(index), key, region_target(target_s),
                                                         called_at_ns);
     });
   });
   m.def("_forward_end", [](int index, const std::string& backward_key, double backward_s, bool expects_backward) {
     guarded([&] {
-      Runtime::get().device(index).forward_end(current_stream_id(index), backward_key, seconds_to_ns(backward_s),
+      Runtime::get().device(index).forward_end(current_stream_id(index), backward_key, region_target(backward_s),
                                                expects_backward);
     });
   });
   m.def("_backward_reached", [](int index, const std::string& backward_key, double backward_s) {
     guarded([&] {
       Runtime::get().device(index).backward_reached(current_stream_id(index), backward_key,
-                                                    seconds_to_ns(backward_s));
+                                                    region_target(backward_s));
     });
   });
   m.def("_region_abort", [](int index) { guarded([&] { Runtime::get().device(index).region_abort(); }); });

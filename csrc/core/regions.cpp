@@ -15,7 +15,8 @@ constexpr size_t kRemembered = 8;  // occurrences whose largest estimate is expe
 void Regions::open(const std::string& key, RegionKind kind, TimeNs target, TimeNs start, int64_t stream,
                    bool started) {
   EMUGPU_CHECK(!active_, kRuntime, "region '", key, "' opened while '", key_, "' is still open");
-  EMUGPU_CHECK(target >= 0, kValue, "region '", key, "': expected a target >= 0 ns, got ", target);
+  EMUGPU_CHECK(target >= 0 || target == kUnbudgeted, kValue, "region '", key,
+               "': expected a target >= 0 ns (or kUnbudgeted), got ", target);
   active_ = true;
   key_ = key;
   kind_ = kind;
@@ -36,6 +37,10 @@ TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
   stream_ = stream;
   const TimeNs before = estimated_;
   estimated_ += estimate;
+  if (target_ == kUnbudgeted) {
+    charged_ += estimate;
+    return estimate;
+  }
   const TimeNs budget = start_ + target_ - start;
   // At the profile's pace: the estimate scaled by target / expected.
   const TimeNs paced =
@@ -59,7 +64,7 @@ TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
 }
 
 TimeNs Regions::pad_needed(TimeNs pad_start) const {
-  if (!active_) return 0;
+  if (!active_ || target_ == kUnbudgeted) return 0;
   return std::max<TimeNs>(0, start_ + target_ - pad_start);
 }
 
@@ -80,7 +85,7 @@ void Regions::close(RegionOutcome outcome, TimeNs end, TimeNs pad) {
   r.charged = charged_;
   r.estimated = estimated_;
   r.padded = pad;
-  if (r.last_time > target_) {
+  if (target_ != kUnbudgeted && r.last_time > target_) {
     r.host_bound += 1;
     host_bound_total_ += 1;
     r.worst_excess = std::max(r.worst_excess, r.last_time - target_);

@@ -25,6 +25,11 @@ namespace emugpu {
 
 enum class RegionKind { kForward, kBackward };
 
+// The target of a model's region that no profile covers: its ops keep their
+// cost-model times (no re-timing, no pad), and the region only records how
+// long its work took on the device, for region_report().
+constexpr TimeNs kUnbudgeted = -1;
+
 // How a region closed: with its full time, given up before its work ran (a
 // backward region whose backward never came), or cut short by an exception.
 enum class RegionOutcome { kCompleted, kCancelled, kAborted };
@@ -32,7 +37,7 @@ enum class RegionOutcome { kCompleted, kCancelled, kAborted };
 struct RegionReport {
   std::string key;
   RegionKind kind = RegionKind::kForward;
-  TimeNs target = 0;        // profiled time
+  TimeNs target = 0;        // profiled time (kUnbudgeted: cost model)
   TimeNs last_time = 0;     // device time of the last complete occurrence
   TimeNs charged = 0;       // by its ops, re-timed (last complete occurrence)
   TimeNs estimated = 0;     // by its ops, cost model (last complete occurrence)

@@ -57,7 +57,24 @@ TEST(Regions, OpeningTwiceIsAnInvariantViolation) {
   Regions r;
   r.open("a", RegionKind::kForward, 10, 0, 0, true);
   EXPECT_THROW(r.open("b", RegionKind::kForward, 10, 0, 0, true), emugpu::Error);
-  EXPECT_THROW(Regions().open("c", RegionKind::kForward, -1, 0, 0, true), emugpu::Error);
+  EXPECT_THROW(Regions().open("c", RegionKind::kForward, -2, 0, 0, true), emugpu::Error);
+}
+
+TEST(Regions, ACostModelRegionKeepsItsOpsTimesAndRecordsItsLength) {
+  Regions r;
+  r.open("net@8:forward", RegionKind::kForward, emugpu::kUnbudgeted, 100, 0, true);
+  EXPECT_EQ(r.retime(40, 100, 0), 40);  // never re-timed
+  EXPECT_EQ(r.retime(25, 140, 0), 25);
+  EXPECT_EQ(r.pad_needed(165), 0);      // never padded
+  r.close(emugpu::RegionOutcome::kCompleted, 200, 0);  // the host came late: a gap
+  const auto report = r.report();
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0].target, emugpu::kUnbudgeted);
+  EXPECT_EQ(report[0].last_time, 100);
+  EXPECT_EQ(report[0].estimated, 65);
+  EXPECT_EQ(report[0].charged, 65);
+  EXPECT_EQ(report[0].host_bound, 0);  // no target to overrun
+  EXPECT_EQ(r.host_bound_total(), 0);
 }
 
 }  // namespace

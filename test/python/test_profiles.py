@@ -141,10 +141,20 @@ def test_extrapolation_warns_once(profile_dir):
 def test_models_without_a_profile_use_the_cost_model_and_are_reported(profile_dir):
     write_profile(profile_dir)
     profiles.reload()
-    m = torch.nn.Sequential(torch.nn.Linear(8, 8)).to("emugpu")
-    m(torch.empty(4, 8, device="emugpu"))
-    rows = [r for r in torch_emugpu.region_report() if r["source"] == "cost model"]
-    assert any("Sequential" in r["key"] for r in rows)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 256)).to("emugpu")
+    x = torch.empty(64, 256, device="emugpu")
+    for _ in range(2):
+        m(x).sum().backward()
+        torch.emugpu.synchronize()
+    rows = {r["key"]: r for r in torch_emugpu.region_report() if r["source"] == "cost model"}
+    key = "Sequential(65792 parameters)@64"
+    forward, backward = rows[f"{key}:forward"], rows[f"{key}:backward"]
+    # Beside the profiled regions, with their device times; the cost model's times stand, unpadded.
+    for r in (forward, backward):
+        assert r["target_s"] is None and r["occurrences"] == 2 and r["host_bound"] == 0
+        assert r["charged_s"] == pytest.approx(r["estimated_s"]) and r["padded_s"] == 0
+        assert 0 < r["estimated_s"] <= r["last_s"]
+    assert backward["estimated_s"] > forward["estimated_s"]  # two matmuls against one
 
 
 def test_explicit_names_by_call_and_context_manager(profile_dir):
