@@ -53,6 +53,7 @@ auto guarded(Fn&& fn) -> decltype(fn()) {
 // backend `emu`'s drain_all, called by c10's device synchronize; a leaked
 // reference, as it may be called until the interpreter finalizes.
 PyObject* drain_callable = nullptr;
+PyObject* configured_callable = nullptr;
 
 
 
@@ -108,6 +109,8 @@ py::dict op_cost_dict(const OpCost& c) {
   d["gemms"] = gemms;
   const ConvShape& v = c.conv;
   d["conv"] = py::make_tuple(v.n, v.c, v.h, v.w, v.k, v.r, v.s, v.p, v.q, v.groups, v.stride);
+  d["channels"] = c.channels;
+  d["backward"] = c.backward;
   return d;
 }
 
@@ -136,6 +139,8 @@ OpCost op_cost_from_dict(const py::dict& d) {
   double* fields[] = {&c.conv.n, &c.conv.c, &c.conv.h, &c.conv.w, &c.conv.k, &c.conv.r,
                       &c.conv.s, &c.conv.p, &c.conv.q, &c.conv.groups, &c.conv.stride};
   for (size_t i = 0; i < 11; ++i) *fields[i] = v[i].cast<double>();
+  c.channels = d.contains("channels") ? d["channels"].cast<double>() : 0.0;
+  c.backward = d.contains("backward") && d["backward"].cast<bool>();
   return c;
 }
 
@@ -144,6 +149,20 @@ void call_drain() {
   py::gil_scoped_acquire gil;
   PyObject* result = PyObject_CallNoArgs(drain_callable);
   if (result == nullptr) throw py::error_already_set();
+  Py_DECREF(result);
+}
+
+// Python errors (a malformed profile) become ours, so the op that
+// configured maps them to ValueError.
+void call_configured() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+  py::gil_scoped_acquire gil;
+  PyObject* result = PyObject_CallNoArgs(configured_callable);
+  if (result == nullptr) {
+    py::error_already_set error;
+    const std::string why = py::str(error.value());
+    EMUGPU_CHECK(false, kValue, "loading the profiles and calibration for the emulated GPU failed: ", why);
+  }
   Py_DECREF(result);
 }
 
@@ -307,6 +326,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_drain_hook", [](py::object fn) {
     if (drain_callable == nullptr) drain_callable = fn.release().ptr();
     Runtime::get().set_drain_hook(&call_drain);
+  });
+  m.def("_set_configured_hook", [](py::object fn) {
+    if (configured_callable == nullptr) configured_callable = fn.release().ptr();
+    Runtime::get().set_configured_hook(&call_configured);
   });
   m.def("_synchronize", [](int index) {
     guarded([&] {

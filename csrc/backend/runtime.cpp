@@ -117,8 +117,13 @@ void Runtime::configure_locked(const ConfigRequest& request) {
 
 void Runtime::ensure_configured() {
   if (configured()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!configured()) configure_locked({});  // threads racing here configure once
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (configured()) return;  // threads racing here configure once
+    configure_locked({});
+  }
+  // Outside the lock: the hook reloads profiles, which takes it.
+  if (auto* hook = configured_hook_.load()) hook();
 }
 
 const Runtime::State& Runtime::state() {

@@ -51,6 +51,9 @@ class Runtime {
   void drain_deferred() const {
     if (auto* hook = drain_hook_.load()) hook();
   }
+  // Run once after configuring from the environment (a first use without
+  // configure()): Python loads the profiles and the calibration there.
+  void set_configured_hook(void (*hook)()) { configured_hook_.store(hook); }
 
   // A fork()ed child may not use the devices its parent used (as CUDA).
   void mark_forked_child();
@@ -73,6 +76,7 @@ class Runtime {
   std::shared_ptr<const ProfileDb> profiles_;
   std::atomic<bool> bad_fork_{false};
   std::atomic<void (*)()> drain_hook_{nullptr};
+  std::atomic<void (*)()> configured_hook_{nullptr};
 };
 
 // Thread-local current device and, per device, current stream (as CUDA).

@@ -105,10 +105,12 @@ std::vector<OpCost> point_ops(const json& m, const std::string& path, const std:
   } else if (family == "optimizer") {
     c.family = OpFamily::kOptimizer;
   } else if (family == "norm") {
-    c.family = OpFamily::kNorm;
+    c.family = op.starts_with("batch_norm") ? OpFamily::kBatchNorm : OpFamily::kNorm;
     // estimate() charges batch norm's second read of its input (statistics, then normalisation).
     // and charges 16-bit batch norms as 32-bit ones (their kernels run at a rate of elements).
-    if (op.starts_with("batch_norm")) {
+    if (c.family == OpFamily::kBatchNorm) {
+      c.channels = d("C");
+      c.backward = op.find("backward") != std::string::npos;
       c.bytes += d("N") * d("C") * d("H") * d("W") * itemsize(c.dtype);
       c.bytes *= 4 / itemsize(c.dtype);
     }

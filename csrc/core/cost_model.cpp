@@ -28,6 +28,7 @@ double memory_efficiency(OpFamily family, const KernelParams& p) {
   switch (family) {
     case OpFamily::kReduction: return p.reduction_efficiency;
     case OpFamily::kNorm: return p.norm_efficiency;
+    case OpFamily::kBatchNorm: return p.batch_norm_efficiency;
     case OpFamily::kOptimizer: return p.optimizer_efficiency;
     case OpFamily::kGather: return p.gather_efficiency;
     default: return p.memory_efficiency;
@@ -105,6 +106,14 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   const double peak_memory_s = cost.bytes / gpu_.memory_bandwidth;
   double compute_s = 0;
   double memory_s = peak_memory_s / memory_efficiency(cost.family, p);
+  if (cost.family == OpFamily::kBatchNorm && cost.channels > 0) {
+    // Its per-channel reductions run a block or a few per channel, so with
+    // few channels most SMs idle; the backward reduces two products per
+    // channel in a heavier kernel (H100 sweep: half-rate channel counts
+    // ~0.75 SMs forward, ~2.5 SMs backward).
+    const double half = p.batch_norm_channels_per_sm * gpu_.sm_count * (cost.backward ? 3.0 : 1.0);
+    memory_s *= (cost.channels + half) / cost.channels;
+  }
   const bool depthwise = (cost.family == OpFamily::kConv || cost.family == OpFamily::kConvBackward) &&
                          cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
   if (depthwise) {

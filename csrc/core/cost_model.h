@@ -26,6 +26,9 @@ struct OpCost {
   int gemm_count = 0;
   std::array<GemmShape, 3> gemms{};  // conv_gemms fills up to three
   ConvShape conv{};   // convolutions only
+  // Batch norms: their channel count (0: unknown) and whether it is the backward.
+  double channels = 0;
+  bool backward = false;
 };
 
 // A kernel's charged duration and the same work at the GPU's peak rates.

@@ -23,10 +23,11 @@ struct ArchRow {
 // the fits say: cuDNN's Winograd and FFT kernels (cudnn.benchmark picks
 // them) run 3x3 convolutions 2-4x faster than their implicit GEMM at peak;
 // depthwise convolutions reach 6-16% of the bandwidth; the PyTorch 1.x
-// elementwise kernels 24-65%, batch norm 65-77%; a kernel occupies the
-// stream for 11-36 us, launch gaps included. Fields a fit cannot see in fp32
-// CNN training (tensor cores, attention, reductions, optimizer, gathers,
-// unaligned GEMMs) keep KernelParams' defaults, except Volta's tensor cores:
+// elementwise kernels 25-82%; batch norm streams at 96-100% of the
+// bandwidth once it has channels enough (half of that at 0.2-1.0 channels
+// per SM); a kernel occupies the stream for 13-24 us, launch gaps included. Fields a fit cannot see in fp32
+// CNN training (tensor cores, attention, reductions, layer norms, optimizer,
+// gathers, unaligned GEMMs) keep KernelParams' defaults, except Volta's tensor cores:
 // cuBLAS HGEMM reaches 90-100 of the V100's 125 TFLOP/s on large shapes.
 // The Hopper row is the fit of this project's own H100 sweep
 // (profiles/NVIDIA_H100_80GB_HBM3/calibration.json, `torch-emugpu
@@ -36,34 +37,38 @@ struct ArchRow {
 // in between; a calibration file measured on the GPU replaces them.
 const std::vector<ArchRow>& rows() {
   static const std::vector<ArchRow> table = {
-      {3, 0, "kepler", {{"simt_efficiency", 0.62}, {"memory_efficiency", 0.24}, {"norm_efficiency", 0.65},
-                        {"depthwise_efficiency", 0.057}, {"winograd_gain", 4.0}, {"launch_ns", 36'400},
-                        {"gemm_k_half", 127}}},
-      {5, 0, "maxwell", {{"simt_efficiency", 0.95}, {"memory_efficiency", 0.40}, {"norm_efficiency", 0.77},
-                         {"depthwise_efficiency", 0.075}, {"winograd_gain", 2.0}, {"launch_ns", 14'900},
-                         {"gemm_k_half", 126}}},
-      {6, 0, "pascal", {{"simt_efficiency", 1.0}, {"memory_efficiency", 0.35}, {"norm_efficiency", 0.67},
-                        {"depthwise_efficiency", 0.065}, {"winograd_gain", 4.0}, {"launch_ns", 18'200},
-                        {"gemm_k_half", 0}}},
-      {7, 0, "volta", {{"simt_efficiency", 1.0}, {"tensor_efficiency", 0.75}, {"memory_efficiency", 0.65},
-                       {"norm_efficiency", 0.71},
-                       {"depthwise_efficiency", 0.156}, {"winograd_gain", 4.0}, {"launch_ns", 11'400},
-                       {"gemm_k_half", 88}}},
+      {3, 0, "kepler", {{"simt_efficiency", 0.66}, {"memory_efficiency", 0.25}, {"batch_norm_efficiency", 0.96},
+                        {"batch_norm_channels_per_sm", 1.04}, {"depthwise_efficiency", 0.089},
+                        {"winograd_gain", 3.7}, {"launch_ns", 24'300}, {"gemm_k_half", 312}}},
+      {5, 0, "maxwell", {{"simt_efficiency", 1.0}, {"memory_efficiency", 0.44}, {"batch_norm_efficiency", 1.0},
+                         {"batch_norm_channels_per_sm", 0.42}, {"depthwise_efficiency", 0.086},
+                         {"winograd_gain", 1.8}, {"launch_ns", 13'300}, {"gemm_k_half", 238}}},
+      {6, 0, "pascal", {{"simt_efficiency", 1.0}, {"memory_efficiency", 0.42}, {"batch_norm_efficiency", 1.0},
+                        {"batch_norm_channels_per_sm", 0.23}, {"depthwise_efficiency", 0.073},
+                        {"winograd_gain", 3.9}, {"launch_ns", 17'900}, {"gemm_k_half", 134}}},
+      {7, 0, "volta", {{"simt_efficiency", 1.0}, {"tensor_efficiency", 0.75}, {"memory_efficiency", 0.82},
+                       {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.18},
+                       {"depthwise_efficiency", 0.244}, {"winograd_gain", 3.8}, {"launch_ns", 13'200},
+                       {"gemm_k_half", 175}}},
       {7, 5, "turing", {{"simt_efficiency", 0.9}, {"tensor_efficiency", 0.6}, {"memory_efficiency", 0.8},
-                        {"norm_efficiency", 0.6}, {"depthwise_efficiency", 0.15}, {"winograd_gain", 2.5},
-                        {"launch_ns", 10'000}, {"gemm_k_half", 64}}},
+                        {"norm_efficiency", 0.6}, {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.74},
+                        {"depthwise_efficiency", 0.15}, {"winograd_gain", 2.5}, {"launch_ns", 10'000},
+                        {"gemm_k_half", 64}}},
       {8, 0, "ampere", {{"simt_efficiency", 0.85}, {"tensor_efficiency", 0.7}, {"attention_efficiency", 0.7},
-                        {"memory_efficiency", 0.9}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.45},
+                        {"memory_efficiency", 0.9}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.7},
+                        {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.74},
                         {"optimizer_efficiency", 0.75}, {"gather_efficiency", 0.8}, {"depthwise_efficiency", 0.15},
                         {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.2}, {"launch_ns", 10'000},
                         {"gemm_k_half", 48}}},
-      {9, 0, "hopper", {{"simt_efficiency", 0.79}, {"tensor_efficiency", 0.73}, {"attention_efficiency", 0.71},
-                        {"memory_efficiency", 0.92}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.39},
-                        {"optimizer_efficiency", 0.77}, {"gather_efficiency", 1.0}, {"depthwise_efficiency", 0.14},
-                        {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.19}, {"launch_ns", 10'200},
+      {9, 0, "hopper", {{"simt_efficiency", 0.80}, {"tensor_efficiency", 0.73}, {"attention_efficiency", 0.71},
+                        {"memory_efficiency", 0.92}, {"reduction_efficiency", 0.57}, {"norm_efficiency", 0.70},
+                        {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.74},
+                        {"optimizer_efficiency", 0.77}, {"gather_efficiency", 0.99}, {"depthwise_efficiency", 0.14},
+                        {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.19}, {"launch_ns", 9'600},
                         {"gemm_k_half", 42}}},
       {10, 0, "blackwell", {{"simt_efficiency", 0.79}, {"tensor_efficiency", 0.7}, {"attention_efficiency", 0.7},
-                            {"memory_efficiency", 0.9}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.4},
+                            {"memory_efficiency", 0.9}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.7},
+                            {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.74},
                             {"optimizer_efficiency", 0.75}, {"gather_efficiency", 0.9}, {"depthwise_efficiency", 0.14},
                             {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.2}, {"launch_ns", 10'000},
                             {"gemm_k_half", 42}}},
@@ -92,6 +97,8 @@ const std::vector<KernelParamField>& kernel_param_fields() {
       {"memory_efficiency", &KernelParams::memory_efficiency, 0.05, 1.0},
       {"reduction_efficiency", &KernelParams::reduction_efficiency, 0.02, 1.0},
       {"norm_efficiency", &KernelParams::norm_efficiency, 0.02, 1.0},
+      {"batch_norm_efficiency", &KernelParams::batch_norm_efficiency, 0.02, 1.0},
+      {"batch_norm_channels_per_sm", &KernelParams::batch_norm_channels_per_sm, 0.0, 16.0},
       {"optimizer_efficiency", &KernelParams::optimizer_efficiency, 0.02, 1.0},
       {"gather_efficiency", &KernelParams::gather_efficiency, 0.01, 1.0},
       {"depthwise_efficiency", &KernelParams::depthwise_efficiency, 0.01, 1.0},

@@ -25,8 +25,14 @@ struct KernelParams {
   double memory_efficiency = 0.8;
   // The same for row reductions, softmax and losses,
   double reduction_efficiency = 0.6;
-  // normalisation layers (statistics, then normalisation),
+  // layer, group and RMS norms (a row per block, kept on chip),
   double norm_efficiency = 0.6;
+  // batch norms (per-channel statistics over a strided N*H*W, then
+  // normalisation; the second read of the input is charged as bytes),
+  double batch_norm_efficiency = 0.6;
+  // with C channels a batch norm forward runs at C / (C + this * SMs) of
+  // that (a backward at C / (C + 3 * this * SMs)),
+  double batch_norm_channels_per_sm = 0.75;
   // and optimizer steps (foreach and fused multi-tensor kernels).
   double optimizer_efficiency = 0.7;
   // Fraction of the peak bandwidth kernels with scattered reads sustain

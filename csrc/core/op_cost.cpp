@@ -48,9 +48,9 @@ OpFamily op_family(std::string_view aten_name, bool pointwise_tag, bool reductio
       {"aten::_scaled_dot_product_flash_attention_backward", F::kAttentionBackward},
       {"aten::_scaled_dot_product_efficient_attention_backward", F::kAttentionBackward},
       {"aten::native_layer_norm", F::kNorm}, {"aten::native_layer_norm_backward", F::kNorm},
-      {"aten::native_batch_norm", F::kNorm}, {"aten::native_batch_norm_backward", F::kNorm},
-      {"aten::_native_batch_norm_legit", F::kNorm}, {"aten::_native_batch_norm_legit_no_training", F::kNorm},
-      {"aten::_batch_norm_with_update", F::kNorm}, {"aten::batch_norm_backward", F::kNorm},
+      {"aten::native_batch_norm", F::kBatchNorm}, {"aten::native_batch_norm_backward", F::kBatchNorm},
+      {"aten::_native_batch_norm_legit", F::kBatchNorm}, {"aten::_native_batch_norm_legit_no_training", F::kBatchNorm},
+      {"aten::_batch_norm_with_update", F::kBatchNorm}, {"aten::batch_norm_backward", F::kBatchNorm},
       {"aten::native_group_norm", F::kNorm}, {"aten::native_group_norm_backward", F::kNorm},
       {"aten::_fused_rms_norm", F::kNorm}, {"aten::_fused_rms_norm_backward", F::kNorm},
       // Row reductions that PyTorch does not tag as reductions.
@@ -129,7 +129,16 @@ int conv_gemms(const ConvShape& c, bool forward, bool input_grad, bool weight_gr
   const bool winograd = c.r == 3 && c.s == 3 && c.stride == 1 && c.c > g;
   int count = 0;
   if (forward) out[count++] = {g, c.n * c.p * c.q, c.k / g, c.c / g * c.r * c.s, winograd};
-  if (input_grad) out[count++] = {g, c.n * c.h * c.w, c.c / g, c.k / g * c.r * c.s, winograd};
+  if (input_grad) {
+    // A strided input gradient reaches each input pixel through R/stride x
+    // S/stride taps only (cuDNN skips the zeros); a filter narrower than the
+    // stride reaches only R/stride of the pixels. Either way its FLOPs are
+    // the forward's, not stride^2 times them.
+    const double stride = std::max(c.stride, 1.0);
+    const double taps_r = std::max(c.r / stride, 1.0), taps_s = std::max(c.s / stride, 1.0);
+    const double rows = c.h * std::min(c.r / stride, 1.0), cols = c.w * std::min(c.s / stride, 1.0);
+    out[count++] = {g, c.n * rows * cols, c.c / g, c.k / g * taps_r * taps_s, winograd};
+  }
   if (weight_grad) out[count++] = {g, c.k / g, c.c / g * c.r * c.s, c.n * c.p * c.q, false};
   return count;
 }
@@ -138,7 +147,8 @@ const char* op_family_name(OpFamily family) {
   switch (family) {
     case OpFamily::kElementwise: return "elementwise";
     case OpFamily::kReduction: return "reductions, softmax and losses";
-    case OpFamily::kNorm: return "normalization";
+    case OpFamily::kNorm: return "normalization (layer, group, RMS)";
+    case OpFamily::kBatchNorm: return "batch normalization";
     case OpFamily::kMm: return "matmul (mm)";
     case OpFamily::kBmm: return "batched matmul (bmm)";
     case OpFamily::kAddmm: return "matmul + bias (addmm)";
@@ -165,12 +175,6 @@ double matmul_flops(double batch, double m, double k, double n) {
   EMUGPU_CHECK(batch >= 0 && m >= 0 && k >= 0 && n >= 0, kValue, "matmul sizes must be >= 0, got batch ", batch,
                ", m ", m, ", k ", k, ", n ", n);
   return 2.0 * batch * m * k * n;
-}
-
-double conv_flops(double out_numel, double weight_numel, double out_channels, int passes) {
-  EMUGPU_CHECK(passes >= 0 && passes <= 2, kValue, "a convolution backward runs 0 to 2 passes, got ", passes);
-  const double per_output = weight_numel / std::max(out_channels, 1.0);
-  return 2.0 * out_numel * per_output * passes;
 }
 
 double attention_flops(double batch_heads, double l, double s, double e, double ev, bool backward) {

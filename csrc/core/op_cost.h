@@ -11,7 +11,7 @@ namespace emugpu {
 enum class OpFamily {
   kElementwise,  // one operation per output element: pointwise ops, pooling, fills, random
   kReduction,    // sums, means, softmax and losses: one operation per input element
-  kNorm,
+  kNorm,  // layer, group and RMS norms: a row per block, kept on chip
   kMm,
   kBmm,
   kAddmm,
@@ -24,8 +24,9 @@ enum class OpFamily {
   kOptimizer,  // _foreach_* and _fused_* kernels: a few launches over many tensors
   kCopy,       // copies and concatenations within one GPU (read + write)
   kUnmodelled, // no family known: charged by the bytes it moves, as an elementwise kernel
+  kBatchNorm,  // statistics over N*H*W per channel, then normalisation: strided, two passes
 };
-constexpr int kOpFamilyCount = 15;
+constexpr int kOpFamilyCount = 16;
 
 // "matmul", "convolution", ...: how cost_report() names a family.
 const char* op_family_name(OpFamily family);
@@ -55,7 +56,7 @@ struct ConvShape {
 
 // The GEMMs a convolution runs as implicit GEMMs (cuDNN's default form):
 // forward (N*P*Q x K/g, reduction C/g*R*S per group), the input gradient
-// (N*H*W x C/g over K/g*R*S) and the weight gradient (K/g x C/g*R*S over
+// (N*H*W x C/g over K/g*R*S, over R*S/stride^2 taps when strided) and the weight gradient (K/g x C/g*R*S over
 // N*P*Q). Returns how many of `out` it filled: one per pass asked for.
 int conv_gemms(const ConvShape& conv, bool forward, bool input_grad, bool weight_grad, GemmShape* out);
 // True for the families whose fp32 math runs on tensor cores as TF32 when
@@ -65,10 +66,6 @@ bool uses_cudnn(OpFamily family);
 
 // 2 * batch * m * k * n multiply-adds of a (batched) matrix product.
 double matmul_flops(double batch, double m, double k, double n);
-// A convolution producing `out_numel` outputs from a weight of
-// `weight_numel` elements over `out_channels` filters; its backward runs
-// `passes` kernels (input and/or weight gradients).
-double conv_flops(double out_numel, double weight_numel, double out_channels, int passes);
 // Fused attention over (batch * heads) sequences of L queries and S keys,
 // head sizes E (queries/keys) and Ev (values); the backward does 2.5 times
 // the forward's work (it recomputes the scores).

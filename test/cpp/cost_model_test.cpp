@@ -111,6 +111,28 @@ TEST(CostModel, GathersAndDepthwiseConvolutionsHaveTheirOwnBandwidth) {
   EXPECT_EQ(m.kernel(dw), 500 + 10'000'000);
 }
 
+TEST(CostModel, BatchNormsWithFewChannelsLeaveSmsIdle) {
+  const auto g = gpu();  // 80 SMs
+  KernelParams p = ideal();
+  p.batch_norm_efficiency = 0.5;
+  p.batch_norm_channels_per_sm = 1;
+  const emugpu::CostModel m(g, {}, p);
+  OpCost bn{0, 1e9, DType::kFloat32, OpFamily::kBatchNorm};
+  EXPECT_EQ(m.kernel(bn), 500 + 2'000'000);  // channels unknown: the family's bandwidth alone
+  bn.channels = 80;                            // half rate at one channel per SM
+  EXPECT_EQ(m.kernel(bn), 500 + 4'000'000);
+  bn.channels = 720;
+  EXPECT_EQ(m.kernel(bn), 500 + 2'222'222);
+  bn.channels = 80;
+  bn.backward = true;  // (80 + 240) / 80
+  EXPECT_EQ(m.kernel(bn), 500 + 8'000'000);
+  // A layer norm is not limited by channels.
+  OpCost ln{0, 1e9, DType::kFloat32, OpFamily::kNorm};
+  ln.channels = 80;
+  p.norm_efficiency = 0.5;
+  EXPECT_EQ(emugpu::CostModel(g, {}, p).kernel(ln), 500 + 2'000'000);
+}
+
 TEST(CostModel, WinogradSpeedsUpOnlyEligibleFp32Passes) {
   const auto g = gpu();
   KernelParams p = ideal();

@@ -12,6 +12,7 @@ TEST(OpCost, FamiliesComeFromTheAtenName) {
   EXPECT_EQ(emugpu::op_family("aten::addmm"), OpFamily::kAddmm);
   EXPECT_EQ(emugpu::op_family("aten::convolution_backward"), OpFamily::kConvBackward);
   EXPECT_EQ(emugpu::op_family("aten::native_layer_norm"), OpFamily::kNorm);
+  EXPECT_EQ(emugpu::op_family("aten::native_batch_norm_backward"), OpFamily::kBatchNorm);
   // Outside the table, PyTorch's tags decide; with no tag the op is unmodelled.
   EXPECT_EQ(emugpu::op_family("aten::add", true, false), OpFamily::kElementwise);
   EXPECT_EQ(emugpu::op_family("aten::amax", false, true), OpFamily::kReduction);
@@ -62,13 +63,21 @@ TEST(OpCost, MatmulCountsTwoFlopsPerMultiplyAdd) {
   EXPECT_THROW(emugpu::matmul_flops(1, -1, 1, 1), emugpu::Error);
 }
 
-TEST(OpCost, ConvolutionBackwardCountsItsPasses) {
-  // resnet's first conv: 64 filters of 3x7x7 over a 112x112 output, batch 1.
-  const double out = 64.0 * 112 * 112, weight = 64.0 * 3 * 7 * 7;
-  EXPECT_DOUBLE_EQ(emugpu::conv_flops(out, weight, 64, 1), 2 * out * 147);
-  EXPECT_DOUBLE_EQ(emugpu::conv_flops(out, weight, 64, 2), 4 * out * 147);
-  EXPECT_EQ(emugpu::conv_flops(out, weight, 64, 0), 0);
-  EXPECT_THROW(emugpu::conv_flops(out, weight, 64, 3), emugpu::Error);
+TEST(OpCost, StridedInputGradientDoesTheForwardsFlops) {
+  emugpu::GemmShape g[3];
+  const auto flops = [](const emugpu::GemmShape& x) { return 2 * x.batch * x.m * x.n * x.k; };
+  // resnet's 3x3 stride-2 convolution 56x56 -> 28x28: each input pixel gets 9/4 taps.
+  const emugpu::ConvShape down{32, 128, 56, 56, 128, 3, 3, 28, 28, 1, 2};
+  ASSERT_EQ(emugpu::conv_gemms(down, true, true, false, g), 2);
+  EXPECT_DOUBLE_EQ(g[1].m, 32 * 56 * 56);
+  EXPECT_DOUBLE_EQ(g[1].k, 128 * 2.25);
+  EXPECT_DOUBLE_EQ(flops(g[1]), flops(g[0]));
+  // A 1x1 stride-2 projection reaches a quarter of the input pixels, one tap each.
+  const emugpu::ConvShape proj{32, 256, 56, 56, 512, 1, 1, 28, 28, 1, 2};
+  ASSERT_EQ(emugpu::conv_gemms(proj, true, true, false, g), 2);
+  EXPECT_DOUBLE_EQ(g[1].m, 32 * 28 * 28);
+  EXPECT_DOUBLE_EQ(g[1].k, 512);
+  EXPECT_DOUBLE_EQ(flops(g[1]), flops(g[0]));
 }
 
 TEST(OpCost, AttentionBackwardIsTwoAndAHalfForwards) {

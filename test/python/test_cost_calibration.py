@@ -102,3 +102,19 @@ def test_the_shipped_h100_calibration_is_used_unless_switched_off() -> None:
     assert off.stdout.strip() == "table: hopper"
     bad = run_python(code, env={"EMUGPU_CALIBRATION": "maybe"})
     assert bad.returncode != 0 and "EMUGPU_CALIBRATION" in bad.stderr
+
+
+def test_ops_before_any_model_are_charged_under_the_calibration(tmp_path: Path) -> None:
+    # Configured from the environment by a bare op: no configure(), no module.
+    code = ("import torch, torch_emugpu; a = torch.ones(64, 64, device='emugpu'); (a @ a).sum(); "
+            "print(torch_emugpu._C._current_kernel_params(0)['source'])")
+    run = run_python(code, env={"EMUGPU_GPU": "h100-sxm"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().endswith("NVIDIA_H100_80GB_HBM3/calibration.json"), run.stdout
+    # A malformed file surfaces at that first op, as the ValueError reload() raises.
+    (tmp_path / "NVIDIA_H100_80GB_HBM3").mkdir()
+    (tmp_path / "NVIDIA_H100_80GB_HBM3" / "calibration.json").write_text("{")
+    code = ("import torch\ntry:\n    torch.ones(2, device='emugpu')\nexcept ValueError as e:\n    print('ValueError', e)")
+    bad = run_python(code, env={"EMUGPU_GPU": "h100-sxm", "EMUGPU_PROFILE_PATH": str(tmp_path)})
+    assert bad.returncode == 0, bad.stderr[-2000:]
+    assert bad.stdout.startswith("ValueError") and "calibration.json" in bad.stdout, bad.stdout

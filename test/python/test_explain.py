@@ -78,7 +78,7 @@ def test_explain_prints_the_families_of_a_training_iteration() -> None:
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "A100" in r.stdout and "cost model only" in r.stdout
-    for family in ("convolution backward", "convolution forward", "normalization", "total"):
+    for family in ("convolution backward", "convolution forward", "batch normalization", "total"):
         assert family in r.stdout, r.stdout
     bad = subprocess.run([sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--batch-size",
                           "0"], env=env, capture_output=True, text=True, timeout=300)

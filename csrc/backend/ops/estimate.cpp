@@ -20,10 +20,6 @@ DType dtype_class(at::ScalarType s, bool tensor_core_fp32) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 double dim(const at::Tensor& t, int64_t d) { return static_cast<double>(t.size(d)); }
 
 // Input sizes, kernel sizes and output sizes of a convolution as a 2-D
@@ -169,10 +165,13 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
       break;
     }
     case OpFamily::kNorm:
+    case OpFamily::kBatchNorm:
       cost.flops = norm_flops(in_numel);
       // Batch norm reads its input twice (statistics over the batch, then
       // normalisation); layer, group and RMS norms keep a row on chip.
-      if (!inputs.empty() && info.name.find("batch_norm") != std::string::npos) {
+      if (!inputs.empty() && info.family == OpFamily::kBatchNorm) {
+        if (inputs.front().dim() >= 2) cost.channels = dim(inputs.front(), 1);
+        cost.backward = info.name.find("backward") != std::string::npos;
         cost.bytes += numel_bytes(inputs.front());
         // Its kernels run at a rate of elements: 16-bit inputs take as long
         // as 32-bit ones (the H100 sweep: 0.9-1.8x the float32 time).
