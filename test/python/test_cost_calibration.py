@@ -114,7 +114,8 @@ def test_ops_before_any_model_are_charged_under_the_calibration(tmp_path: Path) 
     # A malformed file surfaces at that first op, as the ValueError reload() raises.
     (tmp_path / "NVIDIA_H100_80GB_HBM3").mkdir()
     (tmp_path / "NVIDIA_H100_80GB_HBM3" / "calibration.json").write_text("{")
-    code = ("import torch\ntry:\n    torch.ones(2, device='emugpu')\nexcept ValueError as e:\n    print('ValueError', e)")
+    code = ("import torch\ntry:\n    torch.ones(2, device='emugpu')\n"
+            "except ValueError as e:\n    print('ValueError', e)")
     bad = run_python(code, env={"EMUGPU_GPU": "h100-sxm", "EMUGPU_PROFILE_PATH": str(tmp_path)})
     assert bad.returncode == 0, bad.stderr[-2000:]
     assert bad.stdout.startswith("ValueError") and "calibration.json" in bad.stdout, bad.stdout
