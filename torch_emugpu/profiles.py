@@ -488,16 +488,12 @@ class _CostModelNotice:
 _notice = _CostModelNotice()
 
 
-def _load_after_configure() -> None:
-    reload()
-
-
 def activate() -> None:
     """At import: the planner's hooks when profiles exist, else the one-shot
     cost-model notice; profiles and calibration load when the device is
     first configured from the environment (or by configure())."""
     # Ops run before any model (a bare matmul) must already see the calibration.
-    _C._set_configured_hook(_load_after_configure)
+    _C._set_configured_hook(reload)
     if _has_profile_files():
         _planner.install()
     elif _notice.handle is None and not _planner.hooks_installed:

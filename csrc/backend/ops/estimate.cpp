@@ -167,18 +167,18 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
     case OpFamily::kNorm:
     case OpFamily::kBatchNorm:
       cost.flops = norm_flops(in_numel);
+      cost.backward = info.name.find("backward") != std::string::npos;
+      if (cost.backward) cost.kernels = 2;
       // Batch norm reads its input twice (statistics over the batch, then
       // normalisation); layer, group and RMS norms keep a row on chip.
       if (!inputs.empty() && info.family == OpFamily::kBatchNorm) {
         if (inputs.front().dim() >= 2) cost.channels = dim(inputs.front(), 1);
-        cost.backward = info.name.find("backward") != std::string::npos;
         cost.bytes += numel_bytes(inputs.front());
         // Its kernels run at a rate of elements: 16-bit inputs take as long
         // as 32-bit ones (the H100 sweep: 0.9-1.8x the float32 time).
         const auto element = inputs.front().element_size();
         if (element < 4) cost.bytes *= 4.0 / static_cast<double>(element);
       }
-      if (info.name.find("backward") != std::string::npos) cost.kernels = 2;
       break;
     case OpFamily::kOptimizer:
       cost.kernels = foreach_kernels(args);
