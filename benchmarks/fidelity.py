@@ -14,10 +14,11 @@ forward + backward. Phases:
   roofline  no profiles: the cost model's iteration time (the compute
             engine's busy time) vs the reference, printed apart for the
             configurations the reference measured host-bound (within 25% of
-            batch 1's time: its host's Python and launch overhead, which an
-            emulator reproduces from its own host, not from the cost model),
-            and all of them as run here (wall time: this host's overhead
-            where it exceeds the emulated GPU's time)
+            batch 1's time: its host's Python and launch overhead, not the
+            GPU), and all of them as run here (wall time) with the reference
+            host emulated: EMUGPU_HOST_OP_US set to the time per forward op
+            of GPEmu's machines (REFERENCE_HOST_OP_US, fitted by
+            fit_cost_model.py --host-pace: one number per reference host)
   shapes    loop shapes (issue 6): no per-iteration sync timed with events,
             per-iteration sync, loss.item() only, gradient accumulation,
             evaluation forwards between steps, two models in one loop; per
@@ -45,6 +46,11 @@ REPO = Path(__file__).resolve().parent.parent
 BATCHES = (1, 16, 32, 64, 128, 256)
 INTERPOLATED = (24, 48, 96, 192)
 HOST_BOUND = 0.25
+# GPEmu's machines' host time per op launched from Python (EMUGPU_HOST_OP_US), fitted to
+# its published per-batch times by `benchmarks/fit_cost_model.py --host-pace` (forward ops
+# paced, autograd's backward at the GPU's time): a property of each reference *host*.
+REFERENCE_HOST_OP_US = {"Tesla_K80": 105, "Tesla_M40": 117, "Tesla_P100-PCIE-16GB": 53,
+                        "Tesla_V100-PCIE-32GB": 68}
 
 
 def read_csv(path: Path) -> dict[int, list[float]]:
@@ -63,7 +69,8 @@ def reference_time(ref: Path, gpu: str, model: str, bs: int) -> float | None:
 
 
 def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[dict]:
-    phase, gpu, model, batches, profile_dir, warmup, iterations = task
+    phase, gpu, model, batches, profile_dir, warmup, iterations, host_op_us = task
+    os.environ["EMUGPU_HOST_OP_US"] = str(host_op_us)
     if profile_dir:
         os.environ["EMUGPU_PROFILE_PATH"] = profile_dir
     else:
@@ -227,6 +234,9 @@ def main() -> None:
     parser.add_argument("--models", default=None, help="comma-separated models (default: all)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--host-op-us", default=None, metavar="GPU=US,...",
+                        help="the reference hosts' time per op for the roofline phase (default: "
+                             "REFERENCE_HOST_OP_US; 'none': this host's own pace)")
     args = parser.parse_args()
     ref = Path(args.reference)
     if not (ref / "time" / "compute" / "forward").is_dir():
@@ -244,7 +254,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     with ctx.Pool(args.workers, maxtasksperchild=1) as pool:
         if "time" in phases:
-            tasks = [("time", g, m, [*BATCHES, *INTERPOLATED], profile_dir, args.warmup, args.iterations)
+            tasks = [("time", g, m, [*BATCHES, *INTERPOLATED], profile_dir, args.warmup, args.iterations, 0)
                      for g in gpus for m in models]
             rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="time")
                     for r in rs]
@@ -262,7 +272,7 @@ def main() -> None:
                       f"profile {r['profile'] * 1e3:.2f} ms (emulated busy {r['busy'] * 1e3:.2f} ms)")
         if "memory" in phases:
             gpu = "Tesla_V100-PCIE-32GB" if "Tesla_V100-PCIE-32GB" in gpus else gpus[0]
-            tasks = [("memory", gpu, m, [32, 128], profile_dir, 1, 1) for m in models]
+            tasks = [("memory", gpu, m, [32, 128], profile_dir, 1, 1, 0) for m in models]
             rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="memory")
                     for r in rs if not r.get("oom")]
             peak_err, pers_err = [], []
@@ -296,11 +306,17 @@ def main() -> None:
                           f"worst {max(errs):.3%} ({worst['gpu']} {worst['model']}); {late} host-bound "
                           f"(reported, excluded; all: worst {max(abs(r['error']) for r in every):.3%})")
         if "roofline" in phases:
-            tasks = [("roofline", g, m, list(BATCHES), None, 1, 1) for g in gpus for m in models]
+            if args.host_op_us == "none":
+                host_op_us = {}
+            elif args.host_op_us:
+                host_op_us = {k: float(v) for k, _, v in (item.partition("=") for item in args.host_op_us.split(","))}
+            else:
+                host_op_us = REFERENCE_HOST_OP_US
+            tasks = [("roofline", g, m, list(BATCHES), None, 1, 1, host_op_us.get(g, 0)) for g in gpus for m in models]
             rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="roofline")
                     for r in rs if not r.get("oom")]
             for g in gpus:
-                device, host, wall = [], [], []
+                device, host, wall, host_wall = [], [], [], []
                 for r in rows:
                     if r["gpu"] != g:
                         continue
@@ -309,10 +325,16 @@ def main() -> None:
                     if t and t1:
                         # Within HOST_BOUND of batch 1's time: the reference measured its host's
                         # Python and launch overhead there, which an emulator takes from its own host.
-                        (host if t < t1 * (1 + HOST_BOUND) else device).append(r["busy"] / t - 1)
+                        host_bound = t < t1 * (1 + HOST_BOUND)
+                        (host if host_bound else device).append(r["busy"] / t - 1)
                         wall.append(r["wall"] / t - 1)
+                        if host_bound:
+                            host_wall.append(r["wall"] / t - 1)
+                pace = f"EMUGPU_HOST_OP_US={host_op_us.get(g, 0):g}"
                 for label, errs in (("device-bound", device), ("host-bound in the reference", host),
-                                    ("all", device + host), ("all, as run here (wall time)", wall)):
+                                    ("all", device + host),
+                                    (f"host-bound in the reference, as run here with {pace} (wall time)", host_wall),
+                                    (f"all, as run here with {pace} (wall time)", wall)):
                     if errs:
                         mag = [abs(e) for e in errs]
                         print(f"cost model only, {g}, {label}: {len(errs)} configs, median |error| "

@@ -21,13 +21,19 @@ Configurations the reference measured host-bound (forward + backward within
 reference machine's Python and launch overhead, which an emulator reproduces
 from its own host, not from the cost model.
 
-    python benchmarks/fit_cost_model.py [--gpus ...] [--fit] [--params simt_efficiency,...]
+With --host-pace it also fits, per reference GPU, the host time per op
+(EMUGPU_HOST_OP_US) that GPEmu's machine spent on Python, PyTorch and the
+driver: the one parameter of the reference *host* that the host-bound
+configurations measure (benchmarks/fidelity.py emulates it).
+
+    python benchmarks/fit_cost_model.py [--gpus ...] [--fit] [--params simt_efficiency,...] [--host-pace]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -112,7 +118,7 @@ class Evaluator:
 
         self._C = _C
         self.gpu = gpu.replace("_", " ")
-        self.cases = []  # (model, bs, [ops], reference seconds, host-bound?)
+        self.cases = []  # (model, bs, [ops], reference seconds, host-bound?, forward op count)
         for model, by_bs in traces.items():
             ref = refs.get(model, {})
             if 1 not in ref:
@@ -122,7 +128,7 @@ class Evaluator:
                 if int(bs) not in ref:
                     continue
                 seconds = sum(ref[int(bs)])
-                self.cases.append((model, int(bs), fwd + bwd, seconds, seconds < base * (1 + host_bound)))
+                self.cases.append((model, int(bs), fwd + bwd, seconds, seconds < base * (1 + host_bound), len(fwd)))
         # One call per evaluation: all ops of all cases, cut back apart after.
         self.ops = [op for c in self.cases for op in c[2]]
         self.bounds = []
@@ -131,11 +137,15 @@ class Evaluator:
             self.bounds.append((start, start + len(c[2])))
             start += len(c[2])
 
-    def errors(self, params: dict[str, float]) -> list[tuple[str, int, float, bool]]:
+    def errors(self, params: dict[str, float], host_op_s: float = 0) -> list[tuple[str, int, float, bool]]:
+        """Per config: (model, batch, predicted / reference - 1, host-bound?). With `host_op_s`, the
+        forward takes at least that much host time per op (EMUGPU_HOST_OP_US paces the ops Python
+        launches; autograd's backward keeps the host's own pace)."""
         times = self._C._kernel_times(self.gpu, params, self.ops)
         out = []
-        for (model, bs, _ops, seconds, hb), (a, b) in zip(self.cases, self.bounds, strict=True):
-            predicted = sum(times[a:b]) * 1e-9
+        for (model, bs, _ops, seconds, hb, forward_ops), (a, b) in zip(self.cases, self.bounds, strict=True):
+            forward = max(sum(times[a:a + forward_ops]) * 1e-9, forward_ops * host_op_s)
+            predicted = forward + sum(times[a + forward_ops:b]) * 1e-9
             out.append((model, bs, predicted / seconds - 1, hb))
         return out
 
@@ -156,10 +166,28 @@ def summary(errs: list[tuple[str, int, float, bool]]) -> str:
 
 def fit(ev: Evaluator, start: dict[str, float], names: list[str]) -> dict[str, float]:
     """The core's fit (the one calibration files get) over the device-bound configs."""
-    cases = [(ops, seconds) for (_m, _b, ops, seconds, hb) in ev.cases if not hb]
+    cases = [(ops, seconds) for (_m, _b, ops, seconds, hb, _f) in ev.cases if not hb]
     fitted = ev._C._fit_kernel_params(ev.gpu, start, cases, names)
     fitted.pop("source")
     return fitted
+
+
+def fit_host_pace(ev: Evaluator, params: dict[str, float]) -> float:
+    """The reference host's seconds per op (EMUGPU_HOST_OP_US) minimising the mean |log error| over all
+    configs: a golden-section search over 1 us .. 1 ms on a log scale."""
+    def loss(log_s: float) -> float:
+        errs = ev.errors(params, math.exp(log_s))
+        return statistics.fmean(abs(math.log1p(e)) for _m, _b, e, _hb in errs)
+
+    a, b = math.log(1e-6), math.log(1e-3)
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(40):
+        c, d = b - golden * (b - a), a + golden * (b - a)
+        if loss(c) < loss(d):
+            b = d
+        else:
+            a = c
+    return math.exp((a + b) / 2)
 
 
 def main() -> None:
@@ -180,6 +208,8 @@ def main() -> None:
                         help="evaluate with this value instead of the table's (repeatable)")
     parser.add_argument("--row-from", default=None, metavar="GPU",
                         help="evaluate with this catalog GPU's table row (how a row carries to another GPU)")
+    parser.add_argument("--host-pace", action="store_true",
+                        help="also fit the reference host's time per op (EMUGPU_HOST_OP_US) over all configs")
     parser.add_argument("--worst", type=int, default=8, help="print the worst configs")
     args = parser.parse_args()
     ref = Path(args.reference)
@@ -218,6 +248,11 @@ def main() -> None:
             errs = ev.errors(fitted)
             print("   fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
             print(f"      {summary(errs)}")
+        if args.host_pace:
+            params = fitted if args.fit else table
+            pace = fit_host_pace(ev, params)
+            errs = ev.errors(params, pace)
+            print(f"   with the reference host's pace, EMUGPU_HOST_OP_US={pace * 1e6:.0f}:\n      {summary(errs)}")
         for model, bs, e, hb in sorted(errs, key=lambda r: -abs(r[2]))[:args.worst]:
             print(f"   worst: {model} bs {bs}: {e:+.1%}{' (host-bound)' if hb else ''}")
 

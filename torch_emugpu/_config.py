@@ -20,3 +20,4 @@ class Config:
     catalog: str
     exchange: str  # how backend `emu`'s ranks exchange: auto, tcp or shm
     host_copy_gbps: float  # staging rate of pageable host<->device copies
+    host_op_us: float  # the emulated host's time per launched op (0: this host's pace)

@@ -271,6 +271,14 @@ PYBIND11_MODULE(_C, m) {
   set_wait_interrupt_check(&check_python_signals);
   // Once per process: a host-bound run's times are this machine's, not the GPU's.
   set_host_bound_handler([](int device, double idle_fraction) {
+    if (const TimeNs pace = Runtime::get().device(device).host_pace(); pace > 0) {
+      // Asked for: the emulated host is slower than the GPU, as such a machine would be.
+      TORCH_WARN_ONCE("emugpu:", device, " is host-bound: the emulated GPU sat idle ",
+                      static_cast<int>(idle_fraction * 100), "% of the time waiting for the emulated host ",
+                      "(EMUGPU_HOST_OP_US=", static_cast<double>(pace) / 1e3,
+                      " per op launched from Python), as it would on a machine with that host.");
+      return;
+    }
     TORCH_WARN_ONCE("emugpu:", device, " is host-bound: in the last ", HostBoundMonitor::kWindowNs / 1e9,
                     " s or more the emulated GPU sat idle ", static_cast<int>(idle_fraction * 100),
                     "% of the time waiting for this host to launch work, so iteration times now measure this "
@@ -301,6 +309,7 @@ PYBIND11_MODULE(_C, m) {
       d["catalog"] = c.catalog_path;
       d["exchange"] = exchange_name(c.exchange);
       d["host_copy_gbps"] = c.host_copy_gbps;
+      d["host_op_us"] = c.host_op_us;
       return d;
     });
   });

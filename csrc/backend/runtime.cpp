@@ -109,6 +109,7 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   cost.host_staging_rate = config.host_copy_gbps * 1e9;
   for (int i = 0; i < config.device_count; ++i) {
     state->devices.push_back(std::make_unique<Device>(i, gpu, steady_clock(), 1024, cost));
+    state->devices.back()->set_host_pace(static_cast<TimeNs>(config.host_op_us * 1e3));
   }
   if (config.pcie_shared_by > 1) attach_shared_pcie(config, gpu, state->devices);
   mode_.store(config.mode);

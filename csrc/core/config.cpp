@@ -153,6 +153,11 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
                  "EMUGPU_HOST_COPY_GBPS: expected a rate in GB/s above 0 and at most ", kMaxNetGBps, ", got ",
                  c.host_copy_gbps);
   }
+  if (auto v = env("EMUGPU_HOST_OP_US")) {
+    c.host_op_us = parse_number(*v, "EMUGPU_HOST_OP_US", "the emulated host's microseconds per op (e.g. 60)");
+    EMUGPU_CHECK(c.host_op_us >= 0 && c.host_op_us <= kMaxHostOpUs, kValue,
+                 "EMUGPU_HOST_OP_US: expected microseconds per op from 0 to ", kMaxHostOpUs, ", got ", c.host_op_us);
+  }
   if (auto v = env("EMUGPU_EXCHANGE")) c.exchange = parse_exchange(*v, "EMUGPU_EXCHANGE");
   if (auto v = env("EMUGPU_PCIE_SHARED_BY")) {
     const double k = parse_number(*v, "EMUGPU_PCIE_SHARED_BY", "a GPU count (e.g. 2: two GPUs per PCIe switch)");

@@ -3,7 +3,8 @@
 // the inter-node network of collectives: EMUGPU_NET_GBPS,
 // EMUGPU_NET_LATENCY_US, and NCCL's own NCCL_ALGO, which a job tuned for real
 // GPUs may set; the ranks' exchange: EMUGPU_EXCHANGE; the staging of
-// pageable copies: EMUGPU_HOST_COPY_GBPS; shared PCIe uplinks:
+// pageable copies: EMUGPU_HOST_COPY_GBPS; the emulated host's time per op:
+// EMUGPU_HOST_OP_US; shared PCIe uplinks:
 // EMUGPU_PCIE_SHARED_BY, EMUGPU_PCIE_UPLINK_GBPS): the one place either is parsed.
 #pragma once
 
@@ -29,6 +30,7 @@ constexpr double kMaxNetGBps = 100'000;
 constexpr double kMaxNetLatencyUs = 1'000'000;
 // The host's memcpy into CUDA's pinned staging buffers (pageable copies).
 constexpr double kDefaultHostCopyGBps = 14;
+constexpr double kMaxHostOpUs = 1'000'000;
 
 struct Config {
   std::string catalog_path;
@@ -49,6 +51,9 @@ struct Config {
   // name (torchrun: its run id and the node's rank); empty: one process.
   std::string pcie_segment;
   double host_copy_gbps = kDefaultHostCopyGBps;  // GB/s of pageable copies' staging
+  // Emulates a host slower than this one: launches at least this many
+  // microseconds apart (0: this host's own pace).
+  double host_op_us = 0;
   ExchangeTransport exchange = ExchangeTransport::kAuto;
 };
 

@@ -26,7 +26,7 @@ struct OpCost {
   int gemm_count = 0;
   std::array<GemmShape, 3> gemms{};  // conv_gemms fills up to three
   ConvShape conv{};   // convolutions only
-  // Batch norms: their channel count (0: unknown) and whether it is the backward.
+  // Norms: the channel count (batch norms; 0: unknown) and whether it is a backward.
   double channels = 0;
   bool backward = false;
 };

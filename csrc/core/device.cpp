@@ -74,6 +74,19 @@ void Device::attach_pcie(std::shared_ptr<PcieLinks> links, int uplink, double oc
   occupancy_factor_ = occupancy_factor;
 }
 
+void Device::set_host_pace(TimeNs ns) {
+  EMUGPU_CHECK(ns >= 0, kValue, "device ", index_, ": expected a host time per op >= 0 ns, got ", ns);
+  host_pace_ = ns;
+}
+
+void Device::pace_host() {
+  const TimeNs pace = host_pace_.load();
+  if (pace <= 0) return;
+  const TimeNs due = last_launch_.load() + pace;
+  if (clock_.now() < due) clock_.sleep_until(due);
+  last_launch_ = clock_.now();
+}
+
 TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
   EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
   const bool copy = engine == Engine::kHostToDevice || engine == Engine::kDeviceToHost;

@@ -16,6 +16,7 @@
 // Thread-safe: autograd's device threads and the host thread share it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -59,6 +60,14 @@ class Device {
   // profiled region is re-timed. Blocks only while the launch queue is full.
   // Returns the time the work ends on the device.
   TimeNs launch(int64_t stream, Engine engine, TimeNs estimate);
+
+  // Emulates a host that spends `ns` per op it launches (Python, framework,
+  // driver): pace_host(), called before such a launch, returns at least `ns`
+  // after the previous call in host time, waiting out what this host did
+  // faster. 0: this host's own pace.
+  void set_host_pace(TimeNs ns);
+  TimeNs host_pace() const { return host_pace_.load(); }
+  void pace_host();
 
   // Host<->device copies of this GPU cross `uplink` of `links`, shared with
   // other GPUs: each occupies it for its duration x `occupancy_factor` (the
@@ -157,6 +166,8 @@ class Device {
   std::shared_ptr<PcieLinks> pcie_;
   int uplink_ = 0;
   double occupancy_factor_ = 1.0;
+  std::atomic<TimeNs> host_pace_{0};
+  std::atomic<TimeNs> last_launch_{0};  // host time of the last pace_host()
 };
 
 }  // namespace emugpu

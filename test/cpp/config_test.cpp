@@ -15,7 +15,7 @@ using emugpu::Mode;
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
     for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
-                          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE", "NCCL_ALGO"}) {
+                          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_HOST_OP_US", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE", "NCCL_ALGO"}) {
       unsetenv(v);
     }
   }
@@ -83,6 +83,22 @@ TEST_F(CleanEnvironment, HostCopyRateComesFromTheEnvironmentAndIsChecked) {
     }
   }
   unsetenv("EMUGPU_HOST_COPY_GBPS");
+}
+
+TEST_F(CleanEnvironment, TheEmulatedHostsTimePerOpComesFromTheEnvironmentAndIsChecked) {
+  EXPECT_EQ(emugpu::resolve_config({}, "").host_op_us, 0);
+  setenv("EMUGPU_HOST_OP_US", "62.5", 1);
+  EXPECT_EQ(emugpu::resolve_config({}, "").host_op_us, 62.5);
+  for (const char* bad : {"-1", "slow", "nan", "1e7"}) {
+    setenv("EMUGPU_HOST_OP_US", bad, 1);
+    try {
+      emugpu::resolve_config({}, "");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const emugpu::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("EMUGPU_HOST_OP_US"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("EMUGPU_HOST_OP_US");
 }
 
 TEST_F(CleanEnvironment, BadNetworkValuesNameTheirSource) {

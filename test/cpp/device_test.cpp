@@ -51,6 +51,31 @@ TEST(Device, LaunchDoesNotBlockTheHost) {
   EXPECT_EQ(l.clock.now(), now);
 }
 
+TEST(Device, AnEmulatedSlowerHostSpacesItsLaunchesOut) {
+  Loop l;
+  l.dev.set_host_pace(60 * kUs);
+  const TimeNs start = l.clock.now();
+  TimeNs end = 0;
+  auto paced = [&](TimeNs estimate) {
+    l.dev.pace_host();
+    return l.dev.launch(0, Engine::kCompute, estimate);
+  };
+  for (int i = 0; i < 10; ++i) end = paced(10 * kUs);
+  // Kernels shorter than the host's time per op: the device waits for the host.
+  EXPECT_EQ(l.clock.now() - start, 9 * 60 * kUs);
+  EXPECT_EQ(end - start, 9 * 60 * kUs + 10 * kUs);
+  // A host already slower than the pace is not slowed further.
+  l.clock.advance(100 * kUs);
+  const TimeNs before = l.clock.now();
+  paced(10 * kUs);
+  EXPECT_EQ(l.clock.now(), before);
+  // Kernels longer than the pace: the device's time, as before.
+  l.clock.advance(kMs);
+  const TimeNs busy_start = l.clock.now();
+  for (int i = 0; i < 10; ++i) end = paced(kMs);
+  EXPECT_EQ(end, busy_start + 10 * kMs);
+}
+
 TEST(Device, SynchronizeBlocksUntilTheDeviceIsDone) {
   Loop l;
   const TimeNs end = l.dev.launch(0, Engine::kCompute, 20 * kMs);

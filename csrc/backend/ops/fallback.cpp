@@ -4,6 +4,7 @@
 // kernel or shape rule); make the outputs on the emulated allocator; compute
 // values on the host in compute mode; charge the time to the device.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "backend/allocator.h"
 #include "backend/ops/common.h"
@@ -30,12 +31,25 @@ at::Tensor new_device_tensor(int device, const at::Tensor& like) {
   return new_device_tensor(device, TensorDesc::of(like));
 }
 
+namespace {
+
+// EMUGPU_HOST_OP_US emulates a slower host's Python and framework time per
+// op: ops launched from Python (forward, loss, optimizer) wait for it; those
+// autograd's engine launches in C++ during backward keep this host's pace.
+Device& paced(int device) {
+  Device& d = Runtime::get().device(device);
+  if (d.host_pace() > 0 && torch::autograd::get_current_graph_task_id() == -1) d.pace_host();
+  return d;
+}
+
+}  // namespace
+
 TimeNs charge(int device, Engine engine, TimeNs estimate) {
-  return Runtime::get().device(device).launch(current_stream_id(device), engine, estimate);
+  return paced(device).launch(current_stream_id(device), engine, estimate);
 }
 
 TimeNs charge_and_wait(int device, Engine engine, TimeNs estimate) {
-  return Runtime::get().device(device).launch_and_wait(current_stream_id(device), engine, estimate);
+  return paced(device).launch_and_wait(current_stream_id(device), engine, estimate);
 }
 
 
