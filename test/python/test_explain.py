@@ -71,6 +71,22 @@ def test_a_convolution_backward_is_two_kernels_and_unknown_ops_are_unmodelled() 
     assert unmodelled["bytes"] >= x.numel() * 4
 
 
+def test_layer_and_group_norms_are_charged_as_themselves_not_as_batch_norms() -> None:
+    # PyTorch's generic layer and group norm kernels normalise through native_batch_norm.
+    ln = torch.nn.LayerNorm(64).to("emugpu")
+    gn = torch.nn.GroupNorm(4, 16).to("emugpu")
+    x = torch.randn(8, 128, 64, device="emugpu", requires_grad=True)
+    y = torch.randn(8, 16, 10, 10, device="emugpu", requires_grad=True)
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    (ln(x).sum() + gn(y).sum()).backward()
+    torch.emugpu.synchronize()
+    rows = by_family(torch_emugpu.cost_report())
+    assert "batch normalization" not in rows
+    # Two forwards and two backwards (each backward: the input and the affine gradients).
+    assert rows["normalization (layer, group, RMS)"]["ops"] == 4
+
+
 def test_explain_prints_the_families_of_a_training_iteration() -> None:
     env = dict(os.environ, PYTHONPATH=REPO)
     r = subprocess.run([sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--gpu", "a100",

@@ -264,6 +264,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // them whole to the fallback, which has their Meta shape rule.
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+  // Their generic kernels normalise through native_batch_norm on a reshaped
+  // input, which would charge (and report) a layer norm as a batch norm.
+  m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
+  m.impl("native_group_norm", torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
   // Losses whose generic functional kernel calls their out= variant with a
   // 0-d result, which PyTorch's own CPU out kernel first resizes to the
   // elementwise shape (a deprecation warning per call in compute mode): the
