@@ -51,8 +51,8 @@ struct Config {
   // name (torchrun: its run id and the node's rank); empty: one process.
   std::string pcie_segment;
   double host_copy_gbps = kDefaultHostCopyGBps;  // GB/s of pageable copies' staging
-  // Emulates a host slower than this one: launches at least this many
-  // microseconds apart (0: this host's own pace).
+  // Emulates a host slower than this one: ops launched from Python at least
+  // this many microseconds apart (0: this host's own pace).
   double host_op_us = 0;
   ExchangeTransport exchange = ExchangeTransport::kAuto;
 };
