@@ -33,8 +33,9 @@ struct ArchRow {
 // (profiles/NVIDIA_H100_80GB_HBM3/calibration.json, `torch-emugpu
 // calibrate`), which also applies to that GPU directly. Turing, Ampere (with
 // Ada) and Blackwell are not fitted: they take Volta's forms for CUDA-core
-// work and Hopper's for tensor cores and bandwidth, with their launch costs
-// in between; a calibration file measured on the GPU replaces them.
+// work and Hopper's for tensor cores, bandwidth and batch norms (Turing
+// without the bfloat16 batch-norm factors: it has no bfloat16), with their
+// launch costs in between; a calibration file measured on the GPU replaces them.
 const std::vector<ArchRow>& rows() {
   static const std::vector<ArchRow> table = {
       {3, 0, "kepler", {{"simt_efficiency", 0.66}, {"memory_efficiency", 0.25}, {"batch_norm_efficiency", 0.96},
@@ -51,24 +52,27 @@ const std::vector<ArchRow>& rows() {
                        {"depthwise_efficiency", 0.244}, {"winograd_gain", 3.8}, {"launch_ns", 13'200},
                        {"gemm_k_half", 175}}},
       {7, 5, "turing", {{"simt_efficiency", 0.9}, {"tensor_efficiency", 0.6}, {"memory_efficiency", 0.8},
-                        {"norm_efficiency", 0.6}, {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.74},
+                        {"norm_efficiency", 0.6}, {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.68},
                         {"depthwise_efficiency", 0.15}, {"winograd_gain", 2.5}, {"launch_ns", 10'000},
                         {"gemm_k_half", 64}}},
       {8, 0, "ampere", {{"simt_efficiency", 0.85}, {"tensor_efficiency", 0.7}, {"attention_efficiency", 0.7},
                         {"memory_efficiency", 0.9}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.7},
-                        {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.74},
+                        {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.68},
+                        {"batch_norm_16bit_forward", 1.62}, {"batch_norm_16bit_backward", 1.10},
                         {"optimizer_efficiency", 0.75}, {"gather_efficiency", 0.8}, {"depthwise_efficiency", 0.15},
                         {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.2}, {"launch_ns", 10'000},
                         {"gemm_k_half", 48}}},
       {9, 0, "hopper", {{"simt_efficiency", 0.80}, {"tensor_efficiency", 0.73}, {"attention_efficiency", 0.71},
                         {"memory_efficiency", 0.92}, {"reduction_efficiency", 0.57}, {"norm_efficiency", 0.70},
-                        {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.74},
+                        {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.68},
+                        {"batch_norm_16bit_forward", 1.62}, {"batch_norm_16bit_backward", 1.10},
                         {"optimizer_efficiency", 0.77}, {"gather_efficiency", 0.99}, {"depthwise_efficiency", 0.14},
                         {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.19}, {"launch_ns", 9'600},
                         {"gemm_k_half", 42}}},
       {10, 0, "blackwell", {{"simt_efficiency", 0.79}, {"tensor_efficiency", 0.7}, {"attention_efficiency", 0.7},
                             {"memory_efficiency", 0.9}, {"reduction_efficiency", 0.6}, {"norm_efficiency", 0.7},
-                            {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.74},
+                            {"batch_norm_efficiency", 1.0}, {"batch_norm_channels_per_sm", 0.68},
+                            {"batch_norm_16bit_forward", 1.62}, {"batch_norm_16bit_backward", 1.10},
                             {"optimizer_efficiency", 0.75}, {"gather_efficiency", 0.9}, {"depthwise_efficiency", 0.14},
                             {"winograd_gain", 2.5}, {"unaligned_efficiency", 0.2}, {"launch_ns", 10'000},
                             {"gemm_k_half", 42}}},
@@ -99,6 +103,8 @@ const std::vector<KernelParamField>& kernel_param_fields() {
       {"norm_efficiency", &KernelParams::norm_efficiency, 0.02, 1.0},
       {"batch_norm_efficiency", &KernelParams::batch_norm_efficiency, 0.02, 1.0},
       {"batch_norm_channels_per_sm", &KernelParams::batch_norm_channels_per_sm, 0.0, 16.0},
+      {"batch_norm_16bit_forward", &KernelParams::batch_norm_16bit_forward, 1.0, 4.0},
+      {"batch_norm_16bit_backward", &KernelParams::batch_norm_16bit_backward, 1.0, 4.0},
       {"optimizer_efficiency", &KernelParams::optimizer_efficiency, 0.02, 1.0},
       {"gather_efficiency", &KernelParams::gather_efficiency, 0.01, 1.0},
       {"depthwise_efficiency", &KernelParams::depthwise_efficiency, 0.01, 1.0},

@@ -133,6 +133,26 @@ TEST(CostModel, BatchNormsWithFewChannelsLeaveSmsIdle) {
   EXPECT_EQ(emugpu::CostModel(g, {}, p).kernel(ln), 500 + 2'000'000);
 }
 
+TEST(CostModel, SixteenBitBatchNormsTakeTheirOwnFactorsOverFloat32) {
+  const auto g = gpu();
+  KernelParams p = ideal();
+  p.batch_norm_efficiency = 0.5;
+  p.batch_norm_16bit_forward = 1.5;
+  p.batch_norm_16bit_backward = 1.25;
+  const emugpu::CostModel m(g, {}, p);
+  // estimate() charges a 16-bit batch norm the float32 bytes; these factors come on top.
+  OpCost bn{0, 1e9, DType::kBFloat16, OpFamily::kBatchNorm};
+  EXPECT_EQ(m.kernel(bn), 500 + 3'000'000);
+  bn.backward = true;
+  EXPECT_EQ(m.kernel(bn), 500 + 2'500'000);
+  bn.dtype = DType::kFloat32;
+  EXPECT_EQ(m.kernel(bn), 500 + 2'000'000);
+  // Layer norms keep their family's rate.
+  OpCost ln{0, 1e9, DType::kBFloat16, OpFamily::kNorm};
+  p.norm_efficiency = 0.5;
+  EXPECT_EQ(emugpu::CostModel(g, {}, p).kernel(ln), 500 + 2'000'000);
+}
+
 TEST(CostModel, WinogradSpeedsUpOnlyEligibleFp32Passes) {
   const auto g = gpu();
   KernelParams p = ideal();
