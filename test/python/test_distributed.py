@@ -676,9 +676,10 @@ def test_torchrun_with_too_few_emulated_devices_fails_at_init(tmp_path: pathlib.
     start = time.monotonic()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.returncode != 0
-    # both ranks raise at once, not at the process group's timeout
+    # Each rank raises at init, not at the process group's timeout; the first to fail has torchrun
+    # stop the other, which may not get to print its own error.
     assert r.stderr.count("ValueError: emu backend: expected an emulated GPU per rank of the node "
-                          "(LOCAL_WORLD_SIZE=2), got 1 emulated device(s)") == 2, r.stderr[-3000:]
+                          "(LOCAL_WORLD_SIZE=2), got 1 emulated device(s)") >= 1, r.stderr[-3000:]
     assert time.monotonic() - start < 120
 
 
