@@ -83,8 +83,12 @@ void Device::pace_host() {
   const TimeNs pace = host_pace_.load();
   if (pace <= 0) return;
   const TimeNs due = last_launch_.load() + pace;
-  if (clock_.now() < due) clock_.sleep_until(due);
-  last_launch_ = clock_.now();
+  TimeNs now = clock_.now();
+  if (now < due) {
+    clock_.sleep_until(due);
+    now = clock_.now();
+  }
+  last_launch_ = now;
 }
 
 TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
