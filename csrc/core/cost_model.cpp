@@ -114,7 +114,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     const double half = p.batch_norm_channels_per_sm * gpu_.sm_count * (cost.backward ? 3.0 : 1.0);
     memory_s *= (cost.channels + half) / cost.channels;
   }
-  if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2) {
+  if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2 && !cost.cudnn) {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
   }
   const bool depthwise = (cost.family == OpFamily::kConv || cost.family == OpFamily::kConvBackward) &&

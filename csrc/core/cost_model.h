@@ -29,6 +29,10 @@ struct OpCost {
   // Norms: the channel count (batch norms; 0: unknown) and whether it is a backward.
   double channels = 0;
   bool backward = false;
+  // A batch norm PyTorch hands to cuDNN: float32, or float16 with float32
+  // weights (autocast). bfloat16 and all-half ones run its own kernels,
+  // which the 16-bit factors of KernelParams time.
+  bool cudnn = false;
 };
 
 // A kernel's charged duration and the same work at the GPU's peak rates.

@@ -33,9 +33,10 @@ struct KernelParams {
   // with C channels a batch norm forward runs at C / (C + this * SMs) of
   // that (a backward at C / (C + 3 * this * SMs)),
   double batch_norm_channels_per_sm = 0.75;
-  // A 16-bit batch norm takes this many times the float32 one's time
-  // (forward, backward): its kernels run at a rate of elements, and in
-  // bfloat16 a slower one (H100 sweep: 1.4-1.8x forward, 1.05-1.3x backward).
+  // A 16-bit batch norm that PyTorch runs on its own kernels (bfloat16, or
+  // half weights; OpCost::cudnn is false) takes this many times the float32
+  // one's time, forward and backward (H100 sweep, bfloat16: 1.4-1.8x
+  // forward, 1.05-1.3x backward). Every 16-bit one is charged float32's bytes.
   double batch_norm_16bit_forward = 1.0;
   double batch_norm_16bit_backward = 1.0;
   // and optimizer steps (foreach and fused multi-tensor kernels).

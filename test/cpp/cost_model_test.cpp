@@ -147,6 +147,12 @@ TEST(CostModel, SixteenBitBatchNormsTakeTheirOwnFactorsOverFloat32) {
   EXPECT_EQ(m.kernel(bn), 500 + 2'500'000);
   bn.dtype = DType::kFloat32;
   EXPECT_EQ(m.kernel(bn), 500 + 2'000'000);
+  // Half inputs with float32 weights go to cuDNN, which the factors do not describe.
+  bn.dtype = DType::kFloat16;
+  bn.cudnn = true;
+  EXPECT_EQ(m.kernel(bn), 500 + 2'000'000);
+  bn.cudnn = false;
+  EXPECT_EQ(m.kernel(bn), 500 + 2'500'000);
   // Layer norms keep their family's rate.
   OpCost ln{0, 1e9, DType::kBFloat16, OpFamily::kNorm};
   p.norm_efficiency = 0.5;

@@ -87,6 +87,38 @@ def test_layer_and_group_norms_are_charged_as_themselves_not_as_batch_norms() ->
     assert rows["normalization (layer, group, RMS)"]["ops"] == 4
 
 
+_BATCH_NORM_TIMES = """
+import torch, torch_emugpu
+bn = torch.nn.BatchNorm2d(64).to("emugpu")
+x = torch.randn(32, 64, 56, 56, device="emugpu")
+def ms(dtype, half_weights=False):
+    net = bn.half() if half_weights else bn.float()
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    if half_weights:
+        net(x.half())
+    else:
+        with torch.autocast("emugpu", dtype=dtype, enabled=dtype != torch.float32):
+            net(x.to(dtype))
+    torch.emugpu.synchronize()
+    return [r["time_s"] * 1e3 for r in torch_emugpu.cost_report() if r["family"] == "batch normalization"][0]
+print(ms(torch.float32), ms(torch.float16), ms(torch.bfloat16), ms(torch.float16, True))
+"""
+
+
+def test_16_bit_batch_norms_take_cudnns_time_where_pytorch_would_use_cudnn() -> None:
+    # PyTorch runs float16 batch norms with float32 weights (autocast) on cuDNN, as float32 ones;
+    # bfloat16 ones and half models on its own, slower kernels (the H100 sweep).
+    env = dict(os.environ, PYTHONPATH=REPO, EMUGPU_GPU="h100", EMUGPU_PROFILES="off")
+    r = subprocess.run([sys.executable, "-c", _BATCH_NORM_TIMES], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fp32, fp16, bf16, half = (float(v) for v in r.stdout.split())
+    assert fp16 == pytest.approx(fp32, rel=1e-4)
+    assert bf16 > 1.3 * fp32
+    assert half == pytest.approx(bf16, rel=1e-4)
+
+
 def test_explain_prints_the_families_of_a_training_iteration() -> None:
     env = dict(os.environ, PYTHONPATH=REPO)
     r = subprocess.run([sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--gpu", "a100",

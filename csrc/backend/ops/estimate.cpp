@@ -103,6 +103,19 @@ int foreach_kernels(const std::vector<c10::IValue>& args) {
   return static_cast<int>(std::clamp(launches, 1.0, 1e6));
 }
 
+// PyTorch's rule (_select_batch_norm_backend) for its CUDA batch norms:
+// cuDNN unless an operand is bfloat16, or the input is half and the weights
+// are not float32, or there are no weights.
+bool batch_norm_on_cudnn(const std::vector<c10::IValue>& args, bool backward) {
+  const size_t data = backward ? 1 : 0, weight = backward ? 2 : 1;
+  if (args.size() <= weight || !args[data].isTensor() || !args[weight].isTensor()) return false;
+  const at::Tensor& x = args[data].toTensor();
+  const at::Tensor& w = args[weight].toTensor();
+  if (!x.defined() || !w.defined()) return false;
+  if (x.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kBFloat16) return false;
+  return x.scalar_type() != at::kHalf || w.scalar_type() == at::kFloat;
+}
+
 }  // namespace
 
 OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
@@ -178,6 +191,7 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
         // as 32-bit ones (the H100 sweep: 0.9-1.8x the float32 time).
         const auto element = inputs.front().element_size();
         if (element < 4) cost.bytes *= 4.0 / static_cast<double>(element);
+        cost.cudnn = batch_norm_on_cudnn(args, cost.backward);
       }
       break;
     case OpFamily::kOptimizer:
