@@ -1,7 +1,6 @@
 #include "backend/group_collectives.h"
 
 #include <c10/util/Exception.h>
-#include <cxxabi.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -22,22 +21,6 @@ namespace py = pybind11;
 
 // The words each rank contributes per collective, by position.
 enum Word : int { kStart, kReal, kCompute, kSignature, kModelBytes, kLargest, kPayload, kWords };
-
-// Makes `stream` current on `device` for this scope: a future completed
-// here records its events on the collective's stream, as NCCL's do.
-class StreamScope {
- public:
-  StreamScope(int device, int64_t stream) : device_(device), old_(current_stream_id(device)) {
-    set_current_stream_id(device, stream);
-  }
-  ~StreamScope() { set_current_stream_id(device_, old_); }
-  StreamScope(const StreamScope&) = delete;
-  StreamScope& operator=(const StreamScope&) = delete;
-
- private:
-  int device_;
-  int64_t old_;
-};
 
 // Runs `fn` without the GIL where this thread holds it: the runner may need
 // it for Python's deferred work while this thread waits.
@@ -139,26 +122,20 @@ uint64_t collective_signature(const std::string& name, const std::string& extra,
 // --- EmuWork ------------------------------------------------------------------
 
 EmuWork::EmuWork(std::vector<at::Tensor> outputs, int device, c10::intrusive_ptr<c10::ivalue::Future> future,
-                 TimeNs end, std::shared_ptr<OrderedRunner> runner, std::shared_ptr<OrderedRunner::Ticket> ticket)
+                 std::shared_ptr<PendingTime> end, std::shared_ptr<OrderedRunner::Ticket> ticket)
     : outputs_(std::move(outputs)),
       device_(device),
       future_(std::move(future)),
-      end_(end),
-      runner_(std::move(runner)),
+      end_(std::move(end)),
       ticket_(std::move(ticket)) {}
 
 TimeNs EmuWork::end() {
-  TimeNs e = end_.load(std::memory_order_acquire);
-  if (e >= 0) return e;
-  e = without_gil([&] { return runner_->run_through(ticket_); });
-  end_.store(e, std::memory_order_release);
-  return e;
+  return translate_errors([&] { return end_->force(); });
 }
 
 // Orders the caller's current stream after the collective; the host goes on.
 bool EmuWork::wait(std::chrono::milliseconds /*timeout*/) {
-  const TimeNs t = end();
-  translate_errors([&] { Runtime::get().device(device_).stream_wait(current_stream_id(device_), t); });
+  translate_errors([&] { Runtime::get().device(device_).stream_wait(current_stream_id(device_), end_); });
   return true;
 }
 
@@ -237,9 +214,9 @@ TimeNs GroupCollectives::place(int device, int64_t comm, const std::vector<int64
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> GroupCollectives::completed_future(
-    int device, int64_t comm, const std::vector<at::Tensor>& outputs) const {
+    int device, const std::vector<at::Tensor>& outputs, std::shared_ptr<PendingTime> end) const {
   auto future = device_future(device);
-  StreamScope scope(device, comm);
+  EventTimeScope scope(std::move(end));
   future->markCompleted(c10::IValue(outputs));
   return future;
 }
@@ -318,9 +295,8 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& n
     if (!compute) {
       for (const auto& t : tensors) set_materialized(t.storage(), moves);
     }
-    const TimeNs end = place(device, comm, words, "all_reduce");
-    return c10::make_intrusive<EmuWork>(tensors, device, completed_future(device, comm, tensors), end, nullptr,
-                                        nullptr);
+    auto end = std::make_shared<PendingTime>(place(device, comm, words, "all_reduce"));
+    return c10::make_intrusive<EmuWork>(tensors, device, completed_future(device, tensors, end), end, nullptr);
   });
 }
 
@@ -337,26 +313,23 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
     const uint64_t signature = collective_signature(name, extra, signed_);
     TimeNs start = 0;
     const uint64_t ticket = begin(device, comm, real, false, signature, model_bytes, largest, payload, &start);
-    auto future = device_future(device);
+    auto end = std::make_shared<PendingTime>();
     auto ticket_of_runner = runner_->submit(
-        [self = shared_from_this(), ticket, signature, name, extra, signed_, outputs, model_kind, device, comm, future]() -> int64_t {
-          try {
-            return translate_errors([&] {
-              const std::vector<int64_t> words = self->finish(ticket, name);
-              self->check_signatures(words, signature, ticket, name, extra, signed_);
-              const TimeNs end = self->place(device, comm, words, model_kind);
-              StreamScope scope(device, comm);
-              future->markCompleted(c10::IValue(outputs));
-              return end;
-            });
-          } catch (const abi::__forced_unwind&) {
-            throw;
-          } catch (...) {
-            future->setErrorIfNeeded(std::current_exception());
-            throw;
-          }
+        [self = shared_from_this(), ticket, signature, name, extra, signed_, model_kind, device, comm, end]() {
+          return translate_errors([&] {
+            const std::vector<int64_t> words = self->finish(ticket, name);
+            self->check_signatures(words, signature, ticket, name, extra, signed_);
+            const TimeNs t = self->place(device, comm, words, model_kind);
+            end->set(t);
+            return t;
+          });
         });
-    return c10::make_intrusive<EmuWork>(outputs, device, future, -1, runner_, std::move(ticket_of_runner));
+    // Its errors reach the host where it next waits for the collective's end.
+    end->set_force([runner = runner_, t = ticket_of_runner] {
+      return without_gil([&] { return runner->run_through(t); });
+    });
+    return c10::make_intrusive<EmuWork>(outputs, device, completed_future(device, outputs, end), end,
+                                        std::move(ticket_of_runner));
   });
 }
 

@@ -29,6 +29,7 @@
 
 #include "core/clock.h"
 #include "core/ordered_runner.h"
+#include "core/pending_time.h"
 #include "core/shm_exchange.h"
 
 namespace emugpu {
@@ -52,13 +53,14 @@ using MismatchReport =
 class GroupCollectives;
 
 // A collective launched here. wait() makes the caller's current stream wait
-// for its end (as WorkNCCL's does); for a deferred one it first waits until
-// the end is known. The future's value is the output tensors; it completes
-// on the backend's stream.
+// for its end (as WorkNCCL's does) and returns: for a deferred one whose end
+// is not known yet, the device holds the stream's later work until it is
+// (core/device.h). The future's value is the output tensors; it completes at
+// launch, as NCCL's does, with events at the collective's end.
 class EmuWork : public c10d::Work {
  public:
   EmuWork(std::vector<at::Tensor> outputs, int device, c10::intrusive_ptr<c10::ivalue::Future> future,
-          TimeNs end, std::shared_ptr<OrderedRunner> runner, std::shared_ptr<OrderedRunner::Ticket> ticket);
+          std::shared_ptr<PendingTime> end, std::shared_ptr<OrderedRunner::Ticket> ticket);
 
   bool wait(std::chrono::milliseconds timeout) override;
   bool isCompleted() override;
@@ -72,9 +74,8 @@ class EmuWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   int device_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::atomic<TimeNs> end_;  // -1 until known
-  std::shared_ptr<OrderedRunner> runner_;
-  std::shared_ptr<OrderedRunner::Ticket> ticket_;
+  std::shared_ptr<PendingTime> end_;
+  std::shared_ptr<OrderedRunner::Ticket> ticket_;  // a deferred one's runner call
 };
 
 class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
@@ -116,8 +117,9 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
                         const std::string& name, const std::string& extra,
                         const std::vector<at::Tensor>& signed_) const;
   TimeNs place(int device, int64_t comm, const std::vector<int64_t>& words, const std::string& model_kind);
-  c10::intrusive_ptr<c10::ivalue::Future> completed_future(int device, int64_t comm,
-                                                           const std::vector<at::Tensor>& outputs) const;
+  // A future completed now, its events at `end`.
+  c10::intrusive_ptr<c10::ivalue::Future> completed_future(int device, const std::vector<at::Tensor>& outputs,
+                                                           std::shared_ptr<PendingTime> end) const;
 
   const GroupSpec spec_;
   std::shared_ptr<ShmExchange> shm_;

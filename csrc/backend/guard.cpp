@@ -12,24 +12,29 @@ namespace {
 constexpr auto kType = c10::DeviceType::PrivateUse1;
 
 // Events may be recorded on one thread and queried or waited on by another.
+// Recorded behind held work (core/device.h), an event's time is known later.
 struct EmuEvent {
   std::mutex mutex;
   int device = 0;
-  TimeNs time = 0;
-  bool recorded = false;
+  std::shared_ptr<PendingTime> time;
 };
 
 struct EventPoint {
-  bool recorded = false;
   int device = 0;
-  TimeNs time = 0;
+  std::shared_ptr<PendingTime> time;  // null: never recorded
+
+  bool recorded() const { return time != nullptr; }
+  // Blocks until the time is known (a host wait on held work).
+  TimeNs force() const {
+    return translate_errors([&] { return time->force(); });
+  }
 };
 
 EventPoint read(void* event) {
   auto* e = static_cast<EmuEvent*>(event);
   if (e == nullptr) return {};
   std::lock_guard<std::mutex> lock(e->mutex);
-  return {e->recorded, e->device, e->time};
+  return {e->device, e->time};
 }
 
 Device& device_at(c10::DeviceIndex index) {
@@ -112,31 +117,39 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 "emugpu: event device index ", static_cast<int>(device_index),
                 " does not match the stream's device ", stream.device());
     auto& dev = device_at(stream.device_index());
-    const TimeNs time = dev.record(stream.id());
+    std::shared_ptr<PendingTime> time = EventTimeScope::take();
+    if (!time) time = translate_errors([&] { return dev.record_pending(stream.id()); });
     auto*& e = *reinterpret_cast<EmuEvent**>(event);
     if (e == nullptr) e = new EmuEvent;
     std::lock_guard<std::mutex> lock(e->mutex);
     e->device = dev.index();
-    e->time = time;
-    e->recorded = true;
+    e->time = std::move(time);
   }
 
-  // Later work on `stream` starts after the event's time.
+  // Later work on `stream` starts after the event's time (held until it is known).
   void block(void* event, const c10::Stream& stream) const override {
     const EventPoint p = read(event);
-    if (p.recorded) device_at(stream.device_index()).stream_wait(stream.id(), p.time);
+    if (p.recorded()) {
+      translate_errors([&] { device_at(stream.device_index()).stream_wait(stream.id(), p.time); });
+    }
   }
 
   // True once host time has passed the event's time (or it was never recorded).
   bool queryEvent(void* event) const override {
     const EventPoint p = read(event);
-    return !p.recorded || device_at(static_cast<c10::DeviceIndex>(p.device)).reached(p.time);
+    if (!p.recorded()) return true;
+    auto& dev = device_at(static_cast<c10::DeviceIndex>(p.device));
+    if (!p.time->known()) dev.poll();  // its held work may be placeable by now
+    return p.time->known() && dev.reached(p.time->value());
   }
 
   // Blocks the host until the event's time.
   void synchronizeEvent(void* event) const override {
     const EventPoint p = read(event);
-    if (p.recorded) translate_errors([&] { device_at(static_cast<c10::DeviceIndex>(p.device)).wait_until(p.time); });
+    if (p.recorded()) {
+      const TimeNs t = p.force();
+      translate_errors([&] { device_at(static_cast<c10::DeviceIndex>(p.device)).wait_until(t); });
+    }
   }
 
   // Frees the event handle.
@@ -147,9 +160,9 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // Milliseconds between two recorded events, on the emulated timeline.
   double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
     const EventPoint a = read(start), b = read(end);
-    TORCH_CHECK(a.recorded && b.recorded,
+    TORCH_CHECK(a.recorded() && b.recorded(),
                 "emugpu: elapsed_time needs both events recorded first; call record() on each");
-    return static_cast<double>(b.time - a.time) / 1e6;
+    return static_cast<double>(b.force() - a.force()) / 1e6;
   }
 
   // True when all work enqueued on `stream` is done.

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdlib>
 #include <filesystem>
+#include <utility>
 
 namespace emugpu {
 namespace {
@@ -197,6 +198,18 @@ void set_current_stream_id(int device, int64_t stream) {
   Runtime::get().device(device);  // range check
   tls_streams[device] = stream;
 }
+
+namespace {
+thread_local std::shared_ptr<PendingTime> tls_event_time;
+}  // namespace
+
+EventTimeScope::EventTimeScope(std::shared_ptr<PendingTime> time) : previous_(std::move(tls_event_time)) {
+  tls_event_time = std::move(time);
+}
+
+EventTimeScope::~EventTimeScope() { tls_event_time = std::move(previous_); }
+
+std::shared_ptr<PendingTime> EventTimeScope::take() { return std::exchange(tls_event_time, nullptr); }
 
 void rethrow_as_c10(const Error& error) {
   switch (error.kind()) {

@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/pending_time.h"
 #include "core/profile_db.h"
 
 namespace emugpu {
@@ -84,6 +85,24 @@ int current_device();
 void set_current_device(int index);
 int64_t current_stream_id(int device);
 void set_current_stream_id(int device, int64_t stream);
+
+// While one is alive on a thread, events recorded there take `time` instead
+// of their stream's: a deferred collective completes its future at launch,
+// as NCCL's does, with events that reach the collective's end.
+class EventTimeScope {
+ public:
+  explicit EventTimeScope(std::shared_ptr<PendingTime> time);
+  ~EventTimeScope();
+  EventTimeScope(const EventTimeScope&) = delete;
+  EventTimeScope& operator=(const EventTimeScope&) = delete;
+  // The innermost scope's time on this thread, for one event: the next
+  // call returns null (events recorded later, by the future's callbacks,
+  // take their own stream's time).
+  static std::shared_ptr<PendingTime> take();
+
+ private:
+  std::shared_ptr<PendingTime> previous_;
+};
 
 // Rethrows an emugpu::Error as the matching c10 exception type.
 [[noreturn]] void rethrow_as_c10(const Error& error);

@@ -22,7 +22,60 @@ Device::Device(int index, const GpuSpec& gpu, Clock& clock, size_t queue_depth, 
       clock_(clock),
       allocator_(index, gpu.name, usable_bytes(gpu), gpu.memory_bytes),
       cost_(gpu, cost),
-      timeline_(queue_depth) {}
+      timeline_(queue_depth),
+      queue_depth_(queue_depth) {}
+
+bool Device::replay_locked() {
+  while (!held_.empty()) {
+    Held& h = held_.front();
+    if (h.gate && !h.gate->known()) return true;
+    auto apply = std::move(h.apply);
+    const TimeNs host_time = h.host_time;
+    held_.pop_front();
+    apply(host_time);
+  }
+  return false;
+}
+
+template <typename Apply>
+void Device::apply_or_hold_locked(TimeNs now, Apply&& apply) {
+  if (replay_locked()) {
+    held_.push_back({now, nullptr, std::forward<Apply>(apply)});
+  } else {
+    apply(now);
+  }
+}
+
+bool Device::poll() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return replay_locked();
+}
+
+bool Device::held() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !held_.empty();
+}
+
+void Device::resolve() {
+  for (;;) {
+    std::shared_ptr<PendingTime> gate;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!replay_locked()) return;
+      gate = held_.front().gate;
+    }
+    try {
+      gate->force();
+    } catch (...) {
+      gate->set(0);  // the wait is dropped; the held work after it goes on
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        replay_locked();
+      }
+      throw;
+    }
+  }
+}
 
 TimeNs Device::place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now) {
   const TimeNs end = timeline_.place(stream, engine, start, duration, now);
@@ -52,16 +105,24 @@ void Device::block_until(TimeNs t) {
 }
 
 template <typename Place>
-TimeNs Device::place_when_queued(Place&& place) {
+TimeNs Device::place_when_queued(Place&& place, bool count_held) {
   for (;;) {
     TimeNs wait = 0;
+    bool full_of_held = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const TimeNs now = clock_.now();
-      wait = timeline_.queue_wait(now);
-      if (wait == 0) return place(now);
+      full_of_held = replay_locked() && count_held && held_.size() >= queue_depth_;
+      if (!full_of_held) {
+        wait = timeline_.queue_wait(now);
+        if (wait == 0) return place(now);
+      }
     }
-    block_until(wait);  // the launch queue is full, as CUDA's gets
+    if (full_of_held) {
+      resolve();  // held launches fill the queue too
+    } else {
+      block_until(wait);  // the launch queue is full, as CUDA's gets
+    }
   }
 }
 
@@ -91,87 +152,150 @@ void Device::pace_host() {
   last_launch_ = now;
 }
 
+TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now) {
+  if ((engine == Engine::kHostToDevice || engine == Engine::kDeviceToHost) && pcie_) {
+    const TimeNs ready = timeline_.start_of(stream, engine, now);
+    const auto occupancy = static_cast<TimeNs>(std::llround(static_cast<double>(estimate) * occupancy_factor_));
+    const TimeNs begin = pcie_->reserve(uplink_, engine == Engine::kHostToDevice, ready, occupancy);
+    return place_locked(stream, engine, begin, std::max(estimate, occupancy), now);
+  }
+  const TimeNs start = timeline_.start_of(stream, engine, now);
+  const TimeNs duration =
+      engine == Engine::kCompute && regions_.active() ? regions_.retime(estimate, start, stream) : estimate;
+  return place_locked(stream, engine, start, duration, now);
+}
+
 TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
   EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
-  const bool copy = engine == Engine::kHostToDevice || engine == Engine::kDeviceToHost;
   return place_when_queued([&](TimeNs now) {
-    if (copy && pcie_) {
-      const TimeNs ready = timeline_.start_of(stream, engine, now);
-      const auto occupancy = static_cast<TimeNs>(std::llround(static_cast<double>(estimate) * occupancy_factor_));
-      const TimeNs begin = pcie_->reserve(uplink_, engine == Engine::kHostToDevice, ready, occupancy);
-      return place_locked(stream, engine, begin, std::max(estimate, occupancy), now);
+    if (!held_.empty()) {
+      held_.push_back({now, nullptr, [this, stream, engine, estimate](TimeNs t) {
+                         launch_locked(stream, engine, estimate, t);
+                       }});
+      return kNotYet;
     }
-    const TimeNs start = timeline_.start_of(stream, engine, now);
-    const TimeNs duration =
-        engine == Engine::kCompute && regions_.active() ? regions_.retime(estimate, start, stream) : estimate;
-    return place_locked(stream, engine, start, duration, now);
+    return launch_locked(stream, engine, estimate, now);
   });
 }
 
-TimeNs Device::collective_start(int64_t stream) const {
+TimeNs Device::collective_start(int64_t stream) {
+  resolve();  // the start is exchanged with the other ranks now
   std::lock_guard<std::mutex> lock(mutex_);
   return timeline_.start_of(stream, Engine::kCollective, clock_.now());
 }
 
 TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) {
   EMUGPU_CHECK(duration >= 0, kValue, "device ", index_, ": expected a collective duration >= 0 ns, got ", duration);
+  // Placed now even while the device is held: it was launched before the
+  // held work (its start is known), and held work may wait for its end.
+  // Never resolves: the runner that calls this is what a resolve waits for.
   return place_when_queued([&](TimeNs now) {
     // Not `now`: the ranks' starts already include their launches, and the
     // host may learn them late (a deferred collective is placed when the
     // last rank's start arrives); the exchange's own wall time is not the GPU's.
     const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, 0));
     return place_locked(stream, Engine::kCollective, begin, duration, now);
-  });
+  }, false);
+}
+
+void Device::settle_locked(TimeNs now) {
+  if (regions_.active() && regions_.kind() == RegionKind::kBackward && regions_.started()) {
+    close_locked(RegionOutcome::kCompleted, now);
+  }
 }
 
 void Device::settle() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (regions_.active() && regions_.kind() == RegionKind::kBackward && regions_.started()) {
-    close_locked(RegionOutcome::kCompleted);
-  }
+  apply_or_hold_locked(clock_.now(), [this](TimeNs t) { settle_locked(t); });
 }
 
 void Device::synchronize() {
+  resolve();
   settle();
   block_until(device_ready());
 }
 
 void Device::synchronize_stream(int64_t stream) {
+  resolve();
   settle();
   block_until(stream_ready(stream));
 }
 
 TimeNs Device::launch_and_wait(int64_t stream, Engine engine, TimeNs estimate) {
+  resolve();
   settle();
-  const TimeNs end = launch(stream, engine, estimate);
+  TimeNs end = launch(stream, engine, estimate);
+  if (end == kNotYet) {  // another thread held the device meanwhile
+    resolve();
+    end = stream_ready(stream);
+  }
   block_until(end);
   return end;
 }
 
-void Device::wait_until(TimeNs t) { block_until(t); }
+void Device::wait_until(TimeNs t) {
+  resolve();
+  block_until(t);
+}
 
 TimeNs Device::record(int64_t stream) {
-  settle();
+  resolve();
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::max(timeline_.stream_ready(stream), clock_.now());
+  const TimeNs now = clock_.now();
+  settle_locked(now);
+  return std::max(timeline_.stream_ready(stream), now);
 }
+
+std::shared_ptr<PendingTime> Device::pending_point(int64_t stream, bool event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto point = [this, stream, event](TimeNs now) {
+    if (!event) return timeline_.stream_ready(stream);
+    settle_locked(now);
+    return std::max(timeline_.stream_ready(stream), now);
+  };
+  const TimeNs now = clock_.now();
+  if (!replay_locked()) return std::make_shared<PendingTime>(point(now));
+  auto time = std::make_shared<PendingTime>();
+  time->set_force([this, time] {
+    resolve();
+    return time->value();
+  });
+  held_.push_back({now, nullptr, [time, point](TimeNs t) { time->set(point(t)); }});
+  return time;
+}
+
+std::shared_ptr<PendingTime> Device::record_pending(int64_t stream) { return pending_point(stream, true); }
+
+std::shared_ptr<PendingTime> Device::stream_ready_pending(int64_t stream) { return pending_point(stream, false); }
 
 void Device::stream_wait(int64_t stream, TimeNs t) {
   std::lock_guard<std::mutex> lock(mutex_);
-  timeline_.stream_wait(stream, t);
+  apply_or_hold_locked(clock_.now(), [this, stream, t](TimeNs) { timeline_.stream_wait(stream, t); });
 }
 
-TimeNs Device::stream_ready(int64_t stream) const {
+void Device::stream_wait(int64_t stream, const std::shared_ptr<PendingTime>& t) {
+  EMUGPU_CHECK(t != nullptr, kValue, "device ", index_, ": expected a pending time to wait for, got none");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!replay_locked() && t->known()) {
+    timeline_.stream_wait(stream, t->value());
+    return;
+  }
+  held_.push_back({clock_.now(), t, [this, stream, t](TimeNs) { timeline_.stream_wait(stream, t->value()); }});
+}
+
+TimeNs Device::stream_ready(int64_t stream) {
+  resolve();
   std::lock_guard<std::mutex> lock(mutex_);
   return timeline_.stream_ready(stream);
 }
 
-TimeNs Device::device_ready() const {
+TimeNs Device::device_ready() {
+  resolve();
   std::lock_guard<std::mutex> lock(mutex_);
   return timeline_.device_ready();
 }
 
-bool Device::close_locked(RegionOutcome outcome) {
+bool Device::close_locked(RegionOutcome outcome, TimeNs now) {
   if (!regions_.active()) return false;
   const int64_t stream = regions_.stream();
   // The region's work ends where the compute engine (and its stream) stand;
@@ -180,47 +304,63 @@ bool Device::close_locked(RegionOutcome outcome) {
   TimeNs end = finish, pad = 0;
   if (outcome == RegionOutcome::kCompleted) {
     pad = regions_.pad_needed(finish);
-    if (pad > 0) end = place_locked(stream, Engine::kCompute, finish, pad, clock_.now());
+    if (pad > 0) end = place_locked(stream, Engine::kCompute, finish, pad, now);
   }
   regions_.close(outcome, end, pad);
   return outcome == RegionOutcome::kCompleted;
 }
 
 void Device::open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started,
-                         bool chained, TimeNs host_time) {
+                         bool chained, TimeNs now_in, TimeNs host_time) {
   // A region that follows a complete one starts where that one ended, even if
   // the host comes late: a profiled iteration is its regions back to back (the
   // profile's times include the host's own latencies), and late host work
   // shrinks the new region's budget instead of adding to it. Otherwise it
   // starts when the host opens it.
-  const TimeNs now = host_time > 0 ? std::min(host_time, clock_.now()) : clock_.now();
+  const TimeNs now = host_time > 0 ? std::min(host_time, now_in) : now_in;
   const TimeNs start = timeline_.start_of(stream, Engine::kCompute, chained ? 0 : now);
   regions_.open(key, kind, target, start, stream, started);
 }
 
-int64_t Device::forward_begin(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void Device::forward_begin_locked(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at,
+                                  TimeNs now) {
   bool chained = false;
   if (regions_.active()) {
     const bool unstarted_backward = regions_.kind() == RegionKind::kBackward && !regions_.started();
-    chained = close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted);
+    chained = close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted, now);
   }
-  open_locked(stream, key, RegionKind::kForward, target, true, chained, called_at);
+  open_locked(stream, key, RegionKind::kForward, target, true, chained, now, called_at);
+}
+
+int64_t Device::forward_begin(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  apply_or_hold_locked(clock_.now(), [this, stream, key, target, called_at](TimeNs t) {
+    forward_begin_locked(stream, key, target, called_at, t);
+  });
   return regions_.host_bound_total();
+}
+
+void Device::forward_end_locked(int64_t stream, const std::string& backward_key, TimeNs backward_target,
+                                bool expects_backward, TimeNs now) {
+  bool chained = false;
+  if (regions_.active() && regions_.kind() == RegionKind::kForward) {
+    chained = close_locked(RegionOutcome::kCompleted, now);
+  }
+  if (expects_backward && !regions_.active()) {
+    open_locked(stream, backward_key, RegionKind::kBackward, backward_target, false, chained, now);
+  }
 }
 
 void Device::forward_end(int64_t stream, const std::string& backward_key, TimeNs backward_target,
                          bool expects_backward) {
   std::lock_guard<std::mutex> lock(mutex_);
-  bool chained = false;
-  if (regions_.active() && regions_.kind() == RegionKind::kForward) chained = close_locked(RegionOutcome::kCompleted);
-  if (expects_backward && !regions_.active()) {
-    open_locked(stream, backward_key, RegionKind::kBackward, backward_target, false, chained);
-  }
+  apply_or_hold_locked(clock_.now(), [=, this](TimeNs t) {
+    forward_end_locked(stream, backward_key, backward_target, expects_backward, t);
+  });
 }
 
-void Device::backward_reached(int64_t stream, const std::string& backward_key, TimeNs backward_target) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void Device::backward_reached_locked(int64_t stream, const std::string& backward_key, TimeNs backward_target,
+                                     TimeNs now) {
   if (regions_.active() && regions_.kind() == RegionKind::kBackward && regions_.key() == backward_key) {
     regions_.mark_started();
     return;
@@ -228,14 +368,21 @@ void Device::backward_reached(int64_t stream, const std::string& backward_key, T
   bool chained = false;
   if (regions_.active()) {
     const bool unstarted_backward = regions_.kind() == RegionKind::kBackward && !regions_.started();
-    chained = close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted);
+    chained = close_locked(unstarted_backward ? RegionOutcome::kCancelled : RegionOutcome::kCompleted, now);
   }
-  open_locked(stream, backward_key, RegionKind::kBackward, backward_target, true, chained);
+  open_locked(stream, backward_key, RegionKind::kBackward, backward_target, true, chained, now);
+}
+
+void Device::backward_reached(int64_t stream, const std::string& backward_key, TimeNs backward_target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  apply_or_hold_locked(clock_.now(), [=, this](TimeNs t) {
+    backward_reached_locked(stream, backward_key, backward_target, t);
+  });
 }
 
 void Device::region_abort() {
   std::lock_guard<std::mutex> lock(mutex_);
-  close_locked(RegionOutcome::kAborted);
+  apply_or_hold_locked(clock_.now(), [this](TimeNs t) { close_locked(RegionOutcome::kAborted, t); });
 }
 
 std::vector<RegionReport> Device::region_report() const {
@@ -277,6 +424,7 @@ int Device::utilization() const {
 
 void Device::reset_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
+  replay_locked();
   timeline_.reset_stats();
   blocked_ns_ = 0;
   host_bound_ = HostBoundMonitor();  // windows start over, the first again a warm-up

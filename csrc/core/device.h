@@ -11,7 +11,14 @@
 //   a complete one starts where it ended, so an iteration is its profiled
 //   regions back to back;
 // - every host wait first closes a backward + update region whose backward
-//   ran, so the loop's sync point sees the full iteration.
+//   ran, so the loop's sync point sees the full iteration;
+// - a stream that waits for a time not known yet (a deferred collective's
+//   end, pending_time.h) holds the device: its later launches, waits, event
+//   records and region steps, on every stream, queue in host order with
+//   their host times and are placed as they would have been once that time
+//   is known. The host blocks for it only where it blocks anyway (host
+//   waits, a full launch queue) or where it needs a time only it gives (an
+//   event's time read, a collective's start).
 //
 // Thread-safe: autograd's device threads and the host thread share it.
 #pragma once
@@ -19,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +40,7 @@
 #include "cost_model.h"
 #include "host_bound.h"
 #include "pcie_links.h"
+#include "pending_time.h"
 #include "regions.h"
 
 namespace emugpu {
@@ -58,7 +67,9 @@ class Device {
 
   // Enqueues work whose cost-model duration is `estimate`; compute work in a
   // profiled region is re-timed. Blocks only while the launch queue is full.
-  // Returns the time the work ends on the device.
+  // Returns the time the work ends on the device, or kNotYet while the
+  // device is held (it is placed later).
+  static constexpr TimeNs kNotYet = -1;
   TimeNs launch(int64_t stream, Engine engine, TimeNs estimate);
 
   // Emulates a host that spends `ns` per op it launches (Python, framework,
@@ -83,7 +94,7 @@ class Device {
   // last rank's start arrives) for `duration` on the collective engine, never re-timed
   // by a profiled region (its time belongs to the network, not the model).
   // Blocks only while the launch queue is full. Returns its end.
-  TimeNs collective_start(int64_t stream) const;
+  TimeNs collective_start(int64_t stream);
   TimeNs collective_launch(int64_t stream, TimeNs start, TimeNs duration);
 
   // Host waits. Each is a sync point: it first closes a finished backward +
@@ -100,11 +111,29 @@ class Device {
 
   // Events: the time `stream` reaches now (closing a finished backward
   // region first: an event after optimizer.step() sees the whole step).
+  // record() blocks while the device is held; record_pending() does not:
+  // its time becomes known when the held work is placed (forcing it resolves
+  // this device).
   TimeNs record(int64_t stream);
+  std::shared_ptr<PendingTime> record_pending(int64_t stream);
+  // Where `stream`'s work launched so far ends (no sync point), known later if held.
+  std::shared_ptr<PendingTime> stream_ready_pending(int64_t stream);
   void stream_wait(int64_t stream, TimeNs t);
+  // Later work on `stream` waits for `t`; while `t` is not known the device
+  // is held (see the file comment).
+  void stream_wait(int64_t stream, const std::shared_ptr<PendingTime>& t);
+  // Forces every pending time the device's held work waits for and places
+  // that work (blocks). A pending time whose force throws counts as 0 (its
+  // wait is dropped) and the error propagates.
+  void resolve();
+  // Places the held work that can be placed now, without blocking; returns
+  // whether the device is still held.
+  bool poll();
+  bool held() const;
   bool reached(TimeNs t) const { return clock_.now() >= t; }
-  TimeNs stream_ready(int64_t stream) const;
-  TimeNs device_ready() const;
+  // Both resolve first.
+  TimeNs stream_ready(int64_t stream);
+  TimeNs device_ready();
 
   // Profiled regions, driven by the model-level planner. A forward begins
   // (closing what was open; a backward region whose backward never ran is
@@ -138,15 +167,36 @@ class Device {
   int64_t pool_stream(bool high_priority);
 
  private:
+  // Work queued while the device is held: `apply` runs under the lock with
+  // its host time once every earlier entry ran and `gate` (if any) is known.
+  struct Held {
+    TimeNs host_time;
+    std::shared_ptr<PendingTime> gate;
+    std::function<void(TimeNs)> apply;
+  };
+  // Runs the held work that can run now; returns whether the device is still held.
+  bool replay_locked();
+  // Runs `apply` now, or queues it while the device is held.
+  template <typename Apply>
+  void apply_or_hold_locked(TimeNs now, Apply&& apply);
+  TimeNs launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now);
+  // An event's time (`event`: a sync point, never before now) or the stream's end.
+  std::shared_ptr<PendingTime> pending_point(int64_t stream, bool event);
+  void settle_locked(TimeNs now);
   TimeNs place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
-  // Calls place(now) under the lock once the launch queue has room, blocking while it is full.
+  // Calls place(now) under the lock once the launch queue has room, blocking
+  // while it is full (of placed work, or of held work when `count_held`).
   template <typename Place>
-  TimeNs place_when_queued(Place&& place);
+  TimeNs place_when_queued(Place&& place, bool count_held = true);
   // Returns whether a region closed complete.
-  bool close_locked(RegionOutcome outcome);
+  bool close_locked(RegionOutcome outcome, TimeNs now);
   // A chained region starts where the one before ended; otherwise at `host_time`.
   void open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started,
-                   bool chained, TimeNs host_time = 0);
+                   bool chained, TimeNs now, TimeNs host_time = 0);
+  void forward_begin_locked(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at, TimeNs now);
+  void forward_end_locked(int64_t stream, const std::string& backward_key, TimeNs backward_target,
+                          bool expects_backward, TimeNs now);
+  void backward_reached_locked(int64_t stream, const std::string& backward_key, TimeNs backward_target, TimeNs now);
   void block_until(TimeNs t);
 
   const int index_;
@@ -158,6 +208,8 @@ class Device {
 
   mutable std::mutex mutex_;
   Timeline timeline_;
+  size_t queue_depth_;
+  std::deque<Held> held_;
   Regions regions_;
   std::deque<std::pair<TimeNs, TimeNs>> busy_;  // recent compute intervals, merged
   TimeNs blocked_ns_ = 0;

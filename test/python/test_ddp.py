@@ -141,6 +141,7 @@ def _train(config: str, rank: int, world: int) -> dict[str, Any]:
         loss.backward()
 
     def launches() -> int:
+        torch.emugpu.synchronize()  # deferred all-reduces are on the timeline once the host waited
         return int(torch.emugpu.engine_stats()["collective_launches"])
 
     for step in range(STEPS):

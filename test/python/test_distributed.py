@@ -313,7 +313,8 @@ def _mismatch(rank: int, world: int) -> str:
 def _dtype_mismatch(rank: int, world: int) -> str:
     x = torch.ones(4, device=torch.device("emugpu", rank), dtype=torch.float32 if rank == 0 else torch.float64)
     try:
-        dist.all_reduce(x)
+        dist.all_reduce(x)  # deferred (placeholders): its error comes at the next host wait, as NCCL's async ones
+        torch.emugpu.synchronize()
     except ValueError as e:
         return str(e)
     raise AssertionError("expected a ValueError for dtypes that differ across ranks")
@@ -326,6 +327,7 @@ def _path_mismatch(rank: int, world: int) -> str:
     x = torch.ones(1 << 18 if rank == 0 else 256, device=torch.device("emugpu", rank))
     try:
         dist.all_reduce(x)
+        torch.emugpu.synchronize()  # where the deferred rank learns it
     except ValueError as e:
         return str(e)
     raise AssertionError("expected a ValueError for shapes that differ across ranks")
@@ -389,9 +391,10 @@ def _rank_hangs(rank: int, world: int) -> dict[str, Any]:
 
 def _host_goes_on(rank: int, world: int) -> dict[str, float]:
     """Rank 1 reaches an async all_reduce of a large tensor 0.5 s after rank
-    0 (timing mode: no bytes move): rank 0's host returns from launching it
-    at once, as with NCCL; its future and wait() complete once rank 1
-    arrived, and the collective ends after rank 1's start."""
+    0 (timing mode: no bytes move): rank 0's host returns from launching it,
+    from its future's wait and from wait() at once, as with NCCL; the kernel
+    it launches next is held until the collective's end is known, and then
+    runs after it, on both ranks alike."""
     from torch_emugpu import _C
 
     big = torch.empty(1 << 24, device=torch.device("emugpu", rank))  # 64 MiB
@@ -401,13 +404,14 @@ def _host_goes_on(rank: int, world: int) -> dict[str, float]:
     start = time.monotonic()
     work = dist.all_reduce(big, async_op=True)
     launched = time.monotonic() - start
-    future = work.get_future()
-    future.wait()
-    completed = time.monotonic() - start
+    work.get_future().wait()
     work.wait()
-    end = _C._device_ready_ns(rank)  # the current stream waits for the collective and nothing else
+    kernel_end = _C._emulate_kernel(rank, 0.05)  # -1: held behind the collective
+    waited = time.monotonic() - start
+    end = _C._device_ready_ns(rank)  # resolves: the collective's end, then the kernel
     torch.emugpu.synchronize()
-    return {"launched": launched, "completed": completed, "end": end, "now": _C._host_now_ns()}
+    return {"launched": launched, "waited": waited, "kernel_end": kernel_end, "end": end,
+            "now": _C._host_now_ns()}
 
 
 def _accelerator_synchronize(rank: int, world: int) -> dict[str, float]:
@@ -562,10 +566,11 @@ def test_compute_overlaps_an_async_collective() -> None:
         assert 50 <= out[rank]["elapsed_ms"] < 50 + 0.5 * collective_ms, out[rank]
 
 
-def test_host_does_not_wait_for_other_ranks_when_launching() -> None:
+def test_host_does_not_wait_for_other_ranks_when_launching_or_waiting() -> None:
     out = run_ranks("host_goes_on", mode="timing")
-    assert out[0]["launched"] < 0.25, out[0]  # NCCL's host does not wait for the peers either
-    assert out[0]["completed"] > 0.3, out[0]  # the future completes once rank 1 launched it too
+    assert out[0]["launched"] < 0.25, out[0]  # NCCL's host does not wait for the peers either,
+    assert out[0]["waited"] < 0.25, out[0]  # nor in wait() or its future's wait
+    assert out[0]["kernel_end"] == -1, out[0]
     assert out[0]["end"] == out[1]["end"]
     assert out[0]["now"] >= out[0]["end"]  # synchronize waited for it
 

@@ -133,8 +133,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       const double link = gpu.nvlink_bandwidth > 0 ? gpu.nvlink_bandwidth : gpu.pcie_bandwidth();
       const TimeNs duration = dev.cost().params().copy_latency_ns + static_cast<TimeNs>(bytes / link * 1e9);
       auto& source = Runtime::get().device(s);
-      dev.stream_wait(current_stream_id(d), source.stream_ready(current_stream_id(s)));
-      source.stream_wait(current_stream_id(s), charge(d, Engine::kCompute, duration));
+      dev.stream_wait(current_stream_id(d), source.stream_ready_pending(current_stream_id(s)));
+      const TimeNs end = charge(d, Engine::kCompute, duration);
+      if (end == Device::kNotYet) {  // held behind a collective (core/device.h): known later
+        source.stream_wait(current_stream_id(s), dev.stream_ready_pending(current_stream_id(d)));
+      } else {
+        source.stream_wait(current_stream_id(s), end);
+      }
     }
     const bool real = holds_values(self);
     if (real) move_bytes(host_alias(dst), host_alias(src));
