@@ -260,3 +260,40 @@ def test_every_config_runs_in_timing_mode() -> None:
             # the caller's stream waited for each bucket's all-reduce.
             assert got["elapsed_s"] >= got["collective_busy_s"], (rank, config, got)
             _assert_no_sync_reduced_nothing(config, got["in_no_sync"])
+
+
+def _straggler(rank: int, world: int) -> dict[str, float]:
+    """Timing mode: rank 1's host reaches an iteration 0.5 s late (a slow
+    data loader). Rank 0's host goes through its backward, DDP's wait for the
+    gradient all-reduce at its end and the optimizer step without waiting for
+    rank 1, as over NCCL; its device waits, so a synchronize does."""
+    import time
+
+    dev = torch.device("emugpu", rank)
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank])  # 4 MiB gradients: deferred
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    x = torch.randn(64, 1024, device=dev)
+
+    def step() -> None:
+        ddp(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(3):  # DDP rebuilds its buckets after the first iteration
+        step()
+    torch.emugpu.synchronize()
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+    start = time.monotonic()
+    step()
+    host = time.monotonic() - start
+    torch.emugpu.synchronize()
+    return {"host": host, "synchronized": time.monotonic() - start}
+
+
+def test_a_straggling_rank_does_not_block_the_others_hosts_at_the_end_of_backward() -> None:
+    out = run_ranks(_straggler, mode="timing")
+    assert out[0]["host"] < 0.3, out[0]
+    assert out[0]["synchronized"] >= 0.45, out[0]  # the all-reduce ended after rank 1 joined
