@@ -139,12 +139,15 @@ def _gpu_iteration(net: torch.nn.Module, opt: torch.optim.Optimizer, device: tor
     return (time.perf_counter() - t0) / iterations
 
 
-def _pipeline_rate(loader: torch.utils.data.DataLoader, batches: int) -> float:
-    """Images/s the loader alone delivers (files cached), after its first batch."""
+def _pipeline_rate(loader: torch.utils.data.DataLoader, batches: int, warmup: int = 1) -> float:
+    """Images/s the loader alone delivers (files cached), after `warmup`
+    batches: the workers start together, so their first batches arrive in
+    a burst (or late, while they start) and say little of the steady rate."""
     it = iter(loader)
     n = 0
     try:
-        next(it)
+        for _ in range(warmup):
+            next(it)
         t0 = time.perf_counter()
         for _ in range(batches):
             xb, _ = next(it)
@@ -246,7 +249,8 @@ def run(data: str | os.PathLike[str], model: str = "resnet50", gpu: str | None =
                          f"{batch_size}; use a smaller --batch-size or more images")
     paths = [p for p, _ in found.files][:limit]
     datasets.set_page_cache(paths, 1.0)
-    rate = _pipeline_rate(loader, batches=min(len(loader) - 1, max(2, workers)))
+    warmup = min(max(1, workers), max(1, len(loader) // 4))
+    rate = _pipeline_rate(loader, batches=min(len(loader) - warmup, max(16, 2 * workers)), warmup=warmup)
     common = dict(net=net, opt=opt, device=device, pin=pin_memory, gpu_prep=gpu_preprocessing,
                   gpu_iteration_s=gpu_s, progress=progress)
     baseline = None
