@@ -171,9 +171,14 @@ uint64_t GroupCollectives::begin(int device, int64_t comm, bool real, bool compu
                                  double model_bytes, int64_t largest, int64_t payload, TimeNs* start) {
   auto& dev = Runtime::get().device(device);
   // NCCL's stream first waits for the caller's: the collective follows what the caller launched before it.
-  dev.stream_wait(comm, dev.record(current_stream_id(device)));
+  dev.follow(comm, current_stream_id(device));
   *start = dev.collective_start(comm) - spec_.clock_offset;  // rank 0's clock
-  const int64_t words[kWords] = {*start, real, compute, static_cast<int64_t>(signature),
+  return gather_words(*start, real, compute, signature, model_bytes, largest, payload);
+}
+
+uint64_t GroupCollectives::gather_words(TimeNs start, bool real, bool compute, uint64_t signature,
+                                        double model_bytes, int64_t largest, int64_t payload) {
+  const int64_t words[kWords] = {start, real, compute, static_cast<int64_t>(signature),
                                  static_cast<int64_t>(model_bytes), largest, payload};
   return shm_->start_gather(words, kWords, spec_.timeout);
 }
@@ -250,10 +255,12 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& n
   return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
     const int64_t comm = comm_stream(device);
     const uint64_t signature = collective_signature(name, extra, tensors);
+    // The deferred collectives before it gather their words on the runner:
+    // all of a group's gathers keep launch order on every rank.
+    drain();
     TimeNs start = 0;
     const uint64_t ticket = begin(device, comm, real, compute, signature, static_cast<double>(payload), largest,
                                   payload, &start);
-    drain();  // what this one's timing rests on (the stream's earlier collectives) is placed first
     const std::vector<int64_t> words = finish(ticket, name);
     check_signatures(words, signature, ticket, name, extra, tensors);
     const bool moves = column_all(words, kCompute) ||
@@ -311,12 +318,23 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
     for (const auto& t : received) set_materialized(t.storage(), false);
     const int64_t comm = comm_stream(device);
     const uint64_t signature = collective_signature(name, extra, signed_);
-    TimeNs start = 0;
-    const uint64_t ticket = begin(device, comm, real, false, signature, model_bytes, largest, payload, &start);
+    auto& dev = Runtime::get().device(device);
+    // NCCL's stream first waits for the caller's. Where the caller's stream
+    // is held (behind an earlier collective whose end is not known yet), so
+    // is this collective's start: the runner learns it, then exchanges it,
+    // and the host goes on.
+    auto after = dev.follow(comm, current_stream_id(device));
+    const TimeNs launched = dev.clock().now();
     auto end = std::make_shared<PendingTime>();
     auto ticket_of_runner = runner_->submit(
-        [self = shared_from_this(), ticket, signature, name, extra, signed_, model_kind, device, comm, end]() {
+        [self = shared_from_this(), after, launched, real, signature, model_bytes, largest, payload, name, extra,
+         signed_, model_kind, device, comm, end]() {
           return translate_errors([&] {
+            after->force();  // the held work before it waits only for earlier collectives: no cycle
+            auto& d = Runtime::get().device(device);
+            const TimeNs start = d.collective_start_at(comm, launched) - self->spec_.clock_offset;
+            const uint64_t ticket =
+                self->gather_words(start, real, false, signature, model_bytes, largest, payload);
             const std::vector<int64_t> words = self->finish(ticket, name);
             self->check_signatures(words, signature, ticket, name, extra, signed_);
             const TimeNs t = self->place(device, comm, words, model_kind);

@@ -9,9 +9,12 @@
 // Ranks all-gather seven words per collective (ShmExchange):
 //   [start, real, compute, signature, model bytes, largest tensor, payload]
 // A collective whose bytes stay put (timing mode, a tensor above the data
-// threshold or a placeholder) is deferred: launch returns at once and the
-// runner places it when the other ranks' words arrive. Otherwise the launch
-// waits for them and moves the real bytes first.
+// threshold or a placeholder) is deferred: launch returns at once, and the
+// runner gathers its words (once its start is known: the caller's stream may
+// be held behind an earlier collective) and places it when the other ranks'
+// words arrive. Otherwise the launch first lets the runner finish (every
+// rank gathers a group's words in launch order), then waits for the words
+// and moves the real bytes.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -111,6 +114,8 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   // Makes the comm stream wait for `device`'s current stream; starts the words' gather.
   uint64_t begin(int device, int64_t comm, bool real, bool compute, uint64_t signature, double model_bytes,
                  int64_t largest, int64_t payload, TimeNs* start);
+  uint64_t gather_words(TimeNs start, bool real, bool compute, uint64_t signature, double model_bytes,
+                        int64_t largest, int64_t payload);
   std::vector<int64_t> finish(uint64_t ticket, const std::string& name);
   // Throws the ranks' disagreement (ValueError) if any signature differs.
   void check_signatures(const std::vector<int64_t>& words, uint64_t signature, uint64_t ticket,

@@ -668,7 +668,19 @@ PYBIND11_MODULE(_C, m) {
      py::arg("net_gbps") = py::none(), py::arg("net_latency_us") = py::none(), py::arg("algorithms") = py::none());
   // The timeline side of the torch.distributed backend `emu`
   // (torch_emugpu/distributed/_backend.py); the logic lives in collective.cpp.
-  m.def("_collective_begin", [](int index) { return guarded([&] { return collective_begin(index); }); });
+  m.def("_collective_begin", [](int index) {
+    return guarded([&] {
+      py::gil_scoped_release no_gil;  // may force an earlier collective's end
+      return collective_begin(index);
+    });
+  });
+  // On the runner's thread, which must not force: what was placed before.
+  m.def("_collective_ready", [](int index) {
+    return guarded([&] {
+      auto& dev = Runtime::get().device(index);
+      return dev.collective_start_at(current_stream_id(index), dev.clock().now());
+    });
+  });
   m.def("_collective_end", [](int index, int64_t start_ns, int64_t duration_ns) {
     return guarded([&] {
       py::gil_scoped_release no_gil;  // a full launch queue blocks

@@ -56,12 +56,15 @@ bool Device::held() const {
   return !held_.empty();
 }
 
-void Device::resolve() {
+void Device::resolve() { resolve_until(nullptr); }
+
+void Device::resolve_until(const PendingTime* target) {
   for (;;) {
     std::shared_ptr<PendingTime> gate;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!replay_locked()) return;
+      const bool held = replay_locked();
+      if (!held || (target != nullptr && target->known())) return;
       gate = held_.front().gate;
     }
     try {
@@ -178,11 +181,7 @@ TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
   });
 }
 
-TimeNs Device::collective_start(int64_t stream) {
-  resolve();  // the start is exchanged with the other ranks now
-  std::lock_guard<std::mutex> lock(mutex_);
-  return timeline_.start_of(stream, Engine::kCollective, clock_.now());
-}
+
 
 TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) {
   EMUGPU_CHECK(duration >= 0, kValue, "device ", index_, ": expected a collective duration >= 0 ns, got ", duration);
@@ -246,27 +245,60 @@ TimeNs Device::record(int64_t stream) {
   return std::max(timeline_.stream_ready(stream), now);
 }
 
-std::shared_ptr<PendingTime> Device::pending_point(int64_t stream, bool event) {
+template <typename Point>
+std::shared_ptr<PendingTime> Device::pending_point(Point&& point) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto point = [this, stream, event](TimeNs now) {
-    if (!event) return timeline_.stream_ready(stream);
-    settle_locked(now);
-    return std::max(timeline_.stream_ready(stream), now);
-  };
   const TimeNs now = clock_.now();
   if (!replay_locked()) return std::make_shared<PendingTime>(point(now));
   auto time = std::make_shared<PendingTime>();
-  time->set_force([this, time] {
-    resolve();
-    return time->value();
+  // Only the gates held before it: later ones may wait for what waits for this.
+  time->set_force([this, weak = std::weak_ptr<PendingTime>(time)] {
+    const auto self = weak.lock();
+    resolve_until(self.get());
+    return self->value();
   });
-  held_.push_back({now, nullptr, [time, point](TimeNs t) { time->set(point(t)); }});
+  held_.push_back({now, nullptr, [time, point = std::forward<Point>(point)](TimeNs t) { time->set(point(t)); }});
   return time;
 }
 
-std::shared_ptr<PendingTime> Device::record_pending(int64_t stream) { return pending_point(stream, true); }
+std::shared_ptr<PendingTime> Device::record_pending(int64_t stream) {
+  return pending_point([this, stream](TimeNs now) {
+    settle_locked(now);
+    return std::max(timeline_.stream_ready(stream), now);
+  });
+}
 
-std::shared_ptr<PendingTime> Device::stream_ready_pending(int64_t stream) { return pending_point(stream, false); }
+std::shared_ptr<PendingTime> Device::stream_ready_pending(int64_t stream) {
+  return pending_point([this, stream](TimeNs) { return timeline_.stream_ready(stream); });
+}
+
+std::shared_ptr<PendingTime> Device::follow(int64_t waiter, int64_t stream) {
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    full = replay_locked() && held_.size() >= queue_depth_;
+  }
+  if (full) resolve();  // a collective is a launch: held work fills the launch queue too
+  return pending_point([this, waiter, stream](TimeNs now) {
+    settle_locked(now);
+    const TimeNs t = std::max(timeline_.stream_ready(stream), now);
+    timeline_.stream_wait(waiter, t);
+    return t;
+  });
+}
+
+TimeNs Device::collective_start(int64_t stream) {
+  // Exchanged with the other ranks now: the held work launched before it is
+  // placed first (forcing only the times that work waits for).
+  return pending_point([this, stream](TimeNs now) { return timeline_.start_of(stream, Engine::kCollective, now); })
+      ->force();
+}
+
+TimeNs Device::collective_start_at(int64_t stream, TimeNs host_time) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  replay_locked();  // what was launched before it; held work after it stays held
+  return timeline_.start_of(stream, Engine::kCollective, host_time);
+}
 
 void Device::stream_wait(int64_t stream, TimeNs t) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -94,7 +94,17 @@ class Device {
   // last rank's start arrives) for `duration` on the collective engine, never re-timed
   // by a profiled region (its time belongs to the network, not the model).
   // Blocks only while the launch queue is full. Returns its end.
+  // Blocks while held work launched before it waits for a time not known
+  // yet (forcing it): call it from the thread that launches the collective.
   TimeNs collective_start(int64_t stream);
+  // `waiter` waits for an event on `stream` now (NCCL's stream follows the
+  // caller's); returns that event's time, known later while the device is
+  // held. Blocks only while held work fills the launch queue: call it from
+  // the launching thread.
+  std::shared_ptr<PendingTime> follow(int64_t waiter, int64_t stream);
+  // collective_start for a collective launched at `host_time` whose
+  // follow() time is known: work held after it does not count.
+  TimeNs collective_start_at(int64_t stream, TimeNs host_time);
   TimeNs collective_launch(int64_t stream, TimeNs start, TimeNs duration);
 
   // Host waits. Each is a sync point: it first closes a finished backward +
@@ -126,6 +136,8 @@ class Device {
   // that work (blocks). A pending time whose force throws counts as 0 (its
   // wait is dropped) and the error propagates.
   void resolve();
+  // As resolve(), until `target` (a time this device's held work sets) is known.
+  void resolve_until(const PendingTime* target);
   // Places the held work that can be placed now, without blocking; returns
   // whether the device is still held.
   bool poll();
@@ -180,8 +192,9 @@ class Device {
   template <typename Apply>
   void apply_or_hold_locked(TimeNs now, Apply&& apply);
   TimeNs launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now);
-  // An event's time (`event`: a sync point, never before now) or the stream's end.
-  std::shared_ptr<PendingTime> pending_point(int64_t stream, bool event);
+  // point(host time) under the lock: now, or when the held work reaches it.
+  template <typename Point>
+  std::shared_ptr<PendingTime> pending_point(Point&& point);
   void settle_locked(TimeNs now);
   TimeNs place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
   // Calls place(now) under the lock once the launch queue has room, blocking

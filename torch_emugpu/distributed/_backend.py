@@ -374,15 +374,19 @@ class EmuBackend(_C10dBackend):
                 signed: Sequence[torch.Tensor], extra: object,
                 shm_move: Callable[[list[torch.Tensor]], None] | None) -> EmuWork:
         ext = _C()
+        deferred = not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real)
+        if not deferred:
+            # The deferred collectives before it are placed first: its timing rests on them, and over
+            # shared memory their words are gathered on the runner, so every rank keeps launch order.
+            self.drain()
         # Start times cross processes in rank 0's clock (see _align_clocks).
         start = ext._collective_begin(dev) - self._clock_offset_ns
         payload = sum(t.numel() * t.element_size() for t in inputs)
         gathered, key = self._exchange.start_gather_words(
             [start, int(real), int(compute), signature, int(model_bytes), largest, payload], name)
-        if not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real):
+        if deferred:
             # No rank can move these bytes, so nothing needs the others' words now (TCP; see _run).
             return self._defer(name, model_kind, received, outputs, dev, signature, gathered, key, signed, extra)
-        self.drain()  # what this one's timing rests on (the stream's earlier collectives) is placed first
         words = gathered()
         self._check_signatures(words, signature, key, name, signed, extra)
         model_bytes = int(words[:, 4].max())
@@ -871,7 +875,7 @@ class EmuBackend(_C10dBackend):
                     if batch.ends:
                         end = ext._collective_end(dev, batch.start, max(batch.ends) - batch.start)
                     else:
-                        end = ext._collective_begin(dev)  # where the stream is, past what it holds
+                        end = ext._collective_ready(dev)  # where the stream is, past what it holds
                     future.set_result(batch.tensors)
                 return end
             except BaseException as e:
