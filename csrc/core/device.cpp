@@ -181,8 +181,6 @@ TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
   });
 }
 
-
-
 TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) {
   EMUGPU_CHECK(duration >= 0, kValue, "device ", index_, ": expected a collective duration >= 0 ns, got ", duration);
   // Placed now even while the device is held: it was launched before the
