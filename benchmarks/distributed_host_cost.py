@@ -8,10 +8,13 @@ device time is not measured here.
 
 Prints, per (mode, size): wall microseconds per call (median over ranks of
 each rank's mean), its ratio to an all-gather of the six exchange words
-alone (the baseline, measured in the same processes), the rank's own CPU
-time per call (all its threads: when ranks outnumber cores, wall time is
-about CPU time x ranks / cores, as every synchronous all_reduce waits for
-every rank), and payload bytes moved per call and rank. Timing mode moves
+alone (the baseline, measured in the same processes), the same until every
+call is placed on the timeline (the loop and its closing synchronize: a
+call that moves no bytes returns at once and the group's runner exchanges
+and places it behind), the rank's own CPU time per call until then (all
+its threads: when ranks outnumber cores, wall time is about CPU time x
+ranks / cores, as every all_reduce that moves bytes waits for every rank),
+and payload bytes moved per call and rank. Timing mode moves
 the bytes of tensors up to 64 KiB only. `--transport tcp` measures the TCP
 exchange instead of shared memory.
 """
@@ -49,8 +52,8 @@ def rank_main(rank: int, world: int, port: int, iters: int, results: mp.Queue) -
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(iters):
         exchange.gather_words([0] * 6, "baseline")
-    results.put(("baseline", 48, (time.perf_counter() - start) / iters * 1e6,
-                 (time.process_time() - cpu) / iters * 1e6, 0))
+    baseline_us = (time.perf_counter() - start) / iters * 1e6
+    results.put(("baseline", 48, baseline_us, (time.process_time() - cpu) / iters * 1e6, 0, baseline_us))
 
     for mode, nbytes in CASES:
         torch_emugpu.configure(mode=mode)
@@ -62,10 +65,11 @@ def rank_main(rank: int, world: int, port: int, iters: int, results: mp.Queue) -
         start, cpu = time.perf_counter(), time.process_time()
         for _ in range(iters):
             dist.all_reduce(x)
-        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+        seconds = time.perf_counter() - start
+        torch.emugpu.synchronize()  # the runner has exchanged and placed every deferred call by then
+        placed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
         results.put((mode, nbytes, seconds / iters * 1e6, cpu_seconds / iters * 1e6,
-                     (backend.payload_bytes_moved - moved) / iters))
-        torch.emugpu.synchronize()
+                     (backend.payload_bytes_moved - moved) / iters, placed / iters * 1e6))
         dist.barrier()
     dist.destroy_process_group()
 
@@ -87,30 +91,32 @@ def main() -> None:
     procs = [ctx.Process(target=rank_main, args=(r, world, store.port, args.iters, results)) for r in range(world)]
     for p in procs:
         p.start()
-    rows: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    rows: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
     for _ in tqdm(range(world * (len(CASES) + 1)), desc="rank results", unit="result"):
         while True:
             try:
-                mode, nbytes, us, cpu_us, moved = results.get(timeout=5)
+                mode, nbytes, us, cpu_us, moved, placed_us = results.get(timeout=5)
                 break
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if dead:
                     raise SystemExit(f"rank(s) {dead} failed (their traceback is above)") from None
-        rows.setdefault((mode, nbytes), []).append((us, cpu_us, moved))
+        rows.setdefault((mode, nbytes), []).append((us, cpu_us, moved, placed_us))
     for p in procs:
         p.join(60)
     base = rows.pop(("baseline", 48))
     baseline = statistics.median(v[0] for v in base)
     print(f"{world} ranks on loopback, transport {transport}; baseline (exchange all-gather of 6 words): "
           f"{baseline:.1f} us wall, {statistics.median(v[1] for v in base):.1f} us CPU")
-    print(f"{'mode':8} {'bytes':>10} {'us/all_reduce':>14} {'x baseline':>11} {'CPU us/call':>12} "
-          f"{'payload bytes moved/call':>25}")
+    print(f"{'mode':8} {'bytes':>10} {'us/all_reduce':>14} {'x baseline':>11} {'until placed':>13} "
+          f"{'CPU us/call':>12} {'payload bytes moved/call':>25}")
     for (mode, nbytes), values in rows.items():
         us = statistics.median(v[0] for v in values)
         cpu_us = statistics.median(v[1] for v in values)
         moved = statistics.median(v[2] for v in values)
-        print(f"{mode:8} {nbytes:>10} {us:>14.1f} {us / baseline:>11.2f} {cpu_us:>12.1f} {moved:>25.0f}")
+        placed = statistics.median(v[3] for v in values)
+        print(f"{mode:8} {nbytes:>10} {us:>14.1f} {us / baseline:>11.2f} {placed:>13.1f} {cpu_us:>12.1f} "
+              f"{moved:>25.0f}")
 
 
 if __name__ == "__main__":

@@ -318,6 +318,24 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
     for (const auto& t : received) set_materialized(t.storage(), false);
     const int64_t comm = comm_stream(device);
     const uint64_t signature = collective_signature(name, extra, signed_);
+    // Holds the group weakly: the runner's calls must not keep it alive.
+    auto place = [self = weak_from_this(), real, signature, model_bytes, largest, payload, name, extra, signed_,
+                  model_kind, device, comm](TimeNs start) {
+      const auto group = self.lock();
+      TORCH_CHECK(group != nullptr, "emu backend: ", name, " was placed after its process group was destroyed");
+      const uint64_t ticket = group->gather_words(start, real, false, signature, model_bytes, largest, payload);
+      const std::vector<int64_t> words = group->finish(ticket, name);
+      group->check_signatures(words, signature, ticket, name, extra, signed_);
+      return group->place(device, comm, words, model_kind);
+    };
+    return defer_call(device, outputs, std::move(place));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const std::vector<at::Tensor>& outputs,
+                                                            std::function<TimeNs(TimeNs)> place) {
+  return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
+    const int64_t comm = comm_stream(device);
     auto& dev = Runtime::get().device(device);
     // NCCL's stream first waits for the caller's. Where the caller's stream
     // is held (behind an earlier collective whose end is not known yet), so
@@ -325,29 +343,21 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
     // and the host goes on.
     auto after = dev.follow(comm, current_stream_id(device));
     const TimeNs launched = dev.clock().now();
+    const TimeNs offset = spec_.clock_offset;
     auto end = std::make_shared<PendingTime>();
-    auto ticket_of_runner = runner_->submit(
-        [self = shared_from_this(), after, launched, real, signature, model_bytes, largest, payload, name, extra,
-         signed_, model_kind, device, comm, end]() {
-          return translate_errors([&] {
-            after->force();  // the held work before it waits only for earlier collectives: no cycle
-            auto& d = Runtime::get().device(device);
-            const TimeNs start = d.collective_start_at(comm, launched) - self->spec_.clock_offset;
-            const uint64_t ticket =
-                self->gather_words(start, real, false, signature, model_bytes, largest, payload);
-            const std::vector<int64_t> words = self->finish(ticket, name);
-            self->check_signatures(words, signature, ticket, name, extra, signed_);
-            const TimeNs t = self->place(device, comm, words, model_kind);
-            end->set(t);
-            return t;
-          });
-        });
-    // Its errors reach the host where it next waits for the collective's end.
-    end->set_force([runner = runner_, t = ticket_of_runner] {
-      return without_gil([&] { return runner->run_through(t); });
+    auto ticket = runner_->submit([after, launched, offset, device, comm, end, place = std::move(place)]() {
+      return translate_errors([&] {
+        after->force();  // the held work before it waits only for earlier collectives: no cycle
+        const TimeNs start = Runtime::get().device(device).collective_start_at(comm, launched) - offset;
+        const TimeNs t = place(start);  // rank 0's clock in, this rank's out
+        end->set(t);
+        return t;
+      });
     });
+    // Its errors reach the host where it next waits for the collective's end.
+    end->set_force([runner = runner_, ticket] { return without_gil([&] { return runner->run_through(ticket); }); });
     return c10::make_intrusive<EmuWork>(outputs, device, completed_future(device, outputs, end), end,
-                                        std::move(ticket_of_runner));
+                                        std::move(ticket));
   });
 }
 

@@ -101,6 +101,13 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
                                        const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& signed_,
                                        const std::string& extra, int device);
 
+  // A deferred collective whose exchange and placement `place` does on the
+  // runner: given this rank's start (rank 0's clock), it gathers the ranks'
+  // words, checks them and places the collective, returning its end. The
+  // Work and its future behave as defer()'s (which uses it).
+  c10::intrusive_ptr<c10d::Work> defer_call(int device, const std::vector<at::Tensor>& outputs,
+                                            std::function<TimeNs(TimeNs)> place);
+
   // Python's deferred work, in the same order as this group's.
   std::shared_ptr<OrderedRunner::Ticket> submit(OrderedRunner::Call call) { return runner_->submit(std::move(call)); }
   int64_t run_through(const std::shared_ptr<OrderedRunner::Ticket>& t) { return runner_->run_through(t); }

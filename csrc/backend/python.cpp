@@ -796,6 +796,17 @@ PYBIND11_MODULE(_C, m) {
           return g.defer(name, kind, model_bytes, largest, payload, real, received, outputs, signed_, extra, device);
         });
       })
+      .def("defer_call", [](GroupCollectives& g, int device, const std::vector<at::Tensor>& outputs,
+                            py::function place) {
+        auto fn = shared_py_function(std::move(place));
+        return guarded([&] {
+          py::gil_scoped_release no_gil;
+          return g.defer_call(device, outputs, [fn](TimeNs start) -> TimeNs {
+            py::gil_scoped_acquire gil;
+            return (*fn)(start).cast<int64_t>();
+          });
+        });
+      })
       .def("submit", [](GroupCollectives& g, py::function call) {
         auto fn = shared_py_function(std::move(call));
         return g.submit([fn]() -> int64_t {

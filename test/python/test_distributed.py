@@ -566,8 +566,9 @@ def test_compute_overlaps_an_async_collective() -> None:
         assert 50 <= out[rank]["elapsed_ms"] < 50 + 0.5 * collective_ms, out[rank]
 
 
-def test_host_does_not_wait_for_other_ranks_when_launching_or_waiting() -> None:
-    out = run_ranks("host_goes_on", mode="timing")
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_host_does_not_wait_for_other_ranks_when_launching_or_waiting(transport: str) -> None:
+    out = run_ranks("host_goes_on", mode="timing", env={"EMUGPU_EXCHANGE": transport})
     assert out[0]["launched"] < 0.25, out[0]  # NCCL's host does not wait for the peers either,
     assert out[0]["waited"] < 0.25, out[0]  # nor in wait() or its future's wait
     assert out[0]["kernel_end"] == -1, out[0]

@@ -358,12 +358,14 @@ class EmuBackend(_C10dBackend):
             signed = tensors
         extra = "" if extra is None else str(extra)  # the signature's and the error report's form
         signature = ext._collective_signature(name, extra, list(signed))
-        if (not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real)
-                and self._group.has_shm):
-            # No rank can move these bytes: the C++ path defers it (see _launch).
+        if not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real):
+            # No rank can move these bytes: deferred (the host goes on at once, as NCCL's does).
             payload = sum(t.numel() * t.element_size() for t in inputs)
-            return self._group.defer(name, model_kind, float(model_bytes), largest, payload, real, list(received),
-                                     outputs, list(signed), extra, dev)
+            if self._group.has_shm:
+                return self._group.defer(name, model_kind, float(model_bytes), largest, payload, real,
+                                         list(received), outputs, list(signed), extra, dev)
+            return self._defer_tcp(name, model_kind, model_bytes, received, outputs, dev, real, largest, payload,
+                                   signature, signed, extra)
         with self._on_comm_stream(dev):
             return self._launch(name, model_kind, model_bytes, inputs, received, outputs, move, blocks_host, dev,
                                 real, compute, largest, signature, signed, extra, shm_move)
@@ -374,19 +376,14 @@ class EmuBackend(_C10dBackend):
                 signed: Sequence[torch.Tensor], extra: object,
                 shm_move: Callable[[list[torch.Tensor]], None] | None) -> EmuWork:
         ext = _C()
-        deferred = not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real)
-        if not deferred:
-            # The deferred collectives before it are placed first: its timing rests on them, and over
-            # shared memory their words are gathered on the runner, so every rank keeps launch order.
-            self.drain()
+        # The deferred collectives before it are placed first: its timing rests on them, and their
+        # words are gathered on the group's runner, so every rank gathers in launch order.
+        self.drain()
         # Start times cross processes in rank 0's clock (see _align_clocks).
         start = ext._collective_begin(dev) - self._clock_offset_ns
         payload = sum(t.numel() * t.element_size() for t in inputs)
         gathered, key = self._exchange.start_gather_words(
             [start, int(real), int(compute), signature, int(model_bytes), largest, payload], name)
-        if deferred:
-            # No rank can move these bytes, so nothing needs the others' words now (TCP; see _run).
-            return self._defer(name, model_kind, received, outputs, dev, signature, gathered, key, signed, extra)
         words = gathered()
         self._check_signatures(words, signature, key, name, signed, extra)
         model_bytes = int(words[:, 4].max())
@@ -406,36 +403,29 @@ class EmuBackend(_C10dBackend):
         end = ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
         return EmuWork(outputs, dev, end, blocks_host)
 
-    def _defer(self, name: str, model_kind: str, received: Sequence[torch.Tensor], outputs: list[torch.Tensor],
-               dev: int, signature: int, gathered: Callable[[], torch.Tensor], key: str,
-               signed: Sequence[torch.Tensor], extra: str) -> EmuWork:
-        """A collective whose bytes stay put, over TCP: the host goes on at
-        once, as NCCL's does. The group's runner waits for the other ranks'
-        words, places the collective on this stream (after the stream's
-        earlier collectives, so every rank times it alike) and completes the
-        Work's future there; wait() and synchronize() wait for that. (Over
-        shared memory, GroupCollectives::defer does the same in C++.)"""
+    def _defer_tcp(self, name: str, model_kind: str, model_bytes: float, received: Sequence[torch.Tensor],
+                   outputs: list[torch.Tensor], dev: int, real: bool, largest: int, payload: int, signature: int,
+                   signed: Sequence[torch.Tensor], extra: str) -> dist._Work:
+        """A collective whose bytes stay put, over TCP: as GroupCollectives::defer
+        over shared memory, the group's runner learns its start (the caller's
+        stream may be held behind an earlier collective), gathers the ranks'
+        words, checks them and places it; the host goes on at once."""
         ext = _C()
         for t in received:
             ext._set_materialized(t, False)
-        future = torch.futures.Future(devices=[torch.device("emugpu", dev)])
         comm = self._comm_stream(dev)
 
-        def resolve() -> int:
-            try:
-                words = gathered()
-                self._check_signatures(words, signature, key, name, signed, extra)
-                duration = ext._collective_duration(dev, model_kind, float(words[:, 4].max()), self._size,
-                                                    self._ranks_per_node) if self._size > 1 else 0
-                with torch.emugpu.stream(comm):
-                    end = ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
-                    future.set_result(outputs)
-                return end
-            except BaseException as e:
-                future.set_exception(e)
-                raise
+        def place(start: int) -> int:
+            gathered, key = self._exchange.start_gather_words(
+                [start, int(real), 0, signature, int(model_bytes), largest, payload], name)
+            words = gathered()
+            self._check_signatures(words, signature, key, name, signed, extra)
+            duration = ext._collective_duration(dev, model_kind, float(words[:, 4].max()), self._size,
+                                                self._ranks_per_node) if self._size > 1 else 0
+            with torch.emugpu.stream(comm):
+                return ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
 
-        return EmuWork(outputs, dev, resolved=self._group.submit(resolve), future=future, group=self._group)
+        return self._group.defer_call(dev, outputs, place)
 
     def drain(self) -> None:
         """Waits until every deferred collective launched so far is placed
