@@ -64,15 +64,15 @@ def _C():  # noqa: N802  (the extension, imported late: this module loads during
 
 
 class EmuWork(dist._Work):
-    """A collective launched by the Python path: done on the device at
-    `end_ns` (emulated time). (The C++ path, group_collectives.h, returns
-    its own Work with the same behaviour.)
+    """A collective, send/recv or batch launched by the Python path: done on
+    the device at `end_ns` (emulated time). (Deferred collectives get the
+    C++ Work of group_collectives.h, whose wait() never blocks the host.)
 
     wait() makes the caller's current stream wait for it (as WorkNCCL's
     does); for a barrier it blocks the host until then. The future's value is
-    the output tensors. A deferred collective (`resolved`, a ticket of the
-    group's ordered runner) learns its end when the other ranks' start times
-    arrive: wait() waits for that (the host then blocks until every rank
+    the output tensors. A send/recv or batch placed by the group's ordered
+    runner (`resolved`, its ticket) learns its end when the peer's start
+    arrives: wait() waits for that (the host then blocks until the peer
     launched it), its future completes then, on the collective's stream."""
 
     def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int | None = None, blocks_host: bool = False,
