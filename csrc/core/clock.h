@@ -80,6 +80,7 @@ class Timeline {
   TimeNs place(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
   // The time a launch at `now` must wait for (0 when the queue has room).
   TimeNs queue_wait(TimeNs now);
+  size_t queue_depth() const { return queue_depth_; }
 
   TimeNs stream_ready(int64_t stream) const;
   TimeNs device_ready() const;

@@ -22,8 +22,7 @@ Device::Device(int index, const GpuSpec& gpu, Clock& clock, size_t queue_depth, 
       clock_(clock),
       allocator_(index, gpu.name, usable_bytes(gpu), gpu.memory_bytes),
       cost_(gpu, cost),
-      timeline_(queue_depth),
-      queue_depth_(queue_depth) {}
+      timeline_(queue_depth) {}
 
 bool Device::replay_locked() {
   while (!held_.empty()) {
@@ -36,6 +35,8 @@ bool Device::replay_locked() {
   }
   return false;
 }
+
+bool Device::held_queue_full_locked() { return replay_locked() && held_.size() >= timeline_.queue_depth(); }
 
 template <typename Apply>
 void Device::apply_or_hold_locked(TimeNs now, Apply&& apply) {
@@ -115,7 +116,7 @@ TimeNs Device::place_when_queued(Place&& place, bool count_held) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const TimeNs now = clock_.now();
-      full_of_held = replay_locked() && count_held && held_.size() >= queue_depth_;
+      full_of_held = held_queue_full_locked() && count_held;
       if (!full_of_held) {
         wait = timeline_.queue_wait(now);
         if (wait == 0) return place(now);
@@ -235,13 +236,7 @@ void Device::wait_until(TimeNs t) {
   block_until(t);
 }
 
-TimeNs Device::record(int64_t stream) {
-  resolve();
-  std::lock_guard<std::mutex> lock(mutex_);
-  const TimeNs now = clock_.now();
-  settle_locked(now);
-  return std::max(timeline_.stream_ready(stream), now);
-}
+TimeNs Device::record(int64_t stream) { return record_pending(stream)->force(); }
 
 template <typename Point>
 std::shared_ptr<PendingTime> Device::pending_point(Point&& point) {
@@ -274,7 +269,7 @@ std::shared_ptr<PendingTime> Device::follow(int64_t waiter, int64_t stream) {
   bool full = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    full = replay_locked() && held_.size() >= queue_depth_;
+    full = held_queue_full_locked();
   }
   if (full) resolve();  // a collective is a launch: held work fills the launch queue too
   return pending_point([this, waiter, stream](TimeNs now) {

@@ -188,6 +188,8 @@ class Device {
   };
   // Runs the held work that can run now; returns whether the device is still held.
   bool replay_locked();
+  // Replays, then whether held work fills the launch queue (it counts as launched).
+  bool held_queue_full_locked();
   // Runs `apply` now, or queues it while the device is held.
   template <typename Apply>
   void apply_or_hold_locked(TimeNs now, Apply&& apply);
@@ -221,7 +223,6 @@ class Device {
 
   mutable std::mutex mutex_;
   Timeline timeline_;
-  size_t queue_depth_;
   std::deque<Held> held_;
   Regions regions_;
   std::deque<std::pair<TimeNs, TimeNs>> busy_;  // recent compute intervals, merged
