@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/clock.h"
+#include "core/pending_writes.h"
 
 namespace emugpu {
 
@@ -30,6 +31,16 @@ TimeNs collective_duration(int device, const std::string& kind, double bytes, in
 // movement (the bytes ranks exchange) is no work of the emulated GPU. The
 // caller keeps `t` alive while it uses the alias.
 at::Tensor collective_host_view(const at::Tensor& t);
+// The storages whose bytes collectives still read or write on their group's
+// runner (core/pending_writes.h), keyed by StorageImpl: one per process.
+PendingWrites& pending_writes();
+// Returns once no collective launched before still reads or writes `t`'s
+// storage: what touches a tensor's bytes or its real-bytes flag on the host
+// (ops, copies, .item(), the exchange) calls it first, as stream order
+// would make it wait on a GPU. Cheap when none is pending; may raise the
+// collective's error.
+void await_collective_writes(const at::Tensor& t);
+void await_collective_writes(const c10::Storage& storage);
 bool tensor_materialized(const at::Tensor& t);
 void set_tensor_materialized(const at::Tensor& t, bool value);
 

@@ -1,7 +1,6 @@
 #include "backend/group_collectives.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstring>
@@ -10,6 +9,7 @@
 
 #include "backend/allocator.h"
 #include "backend/collective.h"
+#include "backend/gil.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
 
@@ -17,21 +17,8 @@ namespace emugpu {
 
 namespace {
 
-namespace py = pybind11;
-
 // The words each rank contributes per collective, by position.
 enum Word : int { kStart, kReal, kCompute, kSignature, kModelBytes, kLargest, kPayload, kWords };
-
-// Runs `fn` without the GIL where this thread holds it: the runner may need
-// it for Python's deferred work while this thread waits.
-template <typename Fn>
-auto without_gil(Fn&& fn) -> decltype(fn()) {
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    py::gil_scoped_release no_gil;
-    return fn();
-  }
-  return fn();
-}
 
 int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.element_size(); }
 
@@ -167,15 +154,6 @@ int64_t GroupCollectives::comm_stream(int device) {
   return slot.compare_exchange_strong(id, fresh) ? fresh : id;
 }
 
-uint64_t GroupCollectives::begin(int device, int64_t comm, bool real, bool compute, uint64_t signature,
-                                 double model_bytes, int64_t largest, int64_t payload, TimeNs* start) {
-  auto& dev = Runtime::get().device(device);
-  // NCCL's stream first waits for the caller's: the collective follows what the caller launched before it.
-  dev.follow(comm, current_stream_id(device));
-  *start = dev.collective_start(comm) - spec_.clock_offset;  // rank 0's clock
-  return gather_words(*start, real, compute, signature, model_bytes, largest, payload);
-}
-
 uint64_t GroupCollectives::gather_words(TimeNs start, bool real, bool compute, uint64_t signature,
                                         double model_bytes, int64_t largest, int64_t payload) {
   const int64_t words[kWords] = {start, real, compute, static_cast<int64_t>(signature),
@@ -231,80 +209,94 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& n
                                                             c10d::ReduceOp::RedOpType op) {
   if (!shm_ || !all_reduce_args_ok(tensors, op)) return {};
   const bool compute = Runtime::get().compute_mode();
-  bool real = compute;
   int64_t largest = 0;
   int64_t payload = 0;
-  if (!compute) {
-    real = true;
-    for (const auto& t : tensors) real = real && is_materialized(t.storage());
-  }
   for (const auto& t : tensors) {
     largest = std::max(largest, nbytes(t));
     payload += nbytes(t);
   }
-  const bool deferrable = !compute && (largest > spec_.data_threshold || !real);
-  // Real bytes that shared memory cannot carry go over TCP (Python). Ranks
-  // with equal signatures decide alike: equal shapes, equal payloads.
-  if (!deferrable && payload > static_cast<int64_t>(ShmExchange::kDataCapacity)) return {};
   const std::string extra = op_name(op);
   const int device = tensors[0].device().index();
-  if (deferrable) {
+  if (!compute && largest > spec_.data_threshold) {  // no rank moves these bytes
+    bool real = true;
+    for (const auto& t : tensors) real = real && tensor_materialized(t);
     return defer(name, "all_reduce", static_cast<double>(payload), largest, payload, real, tensors, tensors, tensors,
                  extra, device);
   }
+  // Real bytes that shared memory cannot carry go over TCP (Python). Ranks
+  // with equal signatures decide alike: equal shapes, equal payloads.
+  if (payload > static_cast<int64_t>(ShmExchange::kDataCapacity)) return {};
   return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
-    const int64_t comm = comm_stream(device);
     const uint64_t signature = collective_signature(name, extra, tensors);
-    // The deferred collectives before it gather their words on the runner:
-    // all of a group's gathers keep launch order on every rank.
-    drain();
-    TimeNs start = 0;
-    const uint64_t ticket = begin(device, comm, real, compute, signature, static_cast<double>(payload), largest,
-                                  payload, &start);
-    const std::vector<int64_t> words = finish(ticket, name);
-    check_signatures(words, signature, ticket, name, extra, tensors);
-    const bool moves = column_all(words, kCompute) ||
-                       (column_max(words, kLargest) <= spec_.data_threshold && column_all(words, kReal));
-    if (moves) {
-      // Every rank reduces every rank's bytes in rank order: all hold identical results.
-      std::vector<at::Tensor> hosts;
-      hosts.reserve(tensors.size());
-      std::vector<uint8_t> mine(static_cast<size_t>(payload));
-      size_t offset = 0;
-      for (const auto& t : tensors) {
-        hosts.push_back(host_alias(t));
-        if (nbytes(t) > 0) std::memcpy(mine.data() + offset, hosts.back().data_ptr(), static_cast<size_t>(nbytes(t)));
-        offset += static_cast<size_t>(nbytes(t));
-      }
-      std::vector<at::Tensor> acc(tensors.size());
-      shm_->gather_bytes(mine.data(), mine.size(), spec_.timeout, [&](int rank, const void* bytes, size_t length) {
-        TORCH_CHECK(length == mine.size(), "emu backend: ", name, " expected ", mine.size(), " bytes from rank ",
-                    rank, ", got ", length);
-        size_t at = 0;
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          at::Tensor part = at::empty(tensors[i].sizes(), tensors[i].options().device(c10::kCPU));
-          const auto n = static_cast<size_t>(nbytes(tensors[i]));
-          if (n > 0) std::memcpy(part.data_ptr(), static_cast<const uint8_t*>(bytes) + at, n);
-          at += n;
-          if (rank == 0) {
-            acc[i] = std::move(part);
-          } else {
-            reduce_into(acc[i], part, op);
-          }
-        }
-      });
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        if (op == c10d::ReduceOp::AVG) acc[i].div_(spec_.size);
-        hosts[i].copy_(acc[i]);
-      }
-      add_payload_bytes_moved(static_cast<uint64_t>(payload));
+    // The runner reads and writes the bytes where the storages are now (a
+    // later set_() does not move them); the host waits for it only where it
+    // touches them (await_collective_writes).
+    std::vector<at::Tensor> hosts;
+    std::vector<c10::Storage> storages;
+    std::vector<const void*> touches;
+    for (const auto& t : tensors) {
+      hosts.push_back(host_alias(t));
+      storages.push_back(t.storage());
+      touches.push_back(t.storage().unsafeGetStorageImpl());
     }
-    if (!compute) {
-      for (const auto& t : tensors) set_materialized(t.storage(), moves);
-    }
-    auto end = std::make_shared<PendingTime>(place(device, comm, words, "all_reduce"));
-    return c10::make_intrusive<EmuWork>(tensors, device, completed_future(device, tensors, end), end, nullptr);
+    const int64_t comm = comm_stream(device);
+    auto place = [self = weak_from_this(), name, extra, op, signature, largest, payload, compute, device, comm,
+                  tensors, hosts, storages](TimeNs start) {
+      const auto group = self.lock();
+      TORCH_CHECK(group != nullptr, "emu backend: ", name, " was placed after its process group was destroyed");
+      // Whether the bytes are real is read here: collectives before it in launch order may change it.
+      bool real = compute;
+      if (!compute) {
+        real = true;
+        for (const auto& st : storages) real = real && is_materialized(st);
+      }
+      const uint64_t ticket =
+          group->gather_words(start, real, compute, signature, static_cast<double>(payload), largest, payload);
+      const std::vector<int64_t> words = group->finish(ticket, name);
+      group->check_signatures(words, signature, ticket, name, extra, tensors);
+      const bool moves = column_all(words, kCompute) ||
+                         (column_max(words, kLargest) <= group->spec_.data_threshold && column_all(words, kReal));
+      if (moves) group->reduce_bytes(name, hosts, op, payload);
+      if (!compute) {
+        for (const auto& st : storages) set_materialized(st, moves);
+      }
+      return group->place(device, comm, words, "all_reduce");
+    };
+    return defer_call(device, tensors, std::move(place), std::move(touches));
   });
+}
+
+void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<at::Tensor>& hosts,
+                                    c10d::ReduceOp::RedOpType op, int64_t payload) {
+  // Every rank reduces every rank's bytes in rank order: all hold identical results.
+  std::vector<uint8_t> mine(static_cast<size_t>(payload));
+  size_t offset = 0;
+  for (const auto& h : hosts) {
+    if (nbytes(h) > 0) std::memcpy(mine.data() + offset, h.data_ptr(), static_cast<size_t>(nbytes(h)));
+    offset += static_cast<size_t>(nbytes(h));
+  }
+  std::vector<at::Tensor> acc(hosts.size());
+  shm_->gather_bytes(mine.data(), mine.size(), spec_.timeout, [&](int rank, const void* bytes, size_t length) {
+    TORCH_CHECK(length == mine.size(), "emu backend: ", name, " expected ", mine.size(), " bytes from rank ", rank,
+                ", got ", length);
+    size_t at = 0;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      at::Tensor part = at::empty(hosts[i].sizes(), hosts[i].options());
+      const auto n = static_cast<size_t>(nbytes(hosts[i]));
+      if (n > 0) std::memcpy(part.data_ptr(), static_cast<const uint8_t*>(bytes) + at, n);
+      at += n;
+      if (rank == 0) {
+        acc[i] = std::move(part);
+      } else {
+        reduce_into(acc[i], part, op);
+      }
+    }
+  });
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (op == c10d::ReduceOp::AVG) acc[i].div_(spec_.size);
+    hosts[i].copy_(acc[i]);
+  }
+  add_payload_bytes_moved(static_cast<uint64_t>(payload));
 }
 
 c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, const std::string& model_kind,
@@ -315,7 +307,7 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
                                                        const std::string& extra, int device) {
   TORCH_CHECK(shm_ != nullptr, "emu backend: a deferred collective through shared memory, but this group has none");
   return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
-    for (const auto& t : received) set_materialized(t.storage(), false);
+    for (const auto& t : received) set_tensor_materialized(t, false);  // after the collectives still writing it
     const int64_t comm = comm_stream(device);
     const uint64_t signature = collective_signature(name, extra, signed_);
     // Holds the group weakly: the runner's calls must not keep it alive.
@@ -333,7 +325,8 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
 }
 
 c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const std::vector<at::Tensor>& outputs,
-                                                            std::function<TimeNs(TimeNs)> place) {
+                                                            std::function<TimeNs(TimeNs)> place,
+                                                            std::vector<const void*> touches) {
   return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
     const int64_t comm = comm_stream(device);
     auto& dev = Runtime::get().device(device);
@@ -345,7 +338,7 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const st
     const TimeNs launched = dev.clock().now();
     const TimeNs offset = spec_.clock_offset;
     auto end = std::make_shared<PendingTime>();
-    auto ticket = runner_->submit([after, launched, offset, device, comm, end, place = std::move(place)]() {
+    OrderedRunner::Call call = [after, launched, offset, device, comm, end, place = std::move(place)]() {
       return translate_errors([&] {
         after->force();  // the held work before it waits only for earlier collectives: no cycle
         const TimeNs start = Runtime::get().device(device).collective_start_at(comm, launched) - offset;
@@ -353,7 +346,9 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const st
         end->set(t);
         return t;
       });
-    });
+    };
+    auto ticket = touches.empty() ? runner_->submit(std::move(call))
+                                  : pending_writes().submit(runner_, std::move(touches), std::move(call));
     // Its errors reach the host where it next waits for the collective's end.
     end->set_force([runner = runner_, ticket] { return without_gil([&] { return runner->run_through(ticket); }); });
     return c10::make_intrusive<EmuWork>(outputs, device, completed_future(device, outputs, end), end,

@@ -8,13 +8,14 @@
 //
 // Ranks all-gather seven words per collective (ShmExchange):
 //   [start, real, compute, signature, model bytes, largest tensor, payload]
-// A collective whose bytes stay put (timing mode, a tensor above the data
-// threshold or a placeholder) is deferred: launch returns at once, and the
-// runner gathers its words (once its start is known: the caller's stream may
-// be held behind an earlier collective) and places it when the other ranks'
-// words arrive. Otherwise the launch first lets the runner finish (every
-// rank gathers a group's words in launch order), then waits for the words
-// and moves the real bytes.
+// Every collective launched here is deferred: launch returns at once, and
+// the group's runner gathers its words (once its start is known: the
+// caller's stream may be held behind an earlier collective) and places it
+// when the other ranks' words arrive. An all_reduce whose bytes are real
+// (compute mode, or small tensors of real bytes on every rank) also
+// exchanges and reduces them there, into the tensors' storages; until it
+// has, the host waits for it wherever it touches them (pending_writes(),
+// backend/collective.h), as stream order makes a GPU's later work wait.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -105,8 +106,11 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   // runner: given this rank's start (rank 0's clock), it gathers the ranks'
   // words, checks them and places the collective, returning its end. The
   // Work and its future behave as defer()'s (which uses it).
+  // `touches`: the storages (StorageImpl) whose bytes `place` reads or
+  // writes; the host awaits it before it touches them (pending_writes()).
   c10::intrusive_ptr<c10d::Work> defer_call(int device, const std::vector<at::Tensor>& outputs,
-                                            std::function<TimeNs(TimeNs)> place);
+                                            std::function<TimeNs(TimeNs)> place,
+                                            std::vector<const void*> touches = {});
 
   // Python's deferred work, in the same order as this group's.
   std::shared_ptr<OrderedRunner::Ticket> submit(OrderedRunner::Call call) { return runner_->submit(std::move(call)); }
@@ -118,12 +122,12 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   void add_payload_bytes_moved(uint64_t n) { payload_moved_.fetch_add(n); }
 
  private:
-  // Makes the comm stream wait for `device`'s current stream; starts the words' gather.
-  uint64_t begin(int device, int64_t comm, bool real, bool compute, uint64_t signature, double model_bytes,
-                 int64_t largest, int64_t payload, TimeNs* start);
   uint64_t gather_words(TimeNs start, bool real, bool compute, uint64_t signature, double model_bytes,
                         int64_t largest, int64_t payload);
   std::vector<int64_t> finish(uint64_t ticket, const std::string& name);
+  // Exchanges the ranks' bytes of `hosts` (`payload` in all) and reduces them into `hosts`.
+  void reduce_bytes(const std::string& name, const std::vector<at::Tensor>& hosts, c10d::ReduceOp::RedOpType op,
+                    int64_t payload);
   // Throws the ranks' disagreement (ValueError) if any signature differs.
   void check_signatures(const std::vector<int64_t>& words, uint64_t signature, uint64_t ticket,
                         const std::string& name, const std::string& extra,

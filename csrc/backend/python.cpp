@@ -504,7 +504,9 @@ PYBIND11_MODULE(_C, m) {
   // Sharing between processes (torch_emugpu/_sharing.py sends the fd).
   m.def("_share_storage", [](py::handle storage) {
     return guarded([&] {
-      const SharedStorage s = share_storage(torch::createStorage(storage.ptr()));
+      const c10::Storage shared = torch::createStorage(storage.ptr());
+      await_collective_writes(shared);  // its bytes and real-bytes flag as the collectives leave them
+      const SharedStorage s = share_storage(shared);
       return py::make_tuple(s.fd, s.map_offset, s.map_length, s.data_offset, s.nbytes, s.device, s.materialized,
                             s.ready_ns);
     });

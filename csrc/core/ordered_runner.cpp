@@ -12,6 +12,12 @@
 
 namespace emugpu {
 
+namespace {
+thread_local bool running_a_call = false;
+}  // namespace
+
+bool OrderedRunner::in_call() { return running_a_call; }
+
 struct OrderedRunner::State {
   std::mutex queue_mutex;
   std::condition_variable submitted;
@@ -30,6 +36,11 @@ struct OrderedRunner::State {
       pending.pop_front();
     }
     Ticket& t = *next.second;
+    struct InCall {
+      bool outer = running_a_call;
+      InCall() { running_a_call = true; }
+      ~InCall() { running_a_call = outer; }
+    } in_call;
     try {
       t.value_ = next.first();
     } catch (const abi::__forced_unwind&) {

@@ -47,6 +47,9 @@ class OrderedRunner {
   int64_t run_through(const std::shared_ptr<Ticket>& ticket);
   // run_through of the last call submitted so far (none: returns at once).
   void drain();
+  // Whether this thread is running a call of some runner now: such a call
+  // must not wait for later calls (they cannot run before it ends).
+  static bool in_call();
 
   struct State;
 

@@ -304,7 +304,8 @@ def _large_placeholder(rank: int, world: int) -> dict[str, Any]:
 def _mismatch(rank: int, world: int) -> str:
     x = torch.ones(4 + rank, device=torch.device("emugpu", rank))
     try:
-        dist.all_reduce(x)
+        dist.all_reduce(x)  # compute mode: deferred too, its bytes reduced on the group's runner
+        x.cpu()  # reading the result waits for it, and raises its error
     except ValueError as e:
         return str(e)
     raise AssertionError("expected a ValueError for shapes that differ across ranks")
@@ -321,9 +322,9 @@ def _dtype_mismatch(rank: int, world: int) -> str:
 
 
 def _path_mismatch(rank: int, world: int) -> str:
-    """Timing mode: rank 0's 1 MiB all_reduce is deferred (no bytes move),
-    rank 1's 1 KiB one of real bytes waits for the others' words: the two
-    take different paths and must still meet in one error."""
+    """Timing mode: rank 0's 1 MiB all_reduce moves no bytes, rank 1's 1
+    KiB one of real bytes would reduce them: the two take different paths
+    and must still meet in one error."""
     x = torch.ones(1 << 18 if rank == 0 else 256, device=torch.device("emugpu", rank))
     try:
         dist.all_reduce(x)
@@ -360,7 +361,7 @@ def _bad_input(rank: int, world: int) -> dict[str, str]:
 
 
 def _rank_dies(rank: int, world: int) -> dict[str, Any]:
-    """Rank 1 exits while rank 0 already waits inside an all_reduce."""
+    """Rank 1 exits while rank 0 already waits for an all_reduce."""
     x = torch.ones(4, device=torch.device("emugpu", rank))
     dist.all_reduce(x)  # both ranks connected
     if rank == 1:
@@ -369,6 +370,7 @@ def _rank_dies(rank: int, world: int) -> dict[str, Any]:
     start = time.monotonic()
     try:
         dist.all_reduce(x)
+        x.cpu()  # the all_reduce is deferred: reading its result raises its error
     except dist.DistBackendError as e:
         return {"seconds": time.monotonic() - start, "error": str(e)}
     raise AssertionError("expected a DistBackendError when a rank exits")
@@ -384,6 +386,7 @@ def _rank_hangs(rank: int, world: int) -> dict[str, Any]:
     start = time.monotonic()
     try:
         dist.all_reduce(x)
+        x.cpu()  # the all_reduce is deferred: reading its result raises its error
     except dist.DistBackendError as e:
         return {"seconds": time.monotonic() - start, "error": str(e)}
     raise AssertionError("expected a DistBackendError when a rank does not arrive")
@@ -412,6 +415,40 @@ def _host_goes_on(rank: int, world: int) -> dict[str, float]:
     torch.emugpu.synchronize()
     return {"launched": launched, "waited": waited, "kernel_end": kernel_end, "end": end,
             "now": _C._host_now_ns()}
+
+
+def _bytes_host_goes_on(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 reaches an all_reduce of real bytes (compute mode, or a small
+    tensor copied in, timing mode) 0.5 s after rank 0. Rank 0's host returns
+    from it at once, runs work that does not touch the tensor, and waits only
+    where it reads the result; an op that writes the tensor after the launch
+    is ordered after the reduction, as on a stream."""
+    dev = torch.device("emugpu", rank)
+    x = torch.full((4,), float(rank + 1)).to(dev)
+    other = torch.ones(1024).to(dev)
+    other.mul_(2)  # its first call imports PyTorch's meta kernels (a second or so here)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+    start = time.monotonic()
+    dist.all_reduce(x)
+    launched = time.monotonic() - start
+    other.mul_(2)  # another tensor: no wait
+    unrelated = time.monotonic() - start
+    value = x.cpu().tolist()  # waits for the other rank
+    read = time.monotonic() - start
+    y = torch.full((2,), float(rank + 1)).to(dev)
+    dist.all_reduce(y)
+    y.mul_(10)  # written after the launch: waits, then scales the sum
+    dist.all_reduce(y, op=dist.ReduceOp.MAX)  # reads what mul_ wrote (stream order)
+    return {"launched": launched, "unrelated": unrelated, "read": read, "value": value,
+            "after": y.cpu().tolist(), "compute": torch_emugpu_mode() == "compute"}
+
+
+def torch_emugpu_mode() -> str:
+    from torch_emugpu import _C
+
+    return _C._mode()
 
 
 def _accelerator_synchronize(rank: int, world: int) -> dict[str, float]:
@@ -495,6 +532,7 @@ def _coalesced_all_reduces(rank: int, world: int) -> list[list[float]]:
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "ring": _ring, "batch_overlap": _batch_overlap, "coalesced_all_reduces": _coalesced_all_reduces,
     "host_goes_on": _host_goes_on, "accelerator_synchronize": _accelerator_synchronize,
+    "bytes_host_goes_on": _bytes_host_goes_on,
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
     "dtype_mismatch": _dtype_mismatch, "path_mismatch": _path_mismatch,
@@ -574,6 +612,18 @@ def test_host_does_not_wait_for_other_ranks_when_launching_or_waiting(transport:
     assert out[0]["kernel_end"] == -1, out[0]
     assert out[0]["end"] == out[1]["end"] + 50_000_000  # the held kernel ran right after the collective
     assert out[0]["now"] >= out[0]["end"]  # synchronize waited for it
+
+
+@pytest.mark.parametrize("mode", ["compute", "timing"])
+def test_host_does_not_wait_for_an_all_reduce_of_real_bytes_until_it_reads_them(mode: str) -> None:
+    out = run_ranks("bytes_host_goes_on", mode=mode)
+    r0 = out[0]
+    assert r0["launched"] < 0.25 and r0["unrelated"] < 0.25, r0  # NCCL's host goes on too
+    assert r0["read"] >= 0.45, r0  # reading the result waited for rank 1 (0.5 s late)
+    for rank in (0, 1):
+        assert out[rank]["value"] == [3.0] * 4, out[rank]
+        if mode == "compute":  # timing mode computes no mul_: its result is a placeholder
+            assert out[rank]["after"] == [30.0, 30.0], out[rank]
 
 
 def test_torch_accelerator_synchronize_waits_for_async_collectives() -> None:

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "backend/allocator.h"
+#include "backend/collective.h"
 #include "backend/ops/common.h"
 #include "backend/ops/compute_mode.h"
 #include "backend/ops/estimate.h"
@@ -227,10 +228,17 @@ void charge_time(const OpInfo& info, const std::vector<c10::IValue>& args, int d
 
 }  // namespace
 
+void await_collective_writes(const std::vector<c10::IValue>& args) {
+  if (pending_writes().empty()) return;
+  for (const auto& a : args) for_each_tensor(a, [](const at::Tensor& t) { if (is_emu(t)) await_collective_writes(t); });
+}
+
 void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
   const OpInfo& info = info_for(op);
   const size_t num_args = op.schema().arguments().size();
   const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  // A collective may still write these on its group's runner (stream order).
+  await_collective_writes(args);
   const int device = op_device(info, args);
   const bool compute = Runtime::get().compute_mode();
   if (info.value_dependent && (compute || all_materialized(args))) {

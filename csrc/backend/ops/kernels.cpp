@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backend/allocator.h"
+#include "backend/collective.h"
 #include "backend/ops/common.h"
 
 namespace emugpu {
@@ -80,6 +81,9 @@ at::Tensor host_values(const at::Tensor& t) {
 
 // aten::_copy_from: every copy that involves an emugpu tensor.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  for (const at::Tensor* t : {&self, &dst}) {
+    if (is_emu(*t)) await_collective_writes(*t);
+  }
   // copy_ broadcasts its source (torchvision's affine grids copy [W] into [1, H, W]).
   const bool expandable = at::is_expandable_to(self.sizes(), dst.sizes());
   TORCH_CHECK(expandable || self.numel() == dst.numel(), "emugpu copy: expected a source broadcastable to the ",
@@ -156,6 +160,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 // aten::_local_scalar_dense (.item()): a sync point; placeholders read as 0.
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  await_collective_writes(self);
   return translate_errors([&]() -> c10::Scalar {
     const int d = self.device().index();
     charge_and_wait(d, Engine::kDeviceToHost, Runtime::get().device(d).cost().transfer(self.element_size(), false));
@@ -205,6 +210,8 @@ at::Tensor& set_empty(at::Tensor& self) {
 bool equal(const at::Tensor& self, const at::Tensor& other) {
   TORCH_CHECK(self.device() == other.device(), "emugpu equal: expected both tensors on ", self.device(),
               ", got ", other.device());
+  await_collective_writes(self);
+  await_collective_writes(other);
   return translate_errors([&] {
     const int d = self.device().index();
     auto& dev = Runtime::get().device(d);

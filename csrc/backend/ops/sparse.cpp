@@ -151,6 +151,7 @@ void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, 
   const OpInfo& info = info_for(op);
   const size_t num_args = op.schema().arguments().size();
   const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  await_collective_writes(args);  // dense operands a collective may still write
   const int device = op_device(info, args);
   const bool compute = Runtime::get().compute_mode();
   const int product = compute ? -1 : sparse_product_operand(info, args);
