@@ -1,21 +1,19 @@
 """Host cost of backend `emu` per collective: the wall-clock time a rank's
-host spends in one all_reduce (start-time exchange over the internal gloo
-group, plus the real bytes where the data rule moves them), over `--world`
-spawned ranks on loopback, and the payload bytes each call moved. Emulated
-device time is not measured here.
+host spends in one all_reduce (its launch: the group's runner exchanges the
+start times, and the real bytes where the data rule moves them, behind the
+host), over `--world` spawned ranks on loopback, and the payload bytes each
+call moved.
 
     python benchmarks/distributed_host_cost.py [--world 8] [--iters N] [--transport tcp]
 
 Prints, per (mode, size): wall microseconds per call (median over ranks of
 each rank's mean), its ratio to an all-gather of the six exchange words
 alone (the baseline, measured in the same processes), the same until every
-call is placed on the timeline (the loop and its closing synchronize: a
-call that moves no bytes returns at once and the group's runner exchanges
-and places it behind), the rank's own CPU time per call until then (all
-its threads: when ranks outnumber cores, wall time is about CPU time x
-ranks / cores, as every all_reduce that moves bytes waits for every rank),
-and payload bytes moved per call and rank. Timing mode moves
-the bytes of tensors up to 64 KiB only. `--transport tcp` measures the TCP
+call is placed on the timeline (the loop and its closing synchronize, which
+also waits for the emulated GPU to finish them: the work the runner does
+behind the host), the rank's own CPU time per call until then (all its
+threads), and payload bytes moved per call and rank. Timing mode moves the
+bytes of tensors up to 64 KiB only. `--transport tcp` measures the TCP
 exchange instead of shared memory.
 """
 

@@ -798,17 +798,32 @@ PYBIND11_MODULE(_C, m) {
           return g.defer(name, kind, model_bytes, largest, payload, real, received, outputs, signed_, extra, device);
         });
       })
-      .def("defer_call", [](GroupCollectives& g, int device, const std::vector<at::Tensor>& outputs,
-                            py::function place) {
-        auto fn = shared_py_function(std::move(place));
-        return guarded([&] {
-          py::gil_scoped_release no_gil;
-          return g.defer_call(device, outputs, [fn](TimeNs start) -> TimeNs {
-            py::gil_scoped_acquire gil;
-            return (*fn)(start).cast<int64_t>();
-          });
-        });
-      })
+      // `touches`: tensors whose bytes `place` reads or writes on the runner;
+      // the host awaits it before it touches their storages.
+      .def(
+          "defer_call",
+          [](GroupCollectives& g, int device, const std::vector<at::Tensor>& outputs, py::function place,
+             const std::vector<at::Tensor>& touches) {
+            auto fn = shared_py_function(std::move(place));
+            std::vector<c10::Storage> storages;  // alive while their keys are pending
+            std::vector<const void*> keys;
+            for (const auto& t : touches) {
+              if (!t.has_storage()) continue;
+              storages.push_back(t.storage());
+              keys.push_back(t.storage().unsafeGetStorageImpl());
+            }
+            return guarded([&] {
+              py::gil_scoped_release no_gil;
+              return g.defer_call(
+                  device, outputs,
+                  [fn, storages = std::move(storages)](TimeNs start) -> TimeNs {
+                    py::gil_scoped_acquire gil;
+                    return (*fn)(start).cast<int64_t>();
+                  },
+                  std::move(keys));
+            });
+          },
+          py::arg("device"), py::arg("outputs"), py::arg("place"), py::arg("touches") = std::vector<at::Tensor>{})
       .def("submit", [](GroupCollectives& g, py::function call) {
         auto fn = shared_py_function(std::move(call));
         return g.submit([fn]() -> int64_t {

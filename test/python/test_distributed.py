@@ -441,14 +441,20 @@ def _bytes_host_goes_on(rank: int, world: int) -> dict[str, Any]:
     dist.all_reduce(y)
     y.mul_(10)  # written after the launch: waits, then scales the sum
     dist.all_reduce(y, op=dist.ReduceOp.MAX)  # reads what mul_ wrote (stream order)
-    return {"launched": launched, "unrelated": unrelated, "read": read, "value": value,
-            "after": y.cpu().tolist(), "compute": torch_emugpu_mode() == "compute"}
-
-
-def torch_emugpu_mode() -> str:
-    from torch_emugpu import _C
-
-    return _C._mode()
+    after = y.cpu().tolist()
+    # The collectives Python checks (here a broadcast and an all_gather) are deferred the same way.
+    b = torch.full((3,), float(rank + 1)).to(dev)
+    gathered = torch.zeros(2 * 3, device=dev)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+    start = time.monotonic()
+    dist.broadcast(b, src=1)
+    dist.all_gather_into_tensor(gathered, b)
+    python_launched = time.monotonic() - start
+    return {"launched": launched, "unrelated": unrelated, "read": read, "value": value, "after": after,
+            "python_launched": python_launched, "broadcast": b.cpu().tolist(), "gathered": gathered.cpu().tolist(),
+            "python_read": time.monotonic() - start}
 
 
 def _accelerator_synchronize(rank: int, world: int) -> dict[str, float]:
@@ -620,8 +626,10 @@ def test_host_does_not_wait_for_an_all_reduce_of_real_bytes_until_it_reads_them(
     r0 = out[0]
     assert r0["launched"] < 0.25 and r0["unrelated"] < 0.25, r0  # NCCL's host goes on too
     assert r0["read"] >= 0.45, r0  # reading the result waited for rank 1 (0.5 s late)
+    assert r0["python_launched"] < 0.25 and r0["python_read"] >= 0.45, r0
     for rank in (0, 1):
         assert out[rank]["value"] == [3.0] * 4, out[rank]
+        assert out[rank]["broadcast"] == [2.0] * 3 and out[rank]["gathered"] == [2.0] * 6, out[rank]
         if mode == "compute":  # timing mode computes no mul_: its result is a placeholder
             assert out[rank]["after"] == [30.0, 30.0], out[rank]
 

@@ -20,12 +20,14 @@ values are.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import functools
 import hashlib
 import os
 import socket
+import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 
@@ -239,6 +241,14 @@ class EmuBackend(_C10dBackend):
         _backends.add(self)
         self._batch: _P2PBatch | None = None  # between start_coalescing and end_coalescing
 
+    def shutdown(self) -> None:
+        """destroy_process_group's call: the deferred collectives finish
+        first. The other ranks need this rank's part of each, and the runner
+        must not be the one to drop the last reference to this backend (its
+        gloo group's teardown would then run on the runner's thread, which
+        the interpreter may end mid-teardown while it exits)."""
+        self.drain()
+
     @property
     def payload_bytes_moved(self) -> int:
         """Bytes of this rank's tensors that collectives carried (the data rule's real bytes), for benchmarks."""
@@ -338,9 +348,11 @@ class EmuBackend(_C10dBackend):
              received: Sequence[torch.Tensor], outputs: list[torch.Tensor], move: Callable[[], None],
              extra: object = None, blocks_host: bool = False, device: int | None = None,
              signed: Sequence[torch.Tensor] | None = None,
-             shm_move: Callable[[list[torch.Tensor]], None] | None = None) -> EmuWork:
+             shm_move: Callable[[list[torch.Tensor]], None] | None = None) -> dist._Work:
         """Exchanges start times (and checks the ranks agree), moves bytes
-        where the data rule says so, and launches the modelled duration.
+        where the data rule says so, and launches the modelled duration:
+        deferred to the group's runner (the host goes on) unless it blocks
+        the host (barrier).
         `inputs` are the tensors whose bytes this rank contributes, `received`
         those it writes; `signed` (default: both) and `extra` (root, op) must
         match across ranks. Sizes that may differ across ranks (all_to_all's
@@ -352,36 +364,49 @@ class EmuBackend(_C10dBackend):
         dev = self._check(name, tensors) if device is None else device
         ext = _C()
         compute = ext._mode() == "compute"
-        real = compute or all(ext._is_materialized(t) for t in inputs)
         largest = max((t.numel() * t.element_size() for t in tensors), default=0)
         if signed is None:
             signed = tensors
         extra = "" if extra is None else str(extra)  # the signature's and the error report's form
         signature = ext._collective_signature(name, extra, list(signed))
-        if not blocks_host and not compute and (largest > DATA_THRESHOLD_BYTES or not real):
-            # No rank can move these bytes: deferred (the host goes on at once, as NCCL's does).
-            payload = sum(t.numel() * t.element_size() for t in inputs)
+        payload = sum(t.numel() * t.element_size() for t in inputs)
+        if blocks_host:  # barrier: the host waits for it, as ProcessGroupNCCL's does
+            with self._on_comm_stream(dev):
+                self.drain()  # the deferred collectives before it gather their words on the runner first
+                start = ext._collective_begin(dev) - self._clock_offset_ns  # rank 0's clock (_align_clocks)
+                end = self._exchange_and_place(name, model_kind, model_bytes, inputs, received, move, dev, compute,
+                                               largest, payload, signature, signed, extra, shm_move, start)
+            return EmuWork(outputs, dev, end, blocks_host)
+        if not compute and largest > DATA_THRESHOLD_BYTES:
+            # No rank can move these bytes: the runner only places it.
+            real = all(ext._is_materialized(t) for t in inputs)
             if self._group.has_shm:
                 return self._group.defer(name, model_kind, float(model_bytes), largest, payload, real,
                                          list(received), outputs, list(signed), extra, dev)
             return self._defer_tcp(name, model_kind, model_bytes, received, outputs, dev, real, largest, payload,
                                    signature, signed, extra)
-        with self._on_comm_stream(dev):
-            return self._launch(name, model_kind, model_bytes, inputs, received, outputs, move, blocks_host, dev,
-                                real, compute, largest, signature, signed, extra, shm_move)
+        comm = self._comm_stream(dev)
 
-    def _launch(self, name: str, model_kind: str, model_bytes: float, inputs: Sequence[torch.Tensor],
-                received: Sequence[torch.Tensor], outputs: list[torch.Tensor], move: Callable[[], None],
-                blocks_host: bool, dev: int, real: bool, compute: bool, largest: int, signature: int,
-                signed: Sequence[torch.Tensor], extra: object,
-                shm_move: Callable[[list[torch.Tensor]], None] | None) -> EmuWork:
+        def place(start: int) -> int:
+            with torch.emugpu.stream(comm):
+                return self._exchange_and_place(name, model_kind, model_bytes, inputs, received, move, dev, compute,
+                                                largest, payload, signature, signed, extra, shm_move, start)
+
+        # Deferred too (the host goes on, as NCCL's does): the runner moves the bytes, and the host
+        # waits for it where it touches these tensors (await_collective_writes).
+        return self._group.defer_call(dev, outputs, place, tensors)
+
+    def _exchange_and_place(self, name: str, model_kind: str, model_bytes: float, inputs: Sequence[torch.Tensor],
+                            received: Sequence[torch.Tensor], move: Callable[[], None], dev: int, compute: bool,
+                            largest: int, payload: int, signature: int, signed: Sequence[torch.Tensor], extra: str,
+                            shm_move: Callable[[list[torch.Tensor]], None] | None, start: int) -> int:
+        """Exchanges the ranks' words from this rank's `start` (rank 0's
+        clock), checks they agree, moves the bytes where the data rule says
+        so, and places the collective on the current stream; returns its end.
+        Whether the bytes are real is read here: on the runner, after the
+        collectives launched before it."""
         ext = _C()
-        # The deferred collectives before it are placed first: its timing rests on them, and their
-        # words are gathered on the group's runner, so every rank gathers in launch order.
-        self.drain()
-        # Start times cross processes in rank 0's clock (see _align_clocks).
-        start = ext._collective_begin(dev) - self._clock_offset_ns
-        payload = sum(t.numel() * t.element_size() for t in inputs)
+        real = compute or all(ext._is_materialized(t) for t in inputs)
         gathered, key = self._exchange.start_gather_words(
             [start, int(real), int(compute), signature, int(model_bytes), largest, payload], name)
         words = gathered()
@@ -400,8 +425,7 @@ class EmuBackend(_C10dBackend):
                 ext._set_materialized(t, moves)
         duration = ext._collective_duration(dev, model_kind, float(model_bytes), self._size,
                                             self._ranks_per_node) if self._size > 1 else 0
-        end = ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
-        return EmuWork(outputs, dev, end, blocks_host)
+        return ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
 
     def _defer_tcp(self, name: str, model_kind: str, model_bytes: float, received: Sequence[torch.Tensor],
                    outputs: list[torch.Tensor], dev: int, real: bool, largest: int, payload: int, signature: int,
@@ -915,6 +939,20 @@ def drain_all() -> None:
     """Places every deferred collective of this process on the timeline."""
     for backend in list(_backends):
         backend.drain()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    """Lets each group's runner finish before the interpreter does: a
+    deferred collective's Python callbacks, run or dropped on the runner's
+    thread during finalization, would end that thread inside a destructor
+    (std::terminate). The other ranks reached those collectives too (or
+    exited, which the exchange notices); their errors are only reported."""
+    for backend in list(_backends):
+        try:
+            backend.drain()
+        except Exception as e:  # noqa: BLE001  (exiting: nothing left to raise to)
+            print(f"emu backend: a collective launched before exit failed: {e}", file=sys.stderr)
 
 
 def _mismatch_message(exchange: Exchange, rank: int, key: str, name: str, extra: str,
