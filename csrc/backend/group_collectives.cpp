@@ -324,6 +324,20 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
   });
 }
 
+std::pair<std::shared_ptr<OrderedRunner::Ticket>, std::shared_ptr<PendingTime>> GroupCollectives::submit_timed(
+    OrderedRunner::Call call, std::vector<const void*> touches) {
+  auto end = std::make_shared<PendingTime>();
+  OrderedRunner::Call timed = [end, call = std::move(call)]() {
+    const int64_t t = call();
+    end->set(t);
+    return t;
+  };
+  auto ticket = touches.empty() ? runner_->submit(std::move(timed))
+                                : pending_writes().submit(runner_, std::move(touches), std::move(timed));
+  end->set_force([runner = runner_, ticket] { return without_gil([&] { return runner->run_through(ticket); }); });
+  return {ticket, end};
+}
+
 c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const std::vector<at::Tensor>& outputs,
                                                             std::function<TimeNs(TimeNs)> place,
                                                             std::vector<const void*> touches) {

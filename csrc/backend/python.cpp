@@ -177,6 +177,28 @@ std::shared_ptr<py::function> shared_py_function(py::function fn) {
   });
 }
 
+// Calls a Python function from a group's runner thread. Its error becomes
+// a c10 error of the matching kind: the runner keeps a call's error and
+// rethrows it at every wait, and pybind11's error_already_set can be handed
+// back to Python only once.
+template <typename... Args>
+py::object call_from_runner(const py::function& fn, Args&&... args) {
+  py::gil_scoped_acquire gil;
+  try {
+    return fn(std::forward<Args>(args)...);
+  } catch (py::error_already_set& e) {
+    const std::string message = py::str(e.value());
+    const std::string kind = py::str(py::type::handle_of(e.value()).attr("__name__"));
+    if (e.matches(PyExc_ValueError)) C10_THROW_ERROR(ValueError, message);
+    if (e.matches(PyExc_TypeError)) C10_THROW_ERROR(TypeError, message);
+    if (e.matches(PyExc_NotImplementedError)) C10_THROW_ERROR(NotImplementedError, message);
+    if (e.matches(py::module_::import("torch.distributed").attr("DistBackendError").ptr())) {
+      C10_THROW_ERROR(DistBackendError, message);
+    }
+    TORCH_CHECK(false, kind, ": ", message);
+  }
+}
+
 py::dict stat_dict(const Stat& s) {
   py::dict d;
   d["current"] = s.current;
@@ -760,6 +782,14 @@ PYBIND11_MODULE(_C, m) {
   py::class_<OrderedRunner::Ticket, std::shared_ptr<OrderedRunner::Ticket>>(m, "_DeferredTicket")
       .def_property_readonly("done", &OrderedRunner::Ticket::done)
       .def_property_readonly("failed", [](const OrderedRunner::Ticket& t) { return t.error() != nullptr; });
+  // A device time the host learns later (core/pending_time.h): a deferred send/recv's end.
+  py::class_<PendingTime, std::shared_ptr<PendingTime>>(m, "_PendingTime")
+      .def_property_readonly("known", &PendingTime::known);
+  // Work.wait() of a deferred send/recv: the current stream waits for its end
+  // without blocking the host (the device holds its later work until known).
+  m.def("_stream_wait_pending", [](int index, const std::shared_ptr<PendingTime>& end) {
+    guarded([&] { Runtime::get().device(index).stream_wait(current_stream_id(index), end); });
+  });
   py::class_<GroupCollectives, std::shared_ptr<GroupCollectives>>(m, "_GroupCollectives")
       .def(py::init([timeout](int rank, int size, int ranks_per_node, int64_t clock_offset_ns,
                               std::shared_ptr<ShmExchange> shm, double timeout_s, int64_t data_threshold,
@@ -767,8 +797,8 @@ PYBIND11_MODULE(_C, m) {
              auto fn = shared_py_function(std::move(report));
              MismatchReport call = [fn](const std::string& key, const std::string& name, const std::string& extra,
                                         const std::vector<at::Tensor>& tensors, int other) {
-               py::gil_scoped_acquire gil;
-               return (*fn)(key, name, extra, tensors, other).cast<std::string>();
+               py::gil_scoped_acquire gil;  // held while the result lives
+               return call_from_runner(*fn, key, name, extra, tensors, other).cast<std::string>();
              };
              return std::make_shared<GroupCollectives>(
                  GroupSpec{rank, size, ranks_per_node, clock_offset_ns, timeout(timeout_s), data_threshold},
@@ -818,7 +848,7 @@ PYBIND11_MODULE(_C, m) {
                   device, outputs,
                   [fn, storages = std::move(storages)](TimeNs start) -> TimeNs {
                     py::gil_scoped_acquire gil;
-                    return (*fn)(start).cast<int64_t>();
+                    return call_from_runner(*fn, start).cast<int64_t>();
                   },
                   std::move(keys));
             });
@@ -828,9 +858,26 @@ PYBIND11_MODULE(_C, m) {
         auto fn = shared_py_function(std::move(call));
         return g.submit([fn]() -> int64_t {
           py::gil_scoped_acquire gil;
-          return (*fn)().cast<int64_t>();
+          return call_from_runner(*fn).cast<int64_t>();
         });
       })
+      .def("submit_timed",
+           [](GroupCollectives& g, py::function call, const std::vector<at::Tensor>& touches) {
+             auto fn = shared_py_function(std::move(call));
+             std::vector<c10::Storage> storages;  // alive while their keys are pending
+             std::vector<const void*> keys;
+             for (const auto& t : touches) {
+               if (!t.has_storage()) continue;
+               storages.push_back(t.storage());
+               keys.push_back(t.storage().unsafeGetStorageImpl());
+             }
+             return g.submit_timed(
+                 [fn, storages = std::move(storages)]() -> int64_t {
+                   py::gil_scoped_acquire gil;
+                   return call_from_runner(*fn).cast<int64_t>();
+                 },
+                 std::move(keys));
+           })
       .def("run_through", [](GroupCollectives& g, const std::shared_ptr<OrderedRunner::Ticket>& t) {
         return guarded([&] {
           py::gil_scoped_release no_gil;

@@ -457,6 +457,33 @@ def _bytes_host_goes_on(rank: int, world: int) -> dict[str, Any]:
             "python_read": time.monotonic() - start}
 
 
+def _p2p_host_goes_on(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 sends to rank 0 0.5 s after rank 0 posted its recv (compute
+    mode: real bytes). Rank 0's wait() returns at once, as NCCL's does; it
+    waits where it reads the tensor. Rank 0 then sends a tensor and scales it
+    right after wait(): the scaling waits until the send's bytes are out, so
+    rank 1 receives the value sent."""
+    dev = torch.device("emugpu", rank)
+    got = torch.zeros(4, device=dev)
+    got.add_(0)  # its first call imports PyTorch's meta kernels (a second or so here)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+        dist.send(torch.full((4,), 7.0).to(dev), dst=0)
+        back = torch.zeros(3, device=dev)
+        dist.recv(back, src=0)
+        return {"back": back.cpu().tolist()}
+    start = time.monotonic()
+    dist.irecv(got, src=1).wait()
+    waited = time.monotonic() - start
+    value = got.cpu().tolist()
+    read = time.monotonic() - start
+    out = torch.full((3,), 5.0).to(dev)
+    dist.isend(out, dst=1).wait()
+    out.mul_(10)
+    return {"waited": waited, "read": read, "value": value, "out": out.cpu().tolist()}
+
+
 def _accelerator_synchronize(rank: int, world: int) -> dict[str, float]:
     """As _host_goes_on, but rank 0 only launches the async all_reduce and then
     calls torch.accelerator.synchronize(), which must wait for it as
@@ -538,7 +565,7 @@ def _coalesced_all_reduces(rank: int, world: int) -> list[list[float]]:
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "ring": _ring, "batch_overlap": _batch_overlap, "coalesced_all_reduces": _coalesced_all_reduces,
     "host_goes_on": _host_goes_on, "accelerator_synchronize": _accelerator_synchronize,
-    "bytes_host_goes_on": _bytes_host_goes_on,
+    "bytes_host_goes_on": _bytes_host_goes_on, "p2p_host_goes_on": _p2p_host_goes_on,
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
     "dtype_mismatch": _dtype_mismatch, "path_mismatch": _path_mismatch,
@@ -632,6 +659,13 @@ def test_host_does_not_wait_for_an_all_reduce_of_real_bytes_until_it_reads_them(
         assert out[rank]["broadcast"] == [2.0] * 3 and out[rank]["gathered"] == [2.0] * 6, out[rank]
         if mode == "compute":  # timing mode computes no mul_: its result is a placeholder
             assert out[rank]["after"] == [30.0, 30.0], out[rank]
+
+
+def test_host_does_not_wait_for_a_recv_until_it_reads_the_tensor() -> None:
+    out = run_ranks("p2p_host_goes_on", mode="compute")
+    assert out[0]["waited"] < 0.25, out[0]  # wait() orders the stream only
+    assert out[0]["read"] >= 0.45 and out[0]["value"] == [7.0] * 4, out[0]
+    assert out[0]["out"] == [50.0] * 3 and out[1]["back"] == [5.0] * 3, out
 
 
 def test_torch_accelerator_synchronize_waits_for_async_collectives() -> None:

@@ -27,7 +27,6 @@ import functools
 import hashlib
 import os
 import socket
-import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 
@@ -66,16 +65,18 @@ def _C():  # noqa: N802  (the extension, imported late: this module loads during
 
 
 class EmuWork(dist._Work):
-    """A collective, send/recv or batch launched by the Python path: done on
-    the device at `end_ns` (emulated time). (Deferred collectives get the
-    C++ Work of group_collectives.h, whose wait() never blocks the host.)
+    """A barrier, send/recv or batch: done on the device at `end_ns`
+    (emulated time). (Collectives get the C++ Work of group_collectives.h.)
 
     wait() makes the caller's current stream wait for it (as WorkNCCL's
     does); for a barrier it blocks the host until then. The future's value is
     the output tensors. A send/recv or batch placed by the group's ordered
-    runner (`resolved`, its ticket) learns its end when the peer's start
-    arrives: wait() waits for that (the host then blocks until the peer
-    launched it), its future completes then, on the collective's stream."""
+    runner (`resolved`: its ticket and its end, which the runner learns when
+    the peer's start arrives) does not block the host in wait(): the device
+    holds the stream's later work until the end is known, and a send's
+    bytes, which gloo reads until they are sent, are waited for on the
+    runner (the host awaits that before it touches them). Its future
+    completes on the runner."""
 
     def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int | None = None, blocks_host: bool = False,
                  pending: Callable[[], None] | None = None, resolved: object = None,
@@ -86,7 +87,7 @@ class EmuWork(dist._Work):
         self._outputs = outputs
         self._device = device
         self._end_ns = end_ns
-        self._resolved = resolved
+        self._resolved, self._end = resolved if isinstance(resolved, tuple) else (resolved, None)
         self._blocks_host = blocks_host
         if future is None:
             # Made on the collective's stream: waiting on the future (DDP's
@@ -97,6 +98,18 @@ class EmuWork(dist._Work):
         self._future = future
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if self._end is not None and not self._blocks_host:
+            if self._pending is not None:  # after the launches so far: a ring's recvs come first
+                pending, self._pending = self._pending, None
+                resolved, group = self._resolved, self._group
+
+                def sent() -> int:
+                    pending()
+                    return group.run_through(resolved)  # its end (done: it ran before this call)
+
+                self._resolved, self._end = group.submit_timed(sent, self._outputs)
+            _C()._stream_wait_pending(self._device, self._end)
+            return True
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending()
@@ -246,8 +259,11 @@ class EmuBackend(_C10dBackend):
         first. The other ranks need this rank's part of each, and the runner
         must not be the one to drop the last reference to this backend (its
         gloo group's teardown would then run on the runner's thread, which
-        the interpreter may end mid-teardown while it exits)."""
-        self.drain()
+        the interpreter may end mid-teardown while it exits). Their errors
+        reached the host at its waits, or are dropped, as NCCL's are when a
+        group is destroyed."""
+        with contextlib.suppress(Exception):
+            self.drain()
 
     @property
     def payload_bytes_moved(self) -> int:
@@ -860,8 +876,10 @@ class EmuBackend(_C10dBackend):
             for w in sent:
                 exchange.run(w, what)
 
-        return EmuWork(list(tensors), dev, pending=pending if sent else None, resolved=self._group.submit(resolve),
-                       future=future, group=self._group)
+        # A recv's bytes arrive on the runner: the host awaits them before it touches the tensors.
+        resolved = self._group.submit_timed(resolve, [] if sends else list(tensors))
+        return EmuWork(list(tensors), dev, pending=pending if sent else None, resolved=resolved, future=future,
+                       group=self._group)
 
     # c10d's NCCL-style coalescing: batch_isend_irecv (and _coalescing_manager
     # with a device) brackets its ops with these. NCCL runs a batch's sends
@@ -901,7 +919,7 @@ class EmuBackend(_C10dBackend):
                 self._exchange.run(w, "batch_isend_irecv")
 
         return EmuWork(batch.tensors, dev, pending=pending if batch.sent else None,
-                       resolved=self._group.submit(resolve), future=future, group=self._group)
+                       resolved=self._group.submit_timed(resolve, []), future=future, group=self._group)
 
     def recv_anysource(self, *args: object) -> EmuWork:
         self._unsupported("recv from any source")
@@ -947,12 +965,9 @@ def _drain_at_exit() -> None:
     deferred collective's Python callbacks, run or dropped on the runner's
     thread during finalization, would end that thread inside a destructor
     (std::terminate). The other ranks reached those collectives too (or
-    exited, which the exchange notices); their errors are only reported."""
+    exited, which the exchange notices)."""
     for backend in list(_backends):
-        try:
-            backend.drain()
-        except Exception as e:  # noqa: BLE001  (exiting: nothing left to raise to)
-            print(f"emu backend: a collective launched before exit failed: {e}", file=sys.stderr)
+        backend.shutdown()
 
 
 def _mismatch_message(exchange: Exchange, rank: int, key: str, name: str, extra: str,
