@@ -199,6 +199,18 @@ py::object call_from_runner(const py::function& fn, Args&&... args) {
   }
 }
 
+// The pending_writes() keys of the tensors a runner call touches, and their
+// storages, which the call keeps alive while the keys are pending.
+std::pair<std::vector<c10::Storage>, std::vector<const void*>> storage_keys(const std::vector<at::Tensor>& touches) {
+  std::pair<std::vector<c10::Storage>, std::vector<const void*>> out;
+  for (const auto& t : touches) {
+    if (!t.has_storage()) continue;
+    out.first.push_back(t.storage());
+    out.second.push_back(t.storage().unsafeGetStorageImpl());
+  }
+  return out;
+}
+
 py::dict stat_dict(const Stat& s) {
   py::dict d;
   d["current"] = s.current;
@@ -835,13 +847,7 @@ PYBIND11_MODULE(_C, m) {
           [](GroupCollectives& g, int device, const std::vector<at::Tensor>& outputs, py::function place,
              const std::vector<at::Tensor>& touches) {
             auto fn = shared_py_function(std::move(place));
-            std::vector<c10::Storage> storages;  // alive while their keys are pending
-            std::vector<const void*> keys;
-            for (const auto& t : touches) {
-              if (!t.has_storage()) continue;
-              storages.push_back(t.storage());
-              keys.push_back(t.storage().unsafeGetStorageImpl());
-            }
+            auto [storages, keys] = storage_keys(touches);
             return guarded([&] {
               py::gil_scoped_release no_gil;
               return g.defer_call(
@@ -864,13 +870,7 @@ PYBIND11_MODULE(_C, m) {
       .def("submit_timed",
            [](GroupCollectives& g, py::function call, const std::vector<at::Tensor>& touches) {
              auto fn = shared_py_function(std::move(call));
-             std::vector<c10::Storage> storages;  // alive while their keys are pending
-             std::vector<const void*> keys;
-             for (const auto& t : touches) {
-               if (!t.has_storage()) continue;
-               storages.push_back(t.storage());
-               keys.push_back(t.storage().unsafeGetStorageImpl());
-             }
+             auto [storages, keys] = storage_keys(touches);
              return g.submit_timed(
                  [fn, storages = std::move(storages)]() -> int64_t {
                    py::gil_scoped_acquire gil;
