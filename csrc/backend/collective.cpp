@@ -16,10 +16,6 @@ TimeNs collective_end(int device, TimeNs start, TimeNs duration) {
   return Runtime::get().device(device).collective_launch(current_stream_id(device), start, duration);
 }
 
-void stream_wait_current(int device, TimeNs t) {
-  Runtime::get().device(device).stream_wait(current_stream_id(device), t);
-}
-
 TimeNs collective_duration(int device, const std::string& kind, double bytes, int world, int ranks_per_node) {
   const Config c = Runtime::get().config();
   const NetworkSpec net{c.net_gbps * 1e9, c.net_latency_us};

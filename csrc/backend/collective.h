@@ -20,8 +20,6 @@ TimeNs collective_begin(int device);
 // latest t_r over ranks) for `duration`; later work on the stream waits for
 // it, the host does not. Returns its end (the same on every rank).
 TimeNs collective_end(int device, TimeNs start, TimeNs duration);
-// Makes `device`'s current stream wait for `t` (Work.wait on another stream).
-void stream_wait_current(int device, TimeNs t);
 // Modelled duration of `kind` (core/collective_cost.h names and size
 // conventions) over `world` ranks, `ranks_per_node` per node, on `device`'s
 // GPU and the configured network.

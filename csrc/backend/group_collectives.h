@@ -113,11 +113,10 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
                                             std::function<TimeNs(TimeNs)> place,
                                             std::vector<const void*> touches = {});
 
-  // Python's deferred work, in the same order as this group's.
-  std::shared_ptr<OrderedRunner::Ticket> submit(OrderedRunner::Call call) { return runner_->submit(std::move(call)); }
-  // As submit, for a call whose value is a device time (a send/recv's end):
-  // also that time, known once the call ran (forcing it runs the runner
-  // through the call). `touches`: storages the call writes (pending_writes()).
+  // Python's deferred work (a send/recv), in this group's launch order; its
+  // value is a device time (its end), also returned as a PendingTime known
+  // once the call ran (forcing it runs the runner through the call).
+  // `touches`: storages the call writes (pending_writes()).
   std::pair<std::shared_ptr<OrderedRunner::Ticket>, std::shared_ptr<PendingTime>> submit_timed(
       OrderedRunner::Call call, std::vector<const void*> touches);
   int64_t run_through(const std::shared_ptr<OrderedRunner::Ticket>& t) { return runner_->run_through(t); }

@@ -723,9 +723,6 @@ PYBIND11_MODULE(_C, m) {
       return collective_end(index, start_ns, duration_ns);
     });
   });
-  m.def("_collective_stream_wait", [](int index, int64_t t_ns) {
-    guarded([&] { stream_wait_current(index, t_ns); });
-  });
   m.def("_collective_wait_host", [](int index, int64_t t_ns) {
     guarded([&] {
       auto& device = Runtime::get().device(index);
@@ -860,13 +857,6 @@ PYBIND11_MODULE(_C, m) {
             });
           },
           py::arg("device"), py::arg("outputs"), py::arg("place"), py::arg("touches") = std::vector<at::Tensor>{})
-      .def("submit", [](GroupCollectives& g, py::function call) {
-        auto fn = shared_py_function(std::move(call));
-        return g.submit([fn]() -> int64_t {
-          py::gil_scoped_acquire gil;
-          return call_from_runner(*fn).cast<int64_t>();
-        });
-      })
       .def("submit_timed",
            [](GroupCollectives& g, py::function call, const std::vector<at::Tensor>& touches) {
              auto fn = shared_py_function(std::move(call));

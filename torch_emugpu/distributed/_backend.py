@@ -87,7 +87,7 @@ class EmuWork(dist._Work):
         self._outputs = outputs
         self._device = device
         self._end_ns = end_ns
-        self._resolved, self._end = resolved if isinstance(resolved, tuple) else (resolved, None)
+        self._resolved, self._end = resolved if resolved is not None else (None, None)
         self._blocks_host = blocks_host
         if future is None:
             # Made on the collective's stream: waiting on the future (DDP's
@@ -98,25 +98,19 @@ class EmuWork(dist._Work):
         self._future = future
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        if self._end is not None and not self._blocks_host:
-            if self._pending is not None:  # after the launches so far: a ring's recvs come first
-                pending, self._pending = self._pending, None
-                resolved, group = self._resolved, self._group
-
-                def sent() -> int:
-                    pending()
-                    return group.run_through(resolved)  # its end (done: it ran before this call)
-
-                self._resolved, self._end = group.submit_timed(sent, self._outputs)
-            _C()._stream_wait_pending(self._device, self._end)
-            return True
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending()
         if self._blocks_host:
             _C()._collective_wait_host(self._device, self.end_ns)
-        else:
-            _C()._collective_stream_wait(self._device, self.end_ns)
+            return True
+        if self._pending is not None:  # after the launches so far: a ring's recvs come first
+            pending, self._pending = self._pending, None
+            resolved, group = self._resolved, self._group
+
+            def sent() -> int:
+                pending()
+                return group.run_through(resolved)  # its end (done: it ran before this call)
+
+            self._resolved, self._end = group.submit_timed(sent, self._outputs)
+        _C()._stream_wait_pending(self._device, self._end)
         return True
 
     def is_completed(self) -> bool:
