@@ -117,6 +117,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torchvision
+    from torch.autograd import Variable
 
     import torch_emugpu
 
@@ -155,6 +156,13 @@ def worker(args: argparse.Namespace) -> None:
         with torch.emugpu.stream(side):
             work.wait()
             done.record(side)
+        if not buckets:
+            # After DDP's finalize, still inside autograd (an event the loop recorded after backward()
+            # would end a profiled backward + update region before the optimizer step: README,
+            # "Profiles"). DDP queues its finalize after the last bucket's hook; a callback queued by a
+            # callback runs after it.
+            engine = Variable._execution_engine
+            engine.queue_callback(lambda: engine.queue_callback(lambda: backward_end.record()))
         buckets.append((bucket.index(), tensor.numel() * tensor.element_size(), ready, done))
         if iteration == last:
             gradients[bucket.index()] = [g.numel() for g in bucket.gradients()]
@@ -183,7 +191,6 @@ def worker(args: argparse.Namespace) -> None:
         loss = torch.nn.functional.cross_entropy(ddp(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        backward_end.record()
         optimizer.step()
         end.record()
         records.append((start, backward_end, end, buckets))

@@ -347,8 +347,9 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const st
     // NCCL's stream first waits for the caller's. Where the caller's stream
     // is held (behind an earlier collective whose end is not known yet), so
     // is this collective's start: the runner learns it, then exchanges it,
-    // and the host goes on.
-    auto after = dev.follow(comm, current_stream_id(device));
+    // and the host goes on. One that autograd launches (a DDP bucket, an
+    // FSDP reduce-scatter) is part of the backward, not the end of it.
+    auto after = dev.follow(comm, current_stream_id(device), !in_backward());
     const TimeNs launched = dev.clock().now();
     const TimeNs offset = spec_.clock_offset;
     auto end = std::make_shared<PendingTime>();

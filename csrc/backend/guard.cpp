@@ -118,7 +118,7 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 " does not match the stream's device ", stream.device());
     auto& dev = device_at(stream.device_index());
     std::shared_ptr<PendingTime> time = EventTimeScope::take();
-    if (!time) time = translate_errors([&] { return dev.record_pending(stream.id()); });
+    if (!time) time = translate_errors([&] { return dev.record_pending(stream.id(), !in_backward()); });
     auto*& e = *reinterpret_cast<EmuEvent**>(event);
     if (e == nullptr) e = new EmuEvent;
     std::lock_guard<std::mutex> lock(e->mutex);

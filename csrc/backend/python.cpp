@@ -285,6 +285,7 @@ py::dict region_dict(const RegionReport& r) {
   d["charged_s"] = r.charged / 1e9;
   d["estimated_s"] = r.estimated / 1e9;
   d["padded_s"] = r.padded / 1e9;
+  d["waited_s"] = r.waited / 1e9;
   d["worst_excess_s"] = r.worst_excess / 1e9;
   d["occurrences"] = r.occurrences;
   d["host_bound"] = r.host_bound;

@@ -1,6 +1,7 @@
 #include "backend/runtime.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -198,6 +199,8 @@ void set_current_stream_id(int device, int64_t stream) {
   Runtime::get().device(device);  // range check
   tls_streams[device] = stream;
 }
+
+bool in_backward() { return torch::autograd::get_current_graph_task_id() != -1; }
 
 namespace {
 thread_local std::shared_ptr<PendingTime> tls_event_time;

@@ -86,6 +86,10 @@ void set_current_device(int index);
 int64_t current_stream_id(int device);
 void set_current_stream_id(int device, int64_t stream);
 
+// Whether this thread runs autograd's backward (a hook, a final callback):
+// its events and collectives are part of a backward region, not its end.
+bool in_backward();
+
 // While one is alive on a thread, events recorded there take `time` instead
 // of their stream's: a deferred collective completes its future at launch,
 // as NCCL's does, with events that reach the collective's end.

@@ -192,7 +192,10 @@ TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) 
     // host may learn them late (a deferred collective is placed when the
     // last rank's start arrives); the exchange's own wall time is not the GPU's.
     const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, 0));
-    return place_locked(stream, Engine::kCollective, begin, duration, now);
+    const TimeNs end = place_locked(stream, Engine::kCollective, begin, duration, now);
+    collective_ends_.push_back(end);
+    if (collective_ends_.size() > kCollectiveEnds) collective_ends_.pop_front();
+    return end;
   }, false);
 }
 
@@ -254,9 +257,9 @@ std::shared_ptr<PendingTime> Device::pending_point(Point&& point) {
   return time;
 }
 
-std::shared_ptr<PendingTime> Device::record_pending(int64_t stream) {
-  return pending_point([this, stream](TimeNs now) {
-    settle_locked(now);
+std::shared_ptr<PendingTime> Device::record_pending(int64_t stream, bool settles) {
+  return pending_point([this, stream, settles](TimeNs now) {
+    if (settles) settle_locked(now);
     return std::max(timeline_.stream_ready(stream), now);
   });
 }
@@ -265,17 +268,17 @@ std::shared_ptr<PendingTime> Device::stream_ready_pending(int64_t stream) {
   return pending_point([this, stream](TimeNs) { return timeline_.stream_ready(stream); });
 }
 
-std::shared_ptr<PendingTime> Device::follow(int64_t waiter, int64_t stream) {
+std::shared_ptr<PendingTime> Device::follow(int64_t waiter, int64_t stream, bool settles) {
   bool full = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     full = held_queue_full_locked();
   }
   if (full) resolve();  // a collective is a launch: held work fills the launch queue too
-  return pending_point([this, waiter, stream](TimeNs now) {
-    settle_locked(now);
+  return pending_point([this, waiter, stream, settles](TimeNs now) {
+    if (settles) settle_locked(now);
     const TimeNs t = std::max(timeline_.stream_ready(stream), now);
-    timeline_.stream_wait(waiter, t);
+    wait_locked(waiter, t);
     return t;
   });
 }
@@ -293,19 +296,29 @@ TimeNs Device::collective_start_at(int64_t stream, TimeNs host_time) {
   return timeline_.start_of(stream, Engine::kCollective, host_time);
 }
 
+void Device::wait_locked(int64_t stream, TimeNs t) {
+  // Whether through Work.wait(), its future's events or a chain of events
+  // behind them, a wait for a collective waits for exactly its end.
+  const bool collective = std::find(collective_ends_.begin(), collective_ends_.end(), t) != collective_ends_.end();
+  if (collective && regions_.active() && regions_.stream() == stream) {
+    regions_.waited(timeline_.stream_ready(stream), t);
+  }
+  timeline_.stream_wait(stream, t);
+}
+
 void Device::stream_wait(int64_t stream, TimeNs t) {
   std::lock_guard<std::mutex> lock(mutex_);
-  apply_or_hold_locked(clock_.now(), [this, stream, t](TimeNs) { timeline_.stream_wait(stream, t); });
+  apply_or_hold_locked(clock_.now(), [this, stream, t](TimeNs) { wait_locked(stream, t); });
 }
 
 void Device::stream_wait(int64_t stream, const std::shared_ptr<PendingTime>& t) {
   EMUGPU_CHECK(t != nullptr, kValue, "device ", index_, ": expected a pending time to wait for, got none");
   std::lock_guard<std::mutex> lock(mutex_);
   if (!replay_locked() && t->known()) {
-    timeline_.stream_wait(stream, t->value());
+    wait_locked(stream, t->value());
     return;
   }
-  held_.push_back({clock_.now(), t, [this, stream, t](TimeNs) { timeline_.stream_wait(stream, t->value()); }});
+  held_.push_back({clock_.now(), t, [this, stream, t](TimeNs) { wait_locked(stream, t->value()); }});
 }
 
 TimeNs Device::stream_ready(int64_t stream) {

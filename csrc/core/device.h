@@ -100,8 +100,10 @@ class Device {
   // `waiter` waits for an event on `stream` now (NCCL's stream follows the
   // caller's); returns that event's time, known later while the device is
   // held. Blocks only while held work fills the launch queue: call it from
-  // the launching thread.
-  std::shared_ptr<PendingTime> follow(int64_t waiter, int64_t stream);
+  // the launching thread. `settles`: the event is a sync point (see
+  // settle()); false for a collective that autograd launches inside the
+  // backward (DDP's buckets), which belongs to the backward region.
+  std::shared_ptr<PendingTime> follow(int64_t waiter, int64_t stream, bool settles = true);
   // collective_start for a collective launched at `host_time` whose
   // follow() time is known: work held after it does not count.
   TimeNs collective_start_at(int64_t stream, TimeNs host_time);
@@ -123,11 +125,16 @@ class Device {
   // region first: an event after optimizer.step() sees the whole step).
   // record() blocks while the device is held; record_pending() does not:
   // its time becomes known when the held work is placed (forcing it resolves
-  // this device).
+  // this device). `settles` false: not a sync point (an event that a
+  // backward hook records belongs to the backward region).
   TimeNs record(int64_t stream);
-  std::shared_ptr<PendingTime> record_pending(int64_t stream);
+  std::shared_ptr<PendingTime> record_pending(int64_t stream, bool settles = true);
   // Where `stream`'s work launched so far ends (no sync point), known later if held.
   std::shared_ptr<PendingTime> stream_ready_pending(int64_t stream);
+  // A profiled region on `stream` budgets a wait for a collective's end
+  // (work no profile measured: regions.h); waits for work its own profile
+  // covers (DataParallel's replicas, copies between its devices, the loop's
+  // streams) do not move its end.
   void stream_wait(int64_t stream, TimeNs t);
   // Later work on `stream` waits for `t`; while `t` is not known the device
   // is held (see the file comment).
@@ -198,6 +205,8 @@ class Device {
   template <typename Point>
   std::shared_ptr<PendingTime> pending_point(Point&& point);
   void settle_locked(TimeNs now);
+  // `stream` waits for `t` (see stream_wait).
+  void wait_locked(int64_t stream, TimeNs t);
   TimeNs place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
   // Calls place(now) under the lock once the launch queue has room, blocking
   // while it is full (of placed work, or of held work when `count_held`).
@@ -225,6 +234,8 @@ class Device {
   Timeline timeline_;
   std::deque<Held> held_;
   Regions regions_;
+  static constexpr size_t kCollectiveEnds = 256;  // more than DDP's buckets or FSDP's groups per step
+  std::deque<TimeNs> collective_ends_;            // the latest ones placed
   std::deque<std::pair<TimeNs, TimeNs>> busy_;  // recent compute intervals, merged
   TimeNs blocked_ns_ = 0;
   HostBoundMonitor host_bound_;

@@ -1,6 +1,7 @@
 #include "regions.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "error.h"
 
@@ -26,6 +27,7 @@ void Regions::open(const std::string& key, RegionKind kind, TimeNs target, TimeN
   started_ = started;
   estimated_ = 0;
   charged_ = 0;
+  waited_ = 0;
   // The most work of the last few occurrences: loops alternate (gradient
   // accumulation steps only every k-th backward).
   auto it = recent_by_key_.find(key);
@@ -41,7 +43,7 @@ TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
     charged_ += estimate;
     return estimate;
   }
-  const TimeNs budget = start_ + target_ - start;
+  const TimeNs budget = deadline() - start;
   // At the profile's pace: the estimate scaled by target / expected.
   const TimeNs paced =
       expected_ > 0 ? static_cast<TimeNs>(static_cast<double>(estimate) * static_cast<double>(target_) /
@@ -63,9 +65,21 @@ TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
   return duration;
 }
 
+void Regions::waited(TimeNs ready, TimeNs until) {
+  if (!active_ || target_ == kUnbudgeted || until <= ready) return;
+  // The profiled time still ahead of this point: by the work done against the
+  // work expected; the first time, where the re-timed work stands.
+  TimeNs ahead = std::max<TimeNs>(0, deadline() - ready);
+  if (expected_ > 0) {
+    const double done = std::min(1.0, static_cast<double>(estimated_) / static_cast<double>(expected_));
+    ahead = static_cast<TimeNs>(std::llround((1.0 - done) * static_cast<double>(target_)));
+  }
+  waited_ += std::max<TimeNs>(0, until + ahead - deadline());
+}
+
 TimeNs Regions::pad_needed(TimeNs pad_start) const {
   if (!active_ || target_ == kUnbudgeted) return 0;
-  return std::max<TimeNs>(0, start_ + target_ - pad_start);
+  return std::max<TimeNs>(0, deadline() - pad_start);
 }
 
 void Regions::close(RegionOutcome outcome, TimeNs end, TimeNs pad) {
@@ -85,10 +99,11 @@ void Regions::close(RegionOutcome outcome, TimeNs end, TimeNs pad) {
   r.charged = charged_;
   r.estimated = estimated_;
   r.padded = pad;
-  if (target_ != kUnbudgeted && r.last_time > target_) {
+  r.waited = waited_;
+  if (target_ != kUnbudgeted && r.last_time > target_ + waited_) {
     r.host_bound += 1;
     host_bound_total_ += 1;
-    r.worst_excess = std::max(r.worst_excess, r.last_time - target_);
+    r.worst_excess = std::max(r.worst_excess, r.last_time - target_ - waited_);
   }
   if (estimated_ > 0) {
     auto& recent = recent_by_key_[key_];

@@ -9,7 +9,10 @@
 // (learnt from the key's recent complete occurrences), so host gaps early
 // in the region shrink the ops after them; a small reserve is kept for more
 // work than expected, and what is still missing when the region closes is
-// charged as one pad.
+// charged as one pad. A wait for work outside the region (a collective, a
+// copy on another stream) that a GPU at the profile's pace would still be
+// waiting for moves the region's end: its remaining work keeps its profiled
+// share (a single-GPU profile measured no such wait).
 // Not thread-safe: Device serialises every call.
 #pragma once
 
@@ -42,7 +45,8 @@ struct RegionReport {
   TimeNs charged = 0;       // by its ops, re-timed (last complete occurrence)
   TimeNs estimated = 0;     // by its ops, cost model (last complete occurrence)
   TimeNs padded = 0;        // pad at its end (last complete occurrence)
-  TimeNs worst_excess = 0;  // largest last_time - target seen (host-bound)
+  TimeNs waited = 0;        // its end moved by waits (last complete occurrence)
+  TimeNs worst_excess = 0;  // largest overrun of target + waited seen (host-bound)
   int64_t occurrences = 0;  // complete ones
   int64_t host_bound = 0;   // complete occurrences that overran their target
   int64_t cancelled = 0;
@@ -64,6 +68,9 @@ class Regions {
   // The duration of compute work with cost-model `estimate` that starts at
   // `start` on the device, inside the active region.
   TimeNs retime(TimeNs estimate, TimeNs start, int64_t stream);
+  // The active region's stream, whose work so far ends at `ready`, waits
+  // until `until` for work outside the region.
+  void waited(TimeNs ready, TimeNs until);
   // The pad that makes the active region end at its target, if the pad can
   // start at `pad_start`.
   TimeNs pad_needed(TimeNs pad_start) const;
@@ -85,6 +92,9 @@ class Regions {
   TimeNs estimated_ = 0;
   TimeNs charged_ = 0;
   TimeNs expected_ = 0;  // estimate of the whole region, from its last complete occurrence
+  TimeNs waited_ = 0;    // added to the target by waits
+
+  TimeNs deadline() const { return start_ + target_ + waited_; }
   std::map<std::string, std::deque<TimeNs>> recent_by_key_;  // estimates of complete occurrences
   std::map<std::string, RegionReport> reports_;
   int64_t host_bound_total_ = 0;

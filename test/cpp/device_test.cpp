@@ -255,6 +255,47 @@ TEST(DeviceRegions, AnExceptionClosesTheRegionWithoutAPad) {
   EXPECT_EQ(l.report("m:forward").occurrences, 0);
 }
 
+// DDP's backward: a bucket's all-reduce follows the compute stream from
+// inside the backward (not a sync point), and the compute stream waits for
+// its end (the Reducer's finalize). The single-GPU profile measured no such
+// wait: the region's remaining work keeps its profiled share after it.
+TEST(DeviceRegions, ABackwardWaitingForACollectiveTakesItsProfileAndTheExposedWait) {
+  Loop l;
+  const TimeNs fwd = 10 * kMs, bwd = 20 * kMs;
+  auto iteration = [&](TimeNs collective, TimeNs copy = 0) {
+    const TimeNs t0 = l.dev.record(0);
+    l.dev.forward_begin(0, "m:forward", fwd);
+    l.ops(100, 40 * kUs, 0, 0);
+    l.dev.forward_end(0, "m:backward", bwd, true);
+    l.dev.backward_reached(0, "m:backward", bwd);
+    l.ops(125, 30 * kUs, 0, 0);
+    TimeNs end = 0;
+    if (collective > 0) {
+      const auto after = l.dev.follow(5, 0, false);
+      end = l.dev.collective_launch(5, after->force(), collective);
+      l.dev.stream_wait(0, end);
+    }
+    if (copy > 0) l.dev.stream_wait(0, l.dev.launch(7, Engine::kHostToDevice, copy));
+    l.ops(125, 30 * kUs, 0, 0);
+    l.dev.synchronize();
+    return std::pair{l.clock.now() - t0, end - t0};
+  };
+  iteration(0);  // learns the backward's work
+  EXPECT_EQ(iteration(0).first, fwd + bwd);
+  // Half the backward's work done: the profiled GPU is at fwd + bwd / 2.
+  EXPECT_EQ(iteration(300 * kUs).first, fwd + bwd);  // it ends before that
+  const auto [took, collective_end] = iteration(15 * kMs);
+  EXPECT_GT(collective_end, fwd + bwd / 2);
+  EXPECT_EQ(took, collective_end + bwd / 2);
+  const RegionReport r = l.report("m:backward");
+  EXPECT_EQ(r.waited, collective_end + bwd / 2 - fwd - bwd);
+  EXPECT_EQ(r.host_bound, 0);
+  EXPECT_EQ(r.occurrences, 4);  // the follow did not close it
+  // A wait for work the profile measured (here a copy) does not move the end.
+  EXPECT_EQ(iteration(0, 5 * kMs).first, fwd + bwd);
+  EXPECT_EQ(iteration(5 * kMs).first, fwd + bwd + 4523750);  // the same wait for a collective does
+}
+
 TEST(DeviceRegions, AnEventAfterTheStepSeesTheWholeIteration) {
   Loop l;
   const TimeNs start = l.dev.record(0);

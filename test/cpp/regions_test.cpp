@@ -38,6 +38,57 @@ TEST(Regions, ALearntRegionSpreadsItsBudgetOverItsOps) {
   EXPECT_EQ(r.pad_needed(2962), 38);
 }
 
+// Learnt: 400 of estimates in a region of 1000. A quarter of the work done,
+// the profiled GPU stands at start + 250 and still needs 750.
+Regions learnt_region() {
+  Regions r;
+  r.open("k", RegionKind::kBackward, 1000, 0, 0, true);
+  r.retime(100, 0, 0);
+  r.retime(300, 100, 0);
+  r.close(RegionOutcome::kCompleted, 1000, 600);
+  return r;
+}
+
+TEST(Regions, AWaitTheProfiledGpuWouldStillBeInMovesTheEnd) {
+  Regions r = learnt_region();
+  r.open("k", RegionKind::kBackward, 1000, 2000, 0, true);
+  EXPECT_EQ(r.retime(100, 2000, 0), 238);
+  r.waited(2238, 2700);  // a collective's end: 2700 + 750 is 450 past 3000
+  EXPECT_EQ(r.pad_needed(3000), 450);
+  EXPECT_EQ(r.retime(300, 2700, 0), 703);  // 750 over 300 + 20
+  EXPECT_EQ(r.pad_needed(3403), 47);
+  r.close(RegionOutcome::kCompleted, 3450, 47);
+  const auto rep = r.report();
+  ASSERT_EQ(rep.size(), 1u);
+  EXPECT_EQ(rep[0].waited, 450);
+  EXPECT_EQ(rep[0].last_time, 1450);
+  EXPECT_EQ(rep[0].host_bound, 0);  // the wait is not the host's lateness
+}
+
+TEST(Regions, AWaitThatEndsBeforeTheProfiledGpuGetsThereCostsNothing) {
+  Regions r = learnt_region();
+  r.open("k", RegionKind::kBackward, 1000, 2000, 0, true);
+  r.retime(100, 2000, 0);
+  r.waited(2238, 2249);  // the profiled GPU reaches this point at 2250
+  EXPECT_EQ(r.pad_needed(3000), 0);
+  r.waited(2238, 2251);
+  EXPECT_EQ(r.pad_needed(3000), 1);
+  r.waited(2300, 2200);  // not a wait: the stream is past it
+  EXPECT_EQ(r.pad_needed(3000), 1);
+}
+
+TEST(Regions, TheFirstOccurrenceBudgetsAWaitFromWhereItsWorkStands) {
+  Regions r;
+  r.open("k", RegionKind::kForward, 1000, 0, 0, true);
+  r.retime(100, 0, 0);
+  r.waited(100, 600);  // 900 still ahead of 100: they start at 600
+  EXPECT_EQ(r.pad_needed(600), 900);
+  Regions unbudgeted;
+  unbudgeted.open("k", RegionKind::kForward, emugpu::kUnbudgeted, 0, 0, true);
+  unbudgeted.waited(0, 600);
+  EXPECT_EQ(unbudgeted.pad_needed(600), 0);
+}
+
 TEST(Regions, CancelledAndAbortedOccurrencesTeachNothing) {
   Regions r;
   r.open("k", RegionKind::kBackward, 1000, 0, 0, false);

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -297,3 +298,85 @@ def test_a_straggling_rank_does_not_block_the_others_hosts_at_the_end_of_backwar
     out = run_ranks(_straggler, mode="timing")
     assert out[0]["host"] < 0.3, out[0]
     assert out[0]["synchronized"] >= 0.45, out[0]  # the all-reduce ended after rank 1 joined
+
+
+# A profile for _profiled_net() on a T4 at batch 4 (the fingerprint is its parameter count).
+PROFILE_FORWARD_S, PROFILE_BACKWARD_S = 0.020, 0.040
+
+
+def _profiled_net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+
+
+def _write_net_profile(directory: Any) -> None:
+    import json
+
+    params = sum(p.numel() for p in _profiled_net().parameters())
+    doc = {"schema": "torch-emugpu profile v1", "gpu": "Tesla T4", "model": "net",
+           "fingerprint": {"parameters": params},
+           "provenance": {"tool": "test", "torch": torch.__version__, "dtype": "float32", "date": "2026-11-23",
+                          "source": "synthetic test profile"},
+           "batches": [{"batch_size": 4, "forward_s": PROFILE_FORWARD_S, "backward_s": PROFILE_BACKWARD_S}]}
+    (directory / "net.json").write_text(json.dumps(doc))
+
+
+def _profiled_iterations(rank: int, world: int, python_hook: bool = False) -> dict[str, Any]:
+    """DDP over a model a profile times: the iteration time on the emulated
+    clock (after DDP rebuilt its buckets), the backward region's report and the
+    modelled time of the one bucket's all-reduce. DDP's Python allreduce_hook
+    hands DDP a future chained with then(), not the Work's own future."""
+    import torch_emugpu
+    from torch_emugpu import _C
+
+    dev = torch.device("emugpu", rank)
+    ddp = torch.nn.parallel.DistributedDataParallel(_profiled_net().to(dev), device_ids=[rank])
+    if python_hook:
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    x = torch.randn(4, 1024).to(dev)
+    events = []
+    for _ in range(5):
+        events.append(torch.emugpu.Event(enable_timing=True))
+        events[-1].record()
+        ddp(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    events.append(torch.emugpu.Event(enable_timing=True))
+    events[-1].record()
+    events[-1].synchronize()
+    nbytes = sum(p.numel() * p.element_size() for p in ddp.parameters())
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    report = {r["key"]: r for r in torch_emugpu.region_report(rank)}
+    return {"iteration_s": [a.elapsed_time(b) / 1e3 for a, b in zip(events[2:], events[3:], strict=False)],
+            "backward": report["net@4:backward"],
+            "all_reduce_s": _C._collective_time("all_reduce", float(nbytes), torch.emugpu.get_device_name(dev),
+                                                per_node, world // per_node, None, None)["seconds"]}
+
+
+@pytest.mark.parametrize("network", ["nvlink", "slow", "slow_python_hook"])
+def test_a_profiled_model_under_ddp_takes_its_profile_plus_the_exposed_all_reduce(tmp_path, network: str) -> None:
+    """A single-GPU profile measured no all-reduce: DDP's bucket all-reduces,
+    launched from inside the backward, must not end its backward + update
+    region early (its ops would fall back to the cost model), and the end of
+    backward's wait for them adds only what the profiled GPU would still wait.
+    One node (NVLink, the 4 MiB all-reduce hides in the backward), or two
+    nodes over a 0.1 GB/s network (it does not)."""
+    _write_net_profile(tmp_path)
+    env = {"EMUGPU_GPU": "t4", "EMUGPU_PROFILE_PATH": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    if network.startswith("slow"):
+        env.update(LOCAL_WORLD_SIZE="1", EMUGPU_NET_GBPS="0.1")
+    scenario = functools.partial(_profiled_iterations, python_hook=network.endswith("python_hook"))
+    out = run_ranks(scenario, mode="timing", env=env)
+    for rank in (0, 1):
+        got = out[rank]
+        backward = got["backward"]
+        assert backward["host_bound"] == 0 and backward["cancelled"] == 0, (rank, backward)
+        profiled = PROFILE_FORWARD_S + PROFILE_BACKWARD_S
+        for t in got["iteration_s"]:
+            if network == "nvlink":
+                assert t == pytest.approx(profiled, rel=0.002), (rank, got)
+            else:
+                # The bucket is ready at the backward's end: nearly all of the all-reduce is exposed.
+                assert got["all_reduce_s"] > 0.02, got
+                assert profiled + 0.9 * got["all_reduce_s"] <= t <= profiled + got["all_reduce_s"] + 0.002, (rank, got)
+        assert (backward["waited_s"] > 0) == (network != "nvlink"), (rank, backward)
