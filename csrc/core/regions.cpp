@@ -68,8 +68,9 @@ TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
 void Regions::waited(TimeNs ready, TimeNs until) {
   if (!active_ || target_ == kUnbudgeted || until <= ready) return;
   // The profiled time still ahead of this point: by the work done against the
-  // work expected; the first time, where the re-timed work stands.
-  TimeNs ahead = std::max<TimeNs>(0, deadline() - ready);
+  // work expected; the first time, where the re-timed work stands (a stream
+  // with no work yet stands at 0: the region's start bounds it).
+  TimeNs ahead = std::max<TimeNs>(0, deadline() - std::max(ready, start_));
   if (expected_ > 0) {
     const double done = std::min(1.0, static_cast<double>(estimated_) / static_cast<double>(expected_));
     ahead = static_cast<TimeNs>(std::llround((1.0 - done) * static_cast<double>(target_)));

@@ -83,6 +83,10 @@ TEST(Regions, TheFirstOccurrenceBudgetsAWaitFromWhereItsWorkStands) {
   r.retime(100, 0, 0);
   r.waited(100, 600);  // 900 still ahead of 100: they start at 600
   EXPECT_EQ(r.pad_needed(600), 900);
+  Regions fresh;  // a stream that never ran anything stands at 0, not before the region
+  fresh.open("k", RegionKind::kForward, 1000, 5000, 0, true);
+  fresh.waited(0, 5400);
+  EXPECT_EQ(fresh.pad_needed(5400), 1000);
   Regions unbudgeted;
   unbudgeted.open("k", RegionKind::kForward, emugpu::kUnbudgeted, 0, 0, true);
   unbudgeted.waited(0, 600);
