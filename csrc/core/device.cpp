@@ -83,6 +83,13 @@ void Device::resolve_until(const PendingTime* target) {
 
 TimeNs Device::place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now) {
   const TimeNs end = timeline_.place(stream, engine, start, duration, now);
+  // Work on a side stream that begins the moment a collective ends (a comm
+  // hook's decompression, FSDP's copy-out) extends it: a profiled region's
+  // wait for that work is a wait for the collective.
+  if (engine != Engine::kCollective && regions_.active() && stream != regions_.home_stream() &&
+      collective_end(start)) {
+    remember_collective_end(end);
+  }
   if (engine == Engine::kCompute && duration > 0) {
     if (!busy_.empty() && start <= busy_.back().second) {
       busy_.back().second = std::max(busy_.back().second, end);
@@ -193,8 +200,7 @@ TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) 
     // last rank's start arrives); the exchange's own wall time is not the GPU's.
     const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, 0));
     const TimeNs end = place_locked(stream, Engine::kCollective, begin, duration, now);
-    collective_ends_.push_back(end);
-    if (collective_ends_.size() > kCollectiveEnds) collective_ends_.pop_front();
+    remember_collective_end(end);
     return end;
   }, false);
 }
@@ -296,11 +302,20 @@ TimeNs Device::collective_start_at(int64_t stream, TimeNs host_time) {
   return timeline_.start_of(stream, Engine::kCollective, host_time);
 }
 
+bool Device::collective_end(TimeNs t) const {
+  return std::find(collective_ends_.begin(), collective_ends_.end(), t) != collective_ends_.end();
+}
+
+void Device::remember_collective_end(TimeNs t) {
+  collective_ends_.push_back(t);
+  if (collective_ends_.size() > kCollectiveEnds) collective_ends_.pop_front();
+}
+
 void Device::wait_locked(int64_t stream, TimeNs t) {
   // Whether through Work.wait(), its future's events or a chain of events
-  // behind them, a wait for a collective waits for exactly its end.
-  const bool collective = std::find(collective_ends_.begin(), collective_ends_.end(), t) != collective_ends_.end();
-  if (collective && regions_.active() && regions_.stream() == stream) {
+  // behind them, a wait for a collective waits for exactly its end (or the
+  // end of side-stream work that began there).
+  if (regions_.active() && regions_.home_stream() == stream && collective_end(t)) {
     regions_.waited(timeline_.stream_ready(stream), t);
   }
   timeline_.stream_wait(stream, t);

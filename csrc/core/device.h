@@ -207,6 +207,10 @@ class Device {
   void settle_locked(TimeNs now);
   // `stream` waits for `t` (see stream_wait).
   void wait_locked(int64_t stream, TimeNs t);
+  // Whether `t` is one of the latest collective ends (or of side-stream work
+  // that began at one: place_locked).
+  bool collective_end(TimeNs t) const;
+  void remember_collective_end(TimeNs t);
   TimeNs place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now);
   // Calls place(now) under the lock once the launch queue has room, blocking
   // while it is full (of placed work, or of held work when `count_held`).
@@ -235,7 +239,7 @@ class Device {
   std::deque<Held> held_;
   Regions regions_;
   static constexpr size_t kCollectiveEnds = 256;  // more than DDP's buckets or FSDP's groups per step
-  std::deque<TimeNs> collective_ends_;            // the latest ones placed
+  std::deque<TimeNs> collective_ends_;            // the latest ones placed (collective_end)
   std::deque<std::pair<TimeNs, TimeNs>> busy_;  // recent compute intervals, merged
   TimeNs blocked_ns_ = 0;
   HostBoundMonitor host_bound_;

@@ -24,6 +24,7 @@ void Regions::open(const std::string& key, RegionKind kind, TimeNs target, TimeN
   target_ = target;
   start_ = start;
   stream_ = stream;
+  home_stream_ = stream;
   started_ = started;
   estimated_ = 0;
   charged_ = 0;

@@ -62,14 +62,16 @@ class Regions {
   bool started() const { return started_; }
   void mark_started() { started_ = true; }
   int64_t stream() const { return stream_; }
+  // The stream it opened on (the model's): where its own work waits.
+  int64_t home_stream() const { return home_stream_; }
 
   // Opens `key`; its work starts on the device at `start`.
   void open(const std::string& key, RegionKind kind, TimeNs target, TimeNs start, int64_t stream, bool started);
   // The duration of compute work with cost-model `estimate` that starts at
   // `start` on the device, inside the active region.
   TimeNs retime(TimeNs estimate, TimeNs start, int64_t stream);
-  // The active region's stream, whose work so far ends at `ready`, waits
-  // until `until` for work outside the region.
+  // The active region's home stream, whose work so far ends at `ready`,
+  // waits until `until` for work outside the region.
   void waited(TimeNs ready, TimeNs until);
   // The pad that makes the active region end at its target, if the pad can
   // start at `pad_start`.
@@ -87,7 +89,8 @@ class Regions {
   RegionKind kind_ = RegionKind::kForward;
   TimeNs target_ = 0;
   TimeNs start_ = 0;
-  int64_t stream_ = 0;
+  int64_t stream_ = 0;  // of its latest op
+  int64_t home_stream_ = 0;
   bool started_ = false;
   TimeNs estimated_ = 0;
   TimeNs charged_ = 0;

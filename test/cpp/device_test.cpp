@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -262,7 +263,7 @@ TEST(DeviceRegions, AnExceptionClosesTheRegionWithoutAPad) {
 TEST(DeviceRegions, ABackwardWaitingForACollectiveTakesItsProfileAndTheExposedWait) {
   Loop l;
   const TimeNs fwd = 10 * kMs, bwd = 20 * kMs;
-  auto iteration = [&](TimeNs collective, TimeNs copy = 0) {
+  auto iteration = [&](TimeNs collective, TimeNs copy = 0, TimeNs decompress = 0) {
     const TimeNs t0 = l.dev.record(0);
     l.dev.forward_begin(0, "m:forward", fwd);
     l.ops(100, 40 * kUs, 0, 0);
@@ -273,6 +274,11 @@ TEST(DeviceRegions, ABackwardWaitingForACollectiveTakesItsProfileAndTheExposedWa
     if (collective > 0) {
       const auto after = l.dev.follow(5, 0, false);
       end = l.dev.collective_launch(5, after->force(), collective);
+      if (decompress > 0) {  // a comm hook's callback: a side stream waits for it and works on its output
+        l.dev.stream_wait(9, end);
+        l.dev.launch(9, Engine::kCompute, decompress);
+        end = l.dev.record_pending(9, false)->force();
+      }
       l.dev.stream_wait(0, end);
     }
     if (copy > 0) l.dev.stream_wait(0, l.dev.launch(7, Engine::kHostToDevice, copy));
@@ -294,6 +300,11 @@ TEST(DeviceRegions, ABackwardWaitingForACollectiveTakesItsProfileAndTheExposedWa
   // A wait for work the profile measured (here a copy) does not move the end.
   EXPECT_EQ(iteration(0, 5 * kMs).first, fwd + bwd);
   EXPECT_EQ(iteration(5 * kMs).first, fwd + bwd + 4523750);  // the same wait for a collective does
+  // Side-stream work that began at the collective's end extends it.
+  const auto [with_callback, callback_end] = iteration(5 * kMs, 0, 100 * kUs);
+  EXPECT_GT(callback_end, fwd + bwd / 2);
+  // The callback's 100 us of work counts as region work done: 3850 of the 7500 expected.
+  EXPECT_EQ(with_callback, callback_end + std::llround((1.0 - 3850.0 / 7500.0) * static_cast<double>(bwd)));
 }
 
 TEST(DeviceRegions, AnEventAfterTheStepSeesTheWholeIteration) {

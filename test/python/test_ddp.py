@@ -320,18 +320,20 @@ def _write_net_profile(directory: Any) -> None:
     (directory / "net.json").write_text(json.dumps(doc))
 
 
-def _profiled_iterations(rank: int, world: int, python_hook: bool = False) -> dict[str, Any]:
+def _profiled_iterations(rank: int, world: int, hook: str | None = None) -> dict[str, Any]:
     """DDP over a model a profile times: the iteration time on the emulated
     clock (after DDP rebuilt its buckets), the backward region's report and the
     modelled time of the one bucket's all-reduce. DDP's Python allreduce_hook
-    hands DDP a future chained with then(), not the Work's own future."""
+    hands DDP a future chained with then(), not the Work's own future; the
+    fp16 hook's callback also decompresses on the device first."""
     import torch_emugpu
     from torch_emugpu import _C
 
     dev = torch.device("emugpu", rank)
     ddp = torch.nn.parallel.DistributedDataParallel(_profiled_net().to(dev), device_ids=[rank])
-    if python_hook:
-        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    if hook is not None:
+        ddp.register_comm_hook(None, {"python": default_hooks.allreduce_hook,
+                                      "fp16": default_hooks.fp16_compress_hook}[hook])
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     x = torch.randn(4, 1024).to(dev)
     events = []
@@ -344,7 +346,7 @@ def _profiled_iterations(rank: int, world: int, python_hook: bool = False) -> di
     events.append(torch.emugpu.Event(enable_timing=True))
     events[-1].record()
     events[-1].synchronize()
-    nbytes = sum(p.numel() * p.element_size() for p in ddp.parameters())
+    nbytes = sum(p.numel() * (2 if hook == "fp16" else p.element_size()) for p in ddp.parameters())
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     report = {r["key"]: r for r in torch_emugpu.region_report(rank)}
     return {"iteration_s": [a.elapsed_time(b) / 1e3 for a, b in zip(events[2:], events[3:], strict=False)],
@@ -353,7 +355,7 @@ def _profiled_iterations(rank: int, world: int, python_hook: bool = False) -> di
                                                 per_node, world // per_node, None, None)["seconds"]}
 
 
-@pytest.mark.parametrize("network", ["nvlink", "slow", "slow_python_hook"])
+@pytest.mark.parametrize("network", ["nvlink", "slow", "slow_python_hook", "slow_fp16_hook"])
 def test_a_profiled_model_under_ddp_takes_its_profile_plus_the_exposed_all_reduce(tmp_path, network: str) -> None:
     """A single-GPU profile measured no all-reduce: DDP's bucket all-reduces,
     launched from inside the backward, must not end its backward + update
@@ -365,7 +367,8 @@ def test_a_profiled_model_under_ddp_takes_its_profile_plus_the_exposed_all_reduc
     env = {"EMUGPU_GPU": "t4", "EMUGPU_PROFILE_PATH": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "xdg")}
     if network.startswith("slow"):
         env.update(LOCAL_WORLD_SIZE="1", EMUGPU_NET_GBPS="0.1")
-    scenario = functools.partial(_profiled_iterations, python_hook=network.endswith("python_hook"))
+    hook = network.split("_")[1] if network.endswith("_hook") else None
+    scenario = functools.partial(_profiled_iterations, hook=hook)
     out = run_ranks(scenario, mode="timing", env=env)
     for rank in (0, 1):
         got = out[rank]
