@@ -142,7 +142,8 @@ c10::intrusive_ptr<c10::ivalue::Future> EmuWork::getFuture() { return future_; }
 // --- GroupCollectives ----------------------------------------------------------
 
 GroupCollectives::GroupCollectives(GroupSpec spec, std::shared_ptr<ShmExchange> shm, MismatchReport report)
-    : spec_(spec), shm_(std::move(shm)), report_(std::move(report)), runner_(std::make_shared<OrderedRunner>()) {}
+    : spec_(spec), shm_(std::move(shm)), report_(std::move(report)), runner_(std::make_shared<OrderedRunner>()),
+      poster_(std::make_shared<OrderedRunner>()) {}
 
 int64_t GroupCollectives::comm_stream(int device) {
   TORCH_CHECK_INDEX(device >= 0 && device < static_cast<int>(comm_.size()), "emu backend: expected a device index in "
@@ -336,6 +337,26 @@ std::pair<std::shared_ptr<OrderedRunner::Ticket>, std::shared_ptr<PendingTime>> 
                                 : pending_writes().submit(runner_, std::move(touches), std::move(timed));
   end->set_force([runner = runner_, ticket] { return without_gil([&] { return runner->run_through(ticket); }); });
   return {ticket, end};
+}
+
+std::shared_ptr<OrderedRunner::Ticket> GroupCollectives::defer_post(int device, std::function<void(TimeNs)> post) {
+  return translate_errors([&] {
+    const int64_t stream = current_stream_id(device);
+    auto& dev = Runtime::get().device(device);
+    auto marker = dev.stream_ready_pending(stream);  // known once the held work before it is placed
+    const TimeNs launched = dev.clock().now();
+    const TimeNs offset = spec_.clock_offset;
+    const uint64_t watermark = pending_writes().watermark();  // a send reads what earlier collectives wrote
+    return poster_->submit([marker, launched, offset, device, stream, watermark, post = std::move(post)]() -> int64_t {
+      return translate_errors([&] {
+        marker->force();
+        const TimeNs start = Runtime::get().device(device).collective_start_at(stream, launched) - offset;
+        PendingWrites::Horizon horizon(watermark);
+        post(start);
+        return start;
+      });
+    });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const std::vector<at::Tensor>& outputs,

@@ -120,7 +120,19 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   std::pair<std::shared_ptr<OrderedRunner::Ticket>, std::shared_ptr<PendingTime>> submit_timed(
       OrderedRunner::Call call, std::vector<const void*> touches);
   int64_t run_through(const std::shared_ptr<OrderedRunner::Ticket>& t) { return runner_->run_through(t); }
-  void drain() { runner_->drain(); }
+
+  // A send/recv launched on the current stream while it is held (core/
+  // device.h): its start is known only once the held work before it is
+  // placed, so `post(start)` (rank 0's clock) runs then, in launch order on
+  // a runner of its own, and the host goes on. Posts never wait behind the
+  // runner's calls that wait for the peers' posts (a ring of
+  // batch_isend_irecv would deadlock).
+  std::shared_ptr<OrderedRunner::Ticket> defer_post(int device, std::function<void(TimeNs)> post);
+  int64_t run_through_post(const std::shared_ptr<OrderedRunner::Ticket>& t) { return poster_->run_through(t); }
+  void drain() {
+    poster_->drain();
+    runner_->drain();
+  }
 
   bool has_shm() const { return shm_ != nullptr; }
   uint64_t payload_bytes_moved() const { return payload_moved_.load(); }
@@ -146,6 +158,7 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   std::shared_ptr<ShmExchange> shm_;
   MismatchReport report_;
   std::shared_ptr<OrderedRunner> runner_;
+  std::shared_ptr<OrderedRunner> poster_;  // defer_post
   std::array<std::atomic<int64_t>, 64> comm_{};  // 0: not taken yet
   std::atomic<uint64_t> payload_moved_{0};
 };

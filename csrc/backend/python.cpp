@@ -558,6 +558,8 @@ PYBIND11_MODULE(_C, m) {
     guarded([&] { refresh_shared_storage(torch::createStorage(storage.ptr()), materialized, ready_ns); });
   });
   m.def("_in_bad_fork", [] { return Runtime::get().in_bad_fork(); });
+  // Whether the device holds its later work behind a time not known yet.
+  m.def("_device_held", [](int index) { return guarded([&] { return Runtime::get().device(index).held(); }); });
   m.def("_shape_cache_stats", [] { return shape_cache_stats(); });
   m.def("_host_now_ns", [] { return host_now(); });
   m.def("_device_ready_ns", [](int index) {
@@ -868,6 +870,24 @@ PYBIND11_MODULE(_C, m) {
                    return call_from_runner(*fn).cast<int64_t>();
                  },
                  std::move(keys));
+           })
+      .def("defer_post",
+           [](GroupCollectives& g, int device, py::function post) {
+             auto fn = shared_py_function(std::move(post));
+             return guarded([&] {
+               py::gil_scoped_release no_gil;
+               return g.defer_post(device, [fn](TimeNs start) {
+                 py::gil_scoped_acquire gil;
+                 call_from_runner(*fn, start);
+               });
+             });
+           })
+      .def("run_through_post",
+           [](GroupCollectives& g, const std::shared_ptr<OrderedRunner::Ticket>& t) {
+             return guarded([&] {
+               py::gil_scoped_release no_gil;
+               return g.run_through_post(t);
+             });
            })
       .def("run_through", [](GroupCollectives& g, const std::shared_ptr<OrderedRunner::Ticket>& t) {
         return guarded([&] {

@@ -4,6 +4,7 @@
 
 #include <cxxabi.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -25,6 +26,7 @@ struct OrderedRunner::State {
   std::shared_ptr<Ticket> last;
   bool stopping = false;
   std::mutex running;  // held while one call runs: calls never overlap
+  std::condition_variable finished;  // (with queue_mutex) after each call
 
   // Runs the oldest pending call, if any; the caller holds `running`.
   void step() {
@@ -49,7 +51,11 @@ struct OrderedRunner::State {
       t.error_ = std::current_exception();
     }
     next.first = nullptr;  // what the call holds goes before waiters see it done
-    t.done_.store(true, std::memory_order_release);
+    {
+      std::lock_guard lock(queue_mutex);
+      t.done_.store(true, std::memory_order_release);
+    }
+    finished.notify_all();
   }
 
   void loop() {
@@ -98,8 +104,15 @@ std::shared_ptr<OrderedRunner::Ticket> OrderedRunner::submit(Call call) {
 
 int64_t OrderedRunner::run_through(const std::shared_ptr<Ticket>& ticket) {
   while (!ticket->done()) {
-    std::lock_guard run(state_->running);
-    if (!ticket->done()) state_->step();
+    std::unique_lock run(state_->running, std::try_to_lock);
+    if (run.owns_lock()) {
+      if (!ticket->done()) state_->step();
+      continue;
+    }
+    // Another thread runs a call: never block on it, which may itself wait
+    // for this thread (a post that a resolve waits for, on another runner).
+    std::unique_lock lock(state_->queue_mutex);
+    state_->finished.wait_for(lock, std::chrono::milliseconds(1), [&] { return ticket->done(); });
   }
   if (ticket->error_) std::rethrow_exception(ticket->error_);
   return ticket->value_;

@@ -4,6 +4,18 @@
 #include <utility>
 
 namespace emugpu {
+namespace {
+constexpr uint64_t kNoHorizon = UINT64_MAX;
+thread_local uint64_t horizon = kNoHorizon;
+}  // namespace
+
+PendingWrites::Horizon::Horizon(uint64_t watermark) : outer_(horizon) { horizon = watermark; }
+PendingWrites::Horizon::~Horizon() { horizon = outer_; }
+
+uint64_t PendingWrites::watermark() const {
+  std::lock_guard lock(mutex_);
+  return next_id_;
+}
 
 std::shared_ptr<OrderedRunner::Ticket> PendingWrites::submit(const std::shared_ptr<OrderedRunner>& runner,
                                                              std::vector<const void*> keys,
@@ -36,7 +48,8 @@ void PendingWrites::remove(uint64_t id) {
 void PendingWrites::await(const void* key) {
   // A deferred call that touches the memory itself: the calls registered
   // on it came later and run after it.
-  if (OrderedRunner::in_call()) return;
+  const uint64_t limit = OrderedRunner::in_call() ? horizon : kNoHorizon;
+  if (OrderedRunner::in_call() && limit == kNoHorizon) return;
   std::vector<std::pair<std::shared_ptr<OrderedRunner>, std::shared_ptr<OrderedRunner::Ticket>>> touching;
   {
     std::lock_guard lock(mutex_);
@@ -44,7 +57,9 @@ void PendingWrites::await(const void* key) {
     std::erase_if(entries_, [](const Entry& e) { return e.ticket->done(); });
     count_.store(entries_.size(), std::memory_order_release);
     for (const auto& e : entries_) {
-      if (std::find(e.keys.begin(), e.keys.end(), key) != e.keys.end()) touching.emplace_back(e.runner, e.ticket);
+      if (e.id < limit && std::find(e.keys.begin(), e.keys.end(), key) != e.keys.end()) {
+        touching.emplace_back(e.runner, e.ticket);
+      }
     }
   }
   // Not under the lock: the calls remove their entries as they end.

@@ -29,8 +29,24 @@ class PendingWrites {
   // Runs through every pending call that touches `key`, in submission
   // order, on this thread unless the runner's thread already has; rethrows
   // the first error. Returns at once inside a runner's call (the calls
-  // registered since come after it).
+  // registered since come after it), unless a Horizon is open.
   void await(const void* key);
+
+  // The calls submitted so far end before the next one's id.
+  uint64_t watermark() const;
+  // While one lives on a thread inside a runner's call (a deferred post that
+  // reads what earlier calls write), await() runs through the calls
+  // submitted before `watermark`, and only those: later ones may wait for it.
+  class Horizon {
+   public:
+    explicit Horizon(uint64_t watermark);
+    ~Horizon();
+    Horizon(const Horizon&) = delete;
+    Horizon& operator=(const Horizon&) = delete;
+
+   private:
+    uint64_t outer_;
+  };
 
  private:
   struct Entry {

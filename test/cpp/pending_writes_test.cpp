@@ -57,6 +57,45 @@ TEST(PendingWrites, AwaitOnAnotherKeyDoesNotWait) {
   EXPECT_EQ(value.load(), 7);
 }
 
+// A send deferred on a runner of its own reads what the collectives
+// launched before it wrote, never what later ones (which may wait for it) do.
+TEST(PendingWrites, AHorizonAwaitsOnlyTheCallsSubmittedBeforeIt) {
+  auto runner = std::make_shared<OrderedRunner>();
+  auto poster = std::make_shared<OrderedRunner>();
+  PendingWrites writes;
+  int a = 0;
+  std::atomic<bool> never{false};
+  std::atomic<int> value{0};
+  auto first = writes.submit(runner, {&a}, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    value.store(1);
+    return int64_t{1};
+  });
+  const uint64_t watermark = writes.watermark();
+  // Later, and never done while the post runs: awaiting it would hang.
+  auto later = writes.submit(runner, {&a}, blocked_until(never, value, 2));
+  std::atomic<int> seen{-1};
+  std::atomic<int> seen_without{-1};
+  auto post = poster->submit([&] {
+    {
+      PendingWrites::Horizon horizon(watermark);
+      writes.await(&a);
+      seen = value.load();
+    }
+    writes.await(&a);  // inside a call, no horizon: returns at once
+    seen_without = value.load();
+    return int64_t{0};
+  });
+  poster->run_through(post);
+  EXPECT_EQ(seen.load(), 1);
+  EXPECT_EQ(seen_without.load(), 1);
+  EXPECT_TRUE(first->done());
+  EXPECT_FALSE(later->done());
+  never = true;
+  runner->run_through(later);
+  EXPECT_EQ(value.load(), 2);
+}
+
 TEST(PendingWrites, EntriesGoWhenTheRunnersThreadRunsTheCalls) {
   auto runner = std::make_shared<OrderedRunner>();
   PendingWrites writes;

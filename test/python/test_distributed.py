@@ -484,6 +484,35 @@ def _p2p_host_goes_on(rank: int, world: int) -> dict[str, Any]:
     return {"waited": waited, "read": read, "value": value, "out": out.cpu().tolist()}
 
 
+def _p2p_behind_held_work(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 reaches an all_reduce 0.5 s after rank 0 (compute mode). Rank
+    0's stream then waits for an end not known yet, and the sends and recvs
+    it launches behind it (alone and in a batch) learn their start only once
+    that end is known: the host goes on at once, as over NCCL, and the bytes
+    still travel in order."""
+    dev = torch.device("emugpu", rank)
+    x = torch.ones(4, device=dev)
+    x.add_(0)  # its first call imports PyTorch's meta kernels (a second or so here)
+    mine = torch.full((4,), 3.0 + rank, device=dev)
+    first, second = torch.zeros(4, device=dev), torch.zeros(4, device=dev)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+    start = time.monotonic()
+    dist.all_reduce(x)
+    peer = 1 - rank
+    sent = dist.isend(mine, dst=peer) if rank == 0 else None
+    received = dist.irecv(first, src=peer) if rank == 1 else None
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, second, peer)])
+    launched = time.monotonic() - start
+    for work in [sent, received, *reqs]:
+        if work is not None:
+            work.wait()
+    mine.mul_(10)  # after the sends' bytes are out
+    return {"launched": launched, "x": x.cpu().tolist(), "first": first.cpu().tolist(),
+            "second": second.cpu().tolist(), "mine": mine.cpu().tolist()}
+
+
 def _accelerator_synchronize(rank: int, world: int) -> dict[str, float]:
     """As _host_goes_on, but rank 0 only launches the async all_reduce and then
     calls torch.accelerator.synchronize(), which must wait for it as
@@ -566,6 +595,7 @@ SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "ring": _ring, "batch_overlap": _batch_overlap, "coalesced_all_reduces": _coalesced_all_reduces,
     "host_goes_on": _host_goes_on, "accelerator_synchronize": _accelerator_synchronize,
     "bytes_host_goes_on": _bytes_host_goes_on, "p2p_host_goes_on": _p2p_host_goes_on,
+    "p2p_behind_held_work": _p2p_behind_held_work,
     "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
     "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
     "dtype_mismatch": _dtype_mismatch, "path_mismatch": _path_mismatch,
@@ -666,6 +696,16 @@ def test_host_does_not_wait_for_a_recv_until_it_reads_the_tensor() -> None:
     assert out[0]["waited"] < 0.25, out[0]  # wait() orders the stream only
     assert out[0]["read"] >= 0.45 and out[0]["value"] == [7.0] * 4, out[0]
     assert out[0]["out"] == [50.0] * 3 and out[1]["back"] == [5.0] * 3, out
+
+
+def test_sends_and_recvs_behind_a_collective_not_yet_placed_do_not_block_the_host() -> None:
+    out = run_ranks("p2p_behind_held_work", mode="compute")
+    assert out[0]["launched"] < 0.25, out[0]  # the all_reduce, a send and a batch; rank 1 came 0.5 s later
+    for rank in (0, 1):
+        assert out[rank]["x"] == [2.0] * 4, out
+        assert out[rank]["second"] == [3.0 + (1 - rank)] * 4, out
+        assert out[rank]["mine"] == [10 * (3.0 + rank)] * 4, out
+    assert out[1]["first"] == [3.0] * 4, out
 
 
 def test_torch_accelerator_synchronize_waits_for_async_collectives() -> None:

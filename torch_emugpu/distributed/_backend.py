@@ -247,6 +247,7 @@ class EmuBackend(_C10dBackend):
             DATA_THRESHOLD_BYTES, functools.partial(_mismatch_message, self._exchange, rank))
         _backends.add(self)
         self._batch: _P2PBatch | None = None  # between start_coalescing and end_coalescing
+        self._last_post: object = None  # the latest send/recv post deferred to the post lane (its ticket)
 
     def shutdown(self) -> None:
         """destroy_process_group's call: the deferred collectives finish
@@ -820,24 +821,44 @@ class EmuBackend(_C10dBackend):
         ext = _C()
         exchange = self._exchange
         sends = kind == "send"
-        start = ext._collective_begin(dev) - self._clock_offset_ns  # rank 0's clock, as in _launch
         mine, back = ("to_receiver", "to_sender") if sends else ("to_sender", "to_receiver")
-        posted = exchange.post_words([start, int(carries), shape, nbytes], peer, exchange.p2p_tag(tag, mine))
-        theirs_of = exchange.expect_words(4, peer, exchange.p2p_tag(tag, back), what)
         bytes_tag = exchange.p2p_tag(tag, "bytes")
-        sent = [exchange.send_bytes(self._host(t), peer, bytes_tag) for t in tensors] if carries else []
-        if carries:
-            self._group.add_payload_bytes_moved(nbytes)
         future = torch.futures.Future(devices=[torch.device("emugpu", dev)])
         comm = self._comm_stream(dev)
         batch = self._batch
         if batch is not None:
-            batch.add(dev, start + self._clock_offset_ns, list(tensors), sent)
+            batch.add(dev, list(tensors), carries)
+        posted = _P2PPost()
+
+        def post(start: int) -> None:
+            """Tells the peer this rank's start (rank 0's clock, as in _launch) and starts moving the bytes."""
+            posted.start = start
+            posted.words = exchange.post_words([start, int(carries), shape, nbytes], peer, exchange.p2p_tag(tag, mine))
+            posted.theirs = exchange.expect_words(4, peer, exchange.p2p_tag(tag, back), what)
+            posted.sent = [exchange.send_bytes(self._host(t), peer, bytes_tag) for t in tensors] if carries else []
+            if carries:
+                self._group.add_payload_bytes_moved(nbytes)
+            if batch is not None:
+                batch.started(start + self._clock_offset_ns, posted.sent)
+
+        # Behind held work (an earlier collective's end not known yet) the start is not known either: the
+        # post waits for it on a lane of its own and the host goes on. Posts keep their launch order (the
+        # peer pairs them in order).
+        last = self._last_post
+        if ext._device_held(dev) or (last is not None and not last.done):
+            ticket = self._last_post = self._group.defer_post(dev, post)
+            if batch is not None:
+                batch.posts = ticket
+        else:
+            ticket = None
+            post(ext._collective_begin(dev) - self._clock_offset_ns)
 
         def resolve() -> int:
             try:
-                theirs = theirs_of().tolist()
-                exchange.run(posted, what)
+                if ticket is not None:
+                    self._group.run_through_post(ticket)
+                theirs = posted.theirs().tolist()
+                exchange.run(posted.words, what)
                 if theirs[2] != shape:
                     other = "receives" if sends else "sends"
                     raise ValueError(f"emu backend: rank {self._rank} {kind}s [{_describe(tensors)}] but rank "
@@ -853,7 +874,7 @@ class EmuBackend(_C10dBackend):
                             ext._set_materialized(t, arrived)
                 duration = ext._collective_duration(dev, "send_recv", float(max(nbytes, theirs[3])), self._size,
                                                     self._ranks_per_node)
-                begins = max(start, theirs[0]) + self._clock_offset_ns
+                begins = max(posted.start, theirs[0]) + self._clock_offset_ns
                 if batch is not None:  # placed with its batch (end_coalescing)
                     batch.ends.append(begins + duration)
                     future.set_result(list(tensors))
@@ -867,12 +888,14 @@ class EmuBackend(_C10dBackend):
                 raise
 
         def pending() -> None:
-            for w in sent:
+            if ticket is not None:
+                self._group.run_through_post(ticket)
+            for w in posted.sent:
                 exchange.run(w, what)
 
         # A recv's bytes arrive on the runner: the host awaits them before it touches the tensors.
         resolved = self._group.submit_timed(resolve, [] if sends else list(tensors))
-        return EmuWork(list(tensors), dev, pending=pending if sent else None, resolved=resolved, future=future,
+        return EmuWork(list(tensors), dev, pending=pending if carries else None, resolved=resolved, future=future,
                        group=self._group)
 
     # c10d's NCCL-style coalescing: batch_isend_irecv (and _coalescing_manager
@@ -899,6 +922,7 @@ class EmuBackend(_C10dBackend):
             try:
                 with torch.emugpu.stream(comm):
                     if batch.ends:
+                        assert batch.start is not None  # every op's post ran before its resolve
                         end = ext._collective_end(dev, batch.start, max(batch.ends) - batch.start)
                     else:
                         end = ext._collective_ready(dev)  # where the stream is, past what it holds
@@ -909,10 +933,12 @@ class EmuBackend(_C10dBackend):
                 raise
 
         def pending() -> None:
+            if batch.posts is not None:
+                self._group.run_through_post(batch.posts)
             for w in batch.sent:
                 self._exchange.run(w, "batch_isend_irecv")
 
-        return EmuWork(batch.tensors, dev, pending=pending if batch.sent else None,
+        return EmuWork(batch.tensors, dev, pending=pending if batch.carries else None,
                        resolved=self._group.submit_timed(resolve, []), future=future, group=self._group)
 
     def recv_anysource(self, *args: object) -> EmuWork:
@@ -922,23 +948,40 @@ class EmuBackend(_C10dBackend):
         self._unsupported("all_reduce of sparse tensors")
 
 
+class _P2PPost:
+    """What a send's or recv's post did, read by its resolve on the runner."""
+
+    def __init__(self) -> None:
+        self.start = 0  # rank 0's clock
+        self.words: dist.Work | None = None
+        self.theirs: Callable[[], torch.Tensor] = lambda: torch.empty(0)
+        self.sent: list[dist.Work] = []
+
+
 class _P2PBatch:
     """The sends and recvs between start_coalescing and end_coalescing."""
 
     def __init__(self) -> None:
         self.device: int | None = None
-        self.start = 0  # the earliest op's start on this rank's clock
+        self.start: int | None = None  # the earliest op's start on this rank's clock, once posted
         self.tensors: list[torch.Tensor] = []
         self.sent: list[dist.Work] = []
+        self.carries = False  # whether some send moves bytes
+        self.posts: object = None  # the ticket of its last post deferred to the post lane
         self.ends: list[int] = []  # each message's end, as the runner learns it
 
-    def add(self, device: int, start: int, tensors: list[torch.Tensor], sent: list[dist.Work]) -> None:
+    def add(self, device: int, tensors: list[torch.Tensor], carries: bool) -> None:
+        """At launch."""
         if self.device is not None and device != self.device:
             raise ValueError(f"emu backend: a batch of sends and recvs expected one device, got emugpu:{self.device} "
                              f"and emugpu:{device}")
-        self.start = start if self.device is None else min(self.start, start)
         self.device = device
         self.tensors += tensors
+        self.carries = self.carries or carries
+
+    def started(self, start: int, sent: list[dist.Work]) -> None:
+        """When an op's post learnt its start (at launch, or later on the post lane)."""
+        self.start = start if self.start is None else min(self.start, start)
         self.sent += sent
 
 
