@@ -922,7 +922,9 @@ class EmuBackend(_C10dBackend):
             try:
                 with torch.emugpu.stream(comm):
                     if batch.ends:
-                        assert batch.start is not None  # every op's post ran before its resolve
+                        if batch.start is None:  # every op's post runs before its resolve
+                            raise RuntimeError("emu backend: a batch of sends and recvs ended before any of them "
+                                               "was posted; please report this")
                         end = ext._collective_end(dev, batch.start, max(batch.ends) - batch.start)
                     else:
                         end = ext._collective_ready(dev)  # where the stream is, past what it holds
