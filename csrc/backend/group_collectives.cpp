@@ -22,6 +22,22 @@ enum Word : int { kStart, kReal, kCompute, kSignature, kModelBytes, kLargest, kP
 
 int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.element_size(); }
 
+// A launch's start on `stream` (rank 0's clock), learnt off the host's
+// thread (the runner, the post lane): once `placed`, a pending point taken at
+// the launch, is known, the held work before the launch is on the timeline.
+// That work waits only for earlier collectives: no cycle.
+struct LaterStart {
+  std::shared_ptr<PendingTime> placed;
+  int device;
+  int64_t stream;
+  TimeNs launched;  // host time of the launch
+  TimeNs offset;    // this rank's clock minus rank 0's
+  TimeNs operator()() const {
+    placed->force();
+    return Runtime::get().device(device).collective_start_at(stream, launched) - offset;
+  }
+};
+
 c10::intrusive_ptr<c10::ivalue::Future> device_future(int device) {
   return c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::ofTensors(),
@@ -343,14 +359,11 @@ std::shared_ptr<OrderedRunner::Ticket> GroupCollectives::defer_post(int device, 
   return translate_errors([&] {
     const int64_t stream = current_stream_id(device);
     auto& dev = Runtime::get().device(device);
-    auto marker = dev.stream_ready_pending(stream);  // known once the held work before it is placed
-    const TimeNs launched = dev.clock().now();
-    const TimeNs offset = spec_.clock_offset;
+    const LaterStart later{dev.stream_ready_pending(stream), device, stream, dev.clock().now(), spec_.clock_offset};
     const uint64_t watermark = pending_writes().watermark();  // a send reads what earlier collectives wrote
-    return poster_->submit([marker, launched, offset, device, stream, watermark, post = std::move(post)]() -> int64_t {
+    return poster_->submit([later, watermark, post = std::move(post)]() -> int64_t {
       return translate_errors([&] {
-        marker->force();
-        const TimeNs start = Runtime::get().device(device).collective_start_at(stream, launched) - offset;
+        const TimeNs start = later();
         PendingWrites::Horizon horizon(watermark);
         post(start);
         return start;
@@ -370,15 +383,12 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const st
     // is this collective's start: the runner learns it, then exchanges it,
     // and the host goes on. One that autograd launches (a DDP bucket, an
     // FSDP reduce-scatter) is part of the backward, not the end of it.
-    auto after = dev.follow(comm, current_stream_id(device), !in_backward());
-    const TimeNs launched = dev.clock().now();
-    const TimeNs offset = spec_.clock_offset;
+    const LaterStart later{dev.follow(comm, current_stream_id(device), !in_backward()), device, comm,
+                           dev.clock().now(), spec_.clock_offset};
     auto end = std::make_shared<PendingTime>();
-    OrderedRunner::Call call = [after, launched, offset, device, comm, end, place = std::move(place)]() {
+    OrderedRunner::Call call = [later, end, place = std::move(place)]() {
       return translate_errors([&] {
-        after->force();  // the held work before it waits only for earlier collectives: no cycle
-        const TimeNs start = Runtime::get().device(device).collective_start_at(comm, launched) - offset;
-        const TimeNs t = place(start);  // rank 0's clock in, this rank's out
+        const TimeNs t = place(later());  // rank 0's clock in, this rank's out
         end->set(t);
         return t;
       });

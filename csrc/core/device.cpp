@@ -86,8 +86,8 @@ TimeNs Device::place_locked(int64_t stream, Engine engine, TimeNs start, TimeNs 
   // Work on a side stream that begins the moment a collective ends (a comm
   // hook's decompression, FSDP's copy-out) extends it: a profiled region's
   // wait for that work is a wait for the collective.
-  if (engine != Engine::kCollective && regions_.active() && stream != regions_.home_stream() &&
-      collective_end(start)) {
+  if (engine != Engine::kCollective && !collective_ends_.empty() && regions_.budgeted() &&
+      stream != regions_.home_stream() && collective_end(start)) {
     remember_collective_end(end);
   }
   if (engine == Engine::kCompute && duration > 0) {
@@ -315,7 +315,7 @@ void Device::wait_locked(int64_t stream, TimeNs t) {
   // Whether through Work.wait(), its future's events or a chain of events
   // behind them, a wait for a collective waits for exactly its end (or the
   // end of side-stream work that began there).
-  if (regions_.active() && regions_.home_stream() == stream && collective_end(t)) {
+  if (regions_.budgeted() && regions_.home_stream() == stream && collective_end(t)) {
     regions_.waited(timeline_.stream_ready(stream), t);
   }
   timeline_.stream_wait(stream, t);

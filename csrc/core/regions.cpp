@@ -67,7 +67,7 @@ TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
 }
 
 void Regions::waited(TimeNs ready, TimeNs until) {
-  if (!active_ || target_ == kUnbudgeted || until <= ready) return;
+  if (!budgeted() || until <= ready) return;
   // The profiled time still ahead of this point: by the work done against the
   // work expected; the first time, where the re-timed work stands (a stream
   // with no work yet stands at 0: the region's start bounds it).

@@ -56,6 +56,8 @@ struct RegionReport {
 class Regions {
  public:
   bool active() const { return active_; }
+  // Active and profiled (its end moves with waits; a cost-model region's does not).
+  bool budgeted() const { return active_ && target_ != kUnbudgeted; }
   const std::string& key() const { return key_; }
   RegionKind kind() const { return kind_; }
   // A backward region has started once autograd reached its model.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import pathlib
 import subprocess
@@ -71,3 +72,19 @@ def profile_search_dir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
     yield tmp_path / "env"
     monkeypatch.delenv("EMUGPU_PROFILE_PATH")
     profiles.reload()
+
+
+def write_synthetic_profile(directory: pathlib.Path, model: str, batches: list[dict], parameters: int | None,
+                  gpu: str = "Tesla T4", name: str | None = None, **extra: object) -> pathlib.Path:
+    """A synthetic profile of `model` (fingerprint: its parameter count, if
+    given) for `gpu`; `extra` adds top-level fields (`data_parallel`)."""
+    doc = {
+        "schema": "torch-emugpu profile v1", "gpu": gpu, "model": model,
+        "fingerprint": {"parameters": parameters} if parameters else None,
+        "provenance": {"tool": "test", "torch": torch.__version__, "dtype": "float32", "date": "2026-11-22",
+                       "source": "synthetic test profile"},
+        "batches": batches, **extra,
+    }
+    path = directory / (name or f"{model}.json")
+    path.write_text(json.dumps(doc))
+    return path

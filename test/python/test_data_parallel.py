@@ -4,14 +4,13 @@ devices' streams; a profile's N-GPU table times the whole step."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import profile_search_dir, run_python
+from conftest import profile_search_dir, run_python, write_synthetic_profile
 
 import torch_emugpu
 from torch_emugpu import _parallel, profiles
@@ -170,18 +169,8 @@ TWO_GPUS = [{"batch_size": 16, "forward_s": 0.030, "backward_s": 0.060},
 
 
 def write_profile(directory: Path, model: str, parameters: int | None, data_parallel: bool) -> Path:
-    doc = {
-        "schema": "torch-emugpu profile v1", "gpu": "Tesla T4", "model": model,
-        "fingerprint": {"parameters": parameters} if parameters else None,
-        "provenance": {"tool": "test", "torch": torch.__version__, "dtype": "float32", "date": "2026-11-22",
-                       "source": "synthetic test profile"},
-        "batches": ONE_GPU,
-    }
-    if data_parallel:
-        doc["data_parallel"] = [{"gpu_count": 2, "batches": TWO_GPUS}]
-    path = directory / f"{model}.json"
-    path.write_text(json.dumps(doc))
-    return path
+    extra = {"data_parallel": [{"gpu_count": 2, "batches": TWO_GPUS}]} if data_parallel else {}
+    return write_synthetic_profile(directory, model, ONE_GPU, parameters, **extra)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import write_synthetic_profile
 from distributed_ranks import run_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -309,15 +310,9 @@ def _profiled_net() -> torch.nn.Module:
 
 
 def _write_net_profile(directory: Any) -> None:
-    import json
-
     params = sum(p.numel() for p in _profiled_net().parameters())
-    doc = {"schema": "torch-emugpu profile v1", "gpu": "Tesla T4", "model": "net",
-           "fingerprint": {"parameters": params},
-           "provenance": {"tool": "test", "torch": torch.__version__, "dtype": "float32", "date": "2026-11-23",
-                          "source": "synthetic test profile"},
-           "batches": [{"batch_size": 4, "forward_s": PROFILE_FORWARD_S, "backward_s": PROFILE_BACKWARD_S}]}
-    (directory / "net.json").write_text(json.dumps(doc))
+    batches = [{"batch_size": 4, "forward_s": PROFILE_FORWARD_S, "backward_s": PROFILE_BACKWARD_S}]
+    write_synthetic_profile(directory, "net", batches, params)
 
 
 def _profiled_iterations(rank: int, world: int, hook: str | None = None) -> dict[str, Any]:

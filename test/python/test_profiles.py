@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import REPO, profile_search_dir, run_python
+from conftest import REPO, profile_search_dir, run_python, write_synthetic_profile
 
 import torch_emugpu
 from torch_emugpu import importers, profiles
@@ -25,16 +25,7 @@ def write_profile(directory: Path, gpu: str = "Tesla T4", model: str = "resnet18
         {"batch_size": 2, "forward_s": 0.020, "backward_s": 0.040, "transfer_pageable_s": 0.004},
         {"batch_size": 4, "forward_s": 0.030, "backward_s": 0.060, "transfer_pageable_s": 0.008},
     ]
-    doc = {
-        "schema": "torch-emugpu profile v1", "gpu": gpu, "model": model,
-        "fingerprint": {"parameters": parameters} if parameters else None,
-        "provenance": {"tool": "test", "torch": torch.__version__, "dtype": "float32", "date": "2026-11-22",
-                       "source": "synthetic test profile"},
-        "batches": batches,
-    }
-    path = directory / (name or f"{model}.json")
-    path.write_text(json.dumps(doc))
-    return path
+    return write_synthetic_profile(directory, model, batches, parameters, gpu=gpu, name=name)
 
 
 @pytest.fixture
