@@ -23,6 +23,9 @@ bool on_tensor_cores(const GpuSpec& gpu, DType dtype) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+// The most slices tried for a partial last wave (filling one wave may use more).
+constexpr double kMaxSplitK = 32;
+
 // The fraction of the peak bandwidth a family's kernels sustain.
 double memory_efficiency(OpFamily family, const KernelParams& p) {
   switch (family) {
@@ -61,13 +64,19 @@ double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const
   for (const Tile& t : kTiles) {
     const double tiles = g.batch * ceil_div(g.m, t.m) * ceil_div(g.n, t.n);
     const double slots = sms * t.resident;
-    // Split-K: too few tiles to fill the GPU share the reduction out.
-    double split = 1;
-    if (tiles < slots) split = std::clamp(std::floor(slots / tiles), 1.0, std::max(1.0, std::floor(g.k / 256)));
-    const double waves = ceil_div(tiles * split, slots);
-    const double k = g.k / split;
-    const double wave_s = 2 * t.m * t.n * k / (rate / slots * t.efficiency) * (1 + p.gemm_k_half / k);
-    best = std::min(best, waves * wave_s);
+    // Split-K: the reduction shared out in slices of at least 256, as many
+    // as fill one wave when the tiles are too few, or fewer that leave less
+    // of a last wave idle (cuBLAS's split-K and Hopper's stream-K kernels): a
+    // weight gradient's few output tiles over a long token reduction run near
+    // peak, and 1.1 waves of tiles do not cost two.
+    const double max_split = std::max(1.0, std::floor(g.k / 256));
+    auto seconds = [&](double split) {
+      const double waves = ceil_div(tiles * split, slots);
+      const double k = g.k / split;
+      return waves * 2 * t.m * t.n * k / (rate / slots * t.efficiency) * (1 + p.gemm_k_half / k);
+    };
+    if (tiles < slots) best = std::min(best, seconds(std::clamp(std::floor(slots / tiles), 1.0, max_split)));
+    for (double split = 1; split <= std::min(max_split, kMaxSplitK); ++split) best = std::min(best, seconds(split));
   }
   return best;
 }
@@ -136,7 +145,10 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
         double speedup = g.winograd && !tensor ? p.winograd_gain : 1.0;
         if ((tensor && matmul && (std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0)) || unaligned_conv) {
-          speedup *= p.unaligned_efficiency;
+          // The fallback kernels load one element at a time, so they move
+          // bytes at the element's width: 16-bit operands at half TF32's
+          // rate (H100 sweep, GPT-2's 50257-word head: TF32 0.36, bf16 0.19).
+          speedup *= p.unaligned_efficiency * element_bytes(cost.dtype) / 4;
         }
         if (cost.family == OpFamily::kAttention || cost.family == OpFamily::kAttentionBackward) {
           speedup *= p.attention_efficiency;

@@ -88,8 +88,9 @@ class CostModel {
 
 // The seconds one GEMM-shaped kernel computes for, at `rate` FLOP/s of the
 // whole GPU: its output tiles run in waves over the SMs (a last partial wave
-// costs a full one), small problems use smaller tiles that reuse less, and
-// short reductions pay a pipeline fill (KernelParams::gemm_k_half).
+// costs a full one unless splitting the reduction K fills it better), small
+// problems use smaller tiles that reuse less, and short reductions pay a
+// pipeline fill (KernelParams::gemm_k_half).
 // Exposed for tests.
 double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p);
 
