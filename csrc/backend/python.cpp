@@ -109,6 +109,7 @@ py::dict op_cost_dict(const OpCost& c) {
   d["gemms"] = gemms;
   const ConvShape& v = c.conv;
   d["conv"] = py::make_tuple(v.n, v.c, v.h, v.w, v.k, v.r, v.s, v.p, v.q, v.groups, v.stride);
+  d["channels_last"] = v.channels_last;
   d["channels"] = c.channels;
   d["backward"] = c.backward;
   return d;
@@ -141,6 +142,7 @@ OpCost op_cost_from_dict(const py::dict& d) {
   for (size_t i = 0; i < 11; ++i) *fields[i] = v[i].cast<double>();
   c.channels = d.contains("channels") ? d["channels"].cast<double>() : 0.0;
   c.backward = d.contains("backward") && d["backward"].cast<bool>();
+  c.conv.channels_last = d.contains("channels_last") && d["channels_last"].cast<bool>();
   return c;
 }
 

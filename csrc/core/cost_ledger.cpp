@@ -10,7 +10,7 @@ void CostLedger::record(const OpCost& cost, const KernelCost& charged, std::stri
   FamilyCost& f = families_[index];
   f.family = cost.family;
   f.ops += 1;
-  f.kernels += std::max(cost.kernels, 1);
+  f.kernels += std::max(charged.launches > 0 ? charged.launches : cost.kernels, 1);
   f.time_ns += charged.duration;
   f.flops += cost.flops;
   f.bytes += cost.bytes;

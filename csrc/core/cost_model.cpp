@@ -23,6 +23,8 @@ bool on_tensor_cores(const GpuSpec& gpu, DType dtype) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+bool is_conv(OpFamily family) { return family == OpFamily::kConv || family == OpFamily::kConvBackward; }
+
 // The most slices tried for a partial last wave (filling one wave may use more).
 constexpr double kMaxSplitK = 32;
 
@@ -126,7 +128,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2 && !cost.cudnn) {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
   }
-  const bool depthwise = (cost.family == OpFamily::kConv || cost.family == OpFamily::kConvBackward) &&
+  const bool depthwise = is_conv(cost.family) &&
                          cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
   if (depthwise) {
     // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
@@ -139,7 +141,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
       // cuDNN's tensor-core convolutions want channels in 16-byte groups too
       // (the 3-channel stem runs on slower kernels).
       const bool unaligned_conv = tensor && cost.conv.groups >= 1 && cost.conv.c > 0 &&
-                                  (cost.family == OpFamily::kConv || cost.family == OpFamily::kConvBackward) &&
+                                  is_conv(cost.family) &&
                                   std::fmod(cost.conv.c / cost.conv.groups, align) != 0;
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
@@ -153,6 +155,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
         if (cost.family == OpFamily::kAttention || cost.family == OpFamily::kAttentionBackward) {
           speedup *= p.attention_efficiency;
         }
+        if (tensor && is_conv(cost.family)) speedup *= p.conv_tensor_efficiency;
         compute_s += gemm_compute_seconds(g, rate, gpu_.sm_count, p) / speedup;
       }
     } else if (rate > 0) {
@@ -161,13 +164,26 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   } else {
     compute_s = rate > 0 ? cost.flops / rate : 0;
   }
-  const double launches = std::max(cost.kernels, 1);
+  double launches = std::max(cost.kernels, 1);
+  double transform_s = 0;
+  if (tensor && !depthwise && is_conv(cost.family) && !cost.conv.channels_last &&
+      (cost.conv.r * cost.conv.s > 1 || cost.conv.stride > 1)) {
+    // cuDNN's tensor-core convolutions work in NHWC: on PyTorch's default
+    // NCHW tensors each pass transposes its activation input in and its
+    // output back (and the filter), in kernels of their own (H100 sweep:
+    // 4-6 kernels per 3x3 pass, one per 1x1 stride-1 pass, which runs as
+    // a plain GEMM). The transposes cost ~2x each activation's bytes.
+    const ConvShape& v = cost.conv;
+    const double activations = v.n * (v.c * v.h * v.w + v.k * v.p * v.q) * element_bytes(cost.dtype);
+    transform_s = cost.gemm_count * 2 * activations / (gpu_.memory_bandwidth * p.memory_efficiency);
+    launches += 3 * cost.gemm_count;
+  }
   // Sizes from files or absurd shapes must not overflow the clock: a kernel
   // lasts at most a day.
   constexpr double kMaxKernelNs = 86'400e9;
-  const double ns = launches * p.launch_ns + std::max(compute_s, memory_s) * 1e9;
+  const double ns = launches * p.launch_ns + (std::max(compute_s, memory_s) + transform_s) * 1e9;
   return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs), peak_compute_s * 1e9,
-          peak_memory_s * 1e9, compute_s > memory_s};
+          peak_memory_s * 1e9, compute_s > memory_s, static_cast<int>(launches)};
 }
 
 void CostModel::set_measured_transfer(TimeNs latency, double rate, double pinned_rate) {

@@ -41,6 +41,7 @@ struct KernelCost {
   double peak_compute_ns = 0;
   double peak_memory_ns = 0;
   bool compute_bound = false;
+  int launches = 0;  // kernels launched (an NCHW tensor-core convolution adds its layout transforms); 0: OpCost's
 };
 
 struct CostModelParams {

@@ -17,6 +17,9 @@ struct KernelParams {
   double simt_efficiency = 0.75;
   // The same on tensor cores (FP16, BF16, TF32 where the architecture has them).
   double tensor_efficiency = 0.6;
+  // What cuDNN's tensor-core convolutions keep of that rate (their implicit
+  // GEMM gathers its operand tile by tile; H100 sweep, cudnn.benchmark off: 0.6).
+  double conv_tensor_efficiency = 1.0;
   // Fused attention kernels' fraction of the rate GEMMs reach (softmax and
   // masking between their two products, the backward's recomputation).
   double attention_efficiency = 0.6;

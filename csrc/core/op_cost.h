@@ -52,6 +52,7 @@ struct GemmShape {
 struct ConvShape {
   double n = 0, c = 0, h = 0, w = 0, k = 0, r = 0, s = 0, p = 0, q = 0, groups = 1;
   double stride = 1;
+  bool channels_last = false;  // NHWC activations: tensor-core kernels need no layout transforms
 };
 
 // The GEMMs a convolution runs as implicit GEMMs (cuDNN's default form):

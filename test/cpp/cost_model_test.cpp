@@ -105,6 +105,36 @@ TEST(CostModel, UnalignedSixteenBitGemmsKeepHalfTheRateUnalignedTf32Keeps) {
   EXPECT_NEAR(slowdown(DType::kFloat32), 1.0, 0.01);  // CUDA cores: no vectorised tensor-core loads to lose
 }
 
+TEST(CostModel, TensorCoreConvolutionsOnNchwPayLayoutTransformsAndTheirOwnEfficiency) {
+  auto g = gpu();
+  g.major = 8;
+  g.bf16_flops = 200e12;
+  KernelParams p = ideal();
+  p.conv_tensor_efficiency = 0.5;
+  const emugpu::CostModel m(g, {}, p);
+  auto conv = [](double r, double stride, bool channels_last, DType dtype) {
+    OpCost c{0, 0, dtype, OpFamily::kConv};
+    c.conv = {64, 128, 28, 28, 128, r, r, 28 / stride, 28 / stride, 1, stride, channels_last};
+    c.gemm_count = emugpu::conv_gemms(c.conv, true, false, false, c.gemms.data());
+    c.flops = 2 * c.gemms[0].m * c.gemms[0].n * c.gemms[0].k;
+    return c;
+  };
+  const OpCost nchw = conv(3, 1, false, DType::kBFloat16);
+  const OpCost nhwc = conv(3, 1, true, DType::kBFloat16);
+  // Both activations (64x128x28x28 in and out, 2 bytes) read and written
+  // once more: 25.7 MB at 1 TB/s, and three more kernels.
+  const double transform_ns = 2 * 2 * 64 * 128 * 28 * 28 * 2 / 1e12 * 1e9;
+  EXPECT_NEAR(static_cast<double>(m.kernel(nchw) - m.kernel(nhwc)), transform_ns + 3 * 500, 1e3);
+  // A 1x1 stride-1 convolution runs as a plain GEMM on NCHW: no transforms.
+  EXPECT_EQ(m.kernel(conv(1, 1, false, DType::kBFloat16)), m.kernel(conv(1, 1, true, DType::kBFloat16)));
+  // cuDNN's implicit GEMM at half the rate of a GEMM of the same shape.
+  OpCost same = nhwc;
+  same.family = OpFamily::kMm;
+  EXPECT_NEAR(static_cast<double>(m.kernel(nhwc) - 500) / static_cast<double>(m.kernel(same) - 500), 2.0, 0.01);
+  // On CUDA cores (FP32 without TF32) neither applies.
+  EXPECT_EQ(m.kernel(conv(3, 1, false, DType::kFloat32)), m.kernel(conv(3, 1, true, DType::kFloat32)));
+}
+
 TEST(CostModel, SmallProblemsRunBelowPeak) {
   const auto g = gpu();
   const emugpu::CostModel m(g, {}, ideal());

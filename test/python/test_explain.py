@@ -64,8 +64,10 @@ def test_a_convolution_backward_is_two_kernels_and_unknown_ops_are_unmodelled() 
     torch.emugpu.synchronize()
     rows = by_family(torch_emugpu.cost_report())
     back = rows["convolution backward"]
-    # cuDNN runs the input and the weight gradient as two kernels.
-    assert back["ops"] == 1 and back["kernels"] == 2
+    # cuDNN runs the input and the weight gradient as two kernels; on tensor cores (TF32 here) each
+    # also transposes its NCHW operands to NHWC and back (three kernels more).
+    tensor_cores = torch.emugpu.get_device_capability(0)[0] >= 8
+    assert back["ops"] == 1 and back["kernels"] == (8 if tensor_cores else 2)
     unmodelled = rows["unmodelled (by bytes)"]
     assert unmodelled["ops"] == 1 and unmodelled["bound"] == "memory"
     assert unmodelled["bytes"] >= x.numel() * 4
@@ -154,3 +156,33 @@ def test_a_foreach_optimizer_step_is_one_kernel_per_op_not_per_tensor() -> None:
     single.step()
     torch.emugpu.synchronize()
     assert sum(r["kernels"] for r in torch_emugpu.cost_report()) > 4 * 40
+
+
+_CONV_TIMES = """
+import torch, torch_emugpu
+def ms(kernel, channels_last):
+    conv = torch.nn.Conv2d(128, 128, kernel, padding=kernel // 2, bias=False).to("emugpu", torch.bfloat16)
+    x = torch.randn(64, 128, 28, 28, device="emugpu", dtype=torch.bfloat16)
+    if channels_last:
+        conv, x = conv.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    conv(x)
+    torch.emugpu.synchronize()
+    row = [r for r in torch_emugpu.cost_report() if r["family"] == "convolution forward"][0]
+    return row["time_s"] * 1e6, row["kernels"]
+print(*ms(3, False), *ms(3, True), *ms(1, False), *ms(1, True))
+"""
+
+
+def test_nchw_tensor_core_convolutions_pay_the_layout_transforms_channels_last_ones_do_not() -> None:
+    # cuDNN's tensor-core kernels work in NHWC: on NCHW tensors a 3x3 pass transposes its input and
+    # output (the H100 sweep counts 4 kernels), a 1x1 stride-1 pass runs as a plain GEMM (1 kernel).
+    env = dict(os.environ, PYTHONPATH=REPO, EMUGPU_GPU="h100", EMUGPU_PROFILES="off")
+    r = subprocess.run([sys.executable, "-c", _CONV_TIMES], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    nchw3, k_nchw3, nhwc3, k_nhwc3, nchw1, _, nhwc1, _ = (float(v) for v in r.stdout.split())
+    assert k_nchw3 > k_nhwc3 == 1
+    # Both 12.8 MB activations read and written once more: at least 7.7 us at 3.35 TB/s.
+    assert nchw3 - nhwc3 > 7.7
+    assert nchw1 == pytest.approx(nhwc1, rel=1e-6)

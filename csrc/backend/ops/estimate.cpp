@@ -32,6 +32,8 @@ ConvShape conv_shape(const at::Tensor& input, const at::Tensor& weight, const at
   c.k = dim(output, 1);
   c.groups = groups;
   c.stride = stride;
+  const auto format = input.suggest_memory_format();
+  c.channels_last = format == at::MemoryFormat::ChannelsLast || format == at::MemoryFormat::ChannelsLast3d;
   const int64_t spatial = input.dim() - 2;
   if (spatial == 2) {
     c.h = dim(input, 2), c.w = dim(input, 3), c.r = dim(weight, 2), c.s = dim(weight, 3);
