@@ -23,8 +23,6 @@ bool on_tensor_cores(const GpuSpec& gpu, DType dtype) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
-bool is_conv(OpFamily family) { return family == OpFamily::kConv || family == OpFamily::kConvBackward; }
-
 // The most slices tried for a partial last wave (filling one wave may use more).
 constexpr double kMaxSplitK = 32;
 
@@ -78,7 +76,9 @@ double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const
       return waves * 2 * t.m * t.n * k / (rate / slots * t.efficiency) * (1 + p.gemm_k_half / k);
     };
     if (tiles < slots) best = std::min(best, seconds(std::clamp(std::floor(slots / tiles), 1.0, max_split)));
-    for (double split = 1; split <= std::min(max_split, kMaxSplitK); ++split) best = std::min(best, seconds(split));
+    // Whole waves gain nothing from splitting (each slice pays its own fill).
+    const double tries = std::fmod(tiles, slots) == 0 ? 1.0 : std::min(max_split, kMaxSplitK);
+    for (double split = 1; split <= tries; ++split) best = std::min(best, seconds(split));
   }
   return best;
 }
@@ -128,7 +128,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2 && !cost.cudnn) {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
   }
-  const bool depthwise = is_conv(cost.family) &&
+  const bool depthwise = uses_cudnn(cost.family) &&
                          cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
   if (depthwise) {
     // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
@@ -141,7 +141,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
       // cuDNN's tensor-core convolutions want channels in 16-byte groups too
       // (the 3-channel stem runs on slower kernels).
       const bool unaligned_conv = tensor && cost.conv.groups >= 1 && cost.conv.c > 0 &&
-                                  is_conv(cost.family) &&
+                                  uses_cudnn(cost.family) &&
                                   std::fmod(cost.conv.c / cost.conv.groups, align) != 0;
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
@@ -155,7 +155,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
         if (cost.family == OpFamily::kAttention || cost.family == OpFamily::kAttentionBackward) {
           speedup *= p.attention_efficiency;
         }
-        if (tensor && is_conv(cost.family)) speedup *= p.conv_tensor_efficiency;
+        if (tensor && uses_cudnn(cost.family)) speedup *= p.conv_tensor_efficiency;
         compute_s += gemm_compute_seconds(g, rate, gpu_.sm_count, p) / speedup;
       }
     } else if (rate > 0) {
@@ -166,7 +166,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   }
   double launches = std::max(cost.kernels, 1);
   double transform_s = 0;
-  if (tensor && !depthwise && is_conv(cost.family) && !cost.conv.channels_last &&
+  if (tensor && !depthwise && uses_cudnn(cost.family) && !cost.conv.channels_last &&
       (cost.conv.r * cost.conv.s > 1 || cost.conv.stride > 1)) {
     // cuDNN's tensor-core convolutions work in NHWC: on PyTorch's default
     // NCHW tensors each pass transposes its activation input in and its
