@@ -96,8 +96,34 @@ std::vector<OpCost> point_ops(const json& m, const std::string& path, const std:
   auto d = [&](const char* key) { return dim(shape, key, path, where); };
   if (family == "launch" || family == "elementwise") {
     c.family = OpFamily::kElementwise;
-  } else if (family == "reduction" || family == "softmax" || family == "cross_entropy") {
+  } else if (family == "reduction") {
     c.family = OpFamily::kReduction;
+  } else if (family == "softmax" || family == "cross_entropy") {
+    // As estimate() charges them: long rows read once per pass, and cross
+    // entropy as PyTorch runs it (log-softmax, nll_loss's gather, its
+    // backward's zero-fill and scatter, log-softmax's backward, and the
+    // loss gradient's seed).
+    c.family = OpFamily::kReduction;
+    const double es = itemsize(c.dtype), tokens = d("tokens"), n = tokens * d("classes");
+    const double row = d("classes") * es;
+    if (family == "softmax") {
+      const bool backward = op == "backward";
+      c.bytes += (softmax_row_reads(row, backward) - 1) * (backward ? 2 : 1) * n * es;
+      return {c};
+    }
+    if (op != "forward_backward") bad(path, where + "op", "expected forward_backward, got '" + op + "'");
+    OpCost forward = c, nll = c, nll_backward = c, backward = c, seed = c;
+    for (OpCost* o : {&forward, &nll, &nll_backward, &backward, &seed}) o->kernels = 1;
+    forward.flops = backward.flops = n;
+    nll.flops = nll_backward.flops = tokens;
+    seed.flops = 1;
+    forward.bytes = (1 + softmax_row_reads(row, false)) * n * es;
+    nll.bytes = tokens * (8 + es) + 2 * es;
+    nll_backward.bytes = n * es + tokens * 8 + 2 * es;
+    backward.bytes = (2 + softmax_row_reads(row, true)) * n * es;
+    seed.family = OpFamily::kElementwise;
+    seed.bytes = es;
+    return {forward, nll, nll_backward, backward, seed};
   } else if (family == "copy") {
     c.family = OpFamily::kCopy;
   } else if (family == "embedding") {
@@ -113,6 +139,9 @@ std::vector<OpCost> point_ops(const json& m, const std::string& path, const std:
       c.backward = op.find("backward") != std::string::npos;
       c.bytes += d("N") * d("C") * d("H") * d("W") * itemsize(c.dtype);
       c.bytes *= 4 / itemsize(c.dtype);
+    } else if (op == "layer_norm_backward") {
+      // Its weight and bias gradients' kernel reads dy and x once more.
+      c.bytes += 2 * d("tokens") * d("width") * itemsize(c.dtype);
     }
   } else if (family == "gemm" || family == "bmm") {
     c.family = family == "gemm" ? OpFamily::kMm : OpFamily::kBmm;

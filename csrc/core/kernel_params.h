@@ -26,7 +26,9 @@ struct KernelParams {
   // Fraction of the peak DRAM bandwidth streaming kernels (elementwise,
   // copies, and ops with no family) sustain.
   double memory_efficiency = 0.8;
-  // The same for row reductions, softmax and losses,
+  // The same for row reductions, softmax and losses (each row read once per
+  // pass its kernel makes: the glue charges long softmax rows' extra passes
+  // as bytes; H100 sweep: 0.94, sums and softmax alike),
   double reduction_efficiency = 0.6;
   // layer, group and RMS norms (a row per block, kept on chip),
   double norm_efficiency = 0.6;

@@ -184,6 +184,12 @@ double attention_flops(double batch_heads, double l, double s, double e, double 
 
 double norm_flops(double numel) { return 8.0 * numel; }
 
+double softmax_row_reads(double row_bytes, bool backward) {
+  constexpr double kOnChipBytes = 48 * 1024;
+  if (row_bytes <= kOnChipBytes) return 1;
+  return backward ? 2 : 3;
+}
+
 double spmm_flops(double nnz, double entry_numel, double n) {
   EMUGPU_CHECK(nnz >= 0 && entry_numel >= 0 && n >= 0, kValue, "SpMM sizes must be >= 0, got nnz ", nnz,
                ", entry size ", entry_numel, ", n ", n);

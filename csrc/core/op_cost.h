@@ -73,6 +73,12 @@ double matmul_flops(double batch, double m, double k, double n);
 double attention_flops(double batch_heads, double l, double s, double e, double ev, bool backward);
 // Mean, variance, scale and shift in a few passes: about eight per element.
 double norm_flops(double numel);
+// How many times a row-wise softmax kernel reads its input rows (forward:
+// the input; backward: the gradient, and for softmax the output too). Rows
+// that fit a block's default shared memory (48 KiB) or a warp's registers
+// are read once; longer ones once per pass: three forward (maximum, sum of
+// exponentials, output), two backward (the row's sum, then the gradient).
+double softmax_row_reads(double row_bytes, bool backward);
 // A sparse x dense product (cuSPARSE SpMM): each of `nnz` stored entries
 // (blocks of `entry_numel` values in hybrid tensors) multiplies `n` dense
 // elements, 2 FLOPs each.

@@ -95,6 +95,34 @@ TEST(Calibration, PointsAtTheirOpsFloorOnlyBoundTheDeviceTime) {
   EXPECT_GT(emugpu::mean_abs_log_error(gpu, small, fast), 0.5);
 }
 
+TEST(Calibration, LossAndSoftmaxPointsAreChargedAsTheirKernelsReadRows) {
+  const auto gpu = h100();
+  const auto cal = emugpu::parse_calibration(document(gpu.name, R"([
+    {"family": "softmax", "op": "forward", "shape": {"tokens": 8192, "classes": 50257}, "dtype": "float32",
+     "time_s": 2e-3, "flops": 1e9, "bytes": 3293642752},
+    {"family": "softmax", "op": "forward", "shape": {"tokens": 8192, "classes": 1000}, "dtype": "float32",
+     "time_s": 3e-5, "flops": 1e7, "bytes": 65536000},
+    {"family": "cross_entropy", "op": "forward_backward", "shape": {"tokens": 8192, "classes": 50257},
+     "dtype": "float32", "time_s": 5e-3, "flops": 1e9, "bytes": 3293708288, "kernels": 6},
+    {"family": "norm", "op": "layer_norm_backward", "shape": {"tokens": 16384, "width": 2048},
+     "dtype": "float32", "time_s": 3e-4, "flops": 1e9, "bytes": 402677760}])"), "cal.json", gpu);
+  ASSERT_EQ(cal.cases.size(), 4u);
+  const double logits = 8192.0 * 50257 * 4;
+  EXPECT_DOUBLE_EQ(cal.cases[0].ops.at(0).bytes, 2 * logits + 2 * logits);  // the row read thrice
+  EXPECT_DOUBLE_EQ(cal.cases[1].ops.at(0).bytes, 65536000);                  // on chip: once
+  // Log-softmax, nll_loss (a gather), its backward (a zero-fill), log-softmax's
+  // backward, the seed: the logits move 4 + 0 + 1 + 4 times, not twice.
+  const auto& ce = cal.cases[2].ops;
+  ASSERT_EQ(ce.size(), 5u);
+  double bytes = 0;
+  for (const OpCost& o : ce) bytes += o.bytes;
+  EXPECT_NEAR(bytes / logits, 9, 0.01);
+  EXPECT_LT(ce[1].bytes, 1e6);
+  EXPECT_EQ(ce[4].family, OpFamily::kElementwise);
+  // Layer norm's backward reads dy and x once more for the weight gradients.
+  EXPECT_DOUBLE_EQ(cal.cases[3].ops.at(0).bytes, 402677760 + 2.0 * 16384 * 2048 * 4);
+}
+
 TEST(Calibration, RefusesAFileMeasuredOnAnotherGpu) {
   const std::string e = error_of(document("NVIDIA A100-SXM4-40GB", kPoints), h100());
   EXPECT_NE(e.find("cal.json"), std::string::npos) << e;

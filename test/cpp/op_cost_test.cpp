@@ -87,6 +87,15 @@ TEST(OpCost, AttentionBackwardIsTwoAndAHalfForwards) {
   EXPECT_DOUBLE_EQ(emugpu::norm_flops(100), 800);
 }
 
+TEST(OpCost, LongSoftmaxRowsAreReadOncePerPass) {
+  // 1000 float32 classes stay on chip; GPT-2's 50257 (201 KB a row) do not.
+  EXPECT_EQ(emugpu::softmax_row_reads(1000 * 4, false), 1);
+  EXPECT_EQ(emugpu::softmax_row_reads(1000 * 4, true), 1);
+  EXPECT_EQ(emugpu::softmax_row_reads(48 * 1024, false), 1);
+  EXPECT_EQ(emugpu::softmax_row_reads(50257 * 4, false), 3);  // maximum, sum of exponentials, output
+  EXPECT_EQ(emugpu::softmax_row_reads(50257 * 4, true), 2);   // the row's sum, then the gradient
+}
+
 TEST(OpCost, SparseProductsScaleWithStoredEntriesNotDenseSize) {
   // A 100k x 100k adjacency with 1M entries times 64 features: the dense
   // product would be 2 * 1e10 * 64 FLOPs.

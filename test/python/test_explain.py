@@ -186,3 +186,40 @@ def test_nchw_tensor_core_convolutions_pay_the_layout_transforms_channels_last_o
     # Both 12.8 MB activations read and written once more: at least 7.7 us at 3.35 TB/s.
     assert nchw3 - nhwc3 > 7.7
     assert nchw1 == pytest.approx(nhwc1, rel=1e-6)
+
+
+def _reduction_bytes(fn) -> float:  # type: ignore[no-untyped-def]
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    fn()
+    torch.emugpu.synchronize()
+    return by_family(torch_emugpu.cost_report())["reductions, softmax and losses"]["bytes"]
+
+
+def test_long_softmax_rows_are_read_per_pass_and_nll_loss_gathers_one_logit_per_target() -> None:
+    # A 1000-class float32 row stays on chip (read once); a 50257-class one (201 KB) is read three
+    # times forward (maximum, sum of exponentials, output) and its gradient twice backward.
+    short = torch.randn(64, 1000, device="emugpu")
+    long = torch.randn(64, 50257, device="emugpu", requires_grad=True)
+    assert _reduction_bytes(lambda: torch.log_softmax(short, 1)) == pytest.approx(2 * short.nbytes)
+    assert _reduction_bytes(lambda: torch.log_softmax(long, 1)) == pytest.approx(4 * long.nbytes)
+    # Cross entropy: log-softmax (4 row reads and writes), nll_loss (a gather: a few bytes per target),
+    # its backward (a zero-fill and a scatter), log-softmax's backward (4): 9 times the logits.
+    target = torch.randint(0, 50257, (64,), device="emugpu")
+    loss = lambda: torch.autograd.grad(torch.nn.functional.cross_entropy(long, target), long)  # noqa: E731
+    assert _reduction_bytes(loss) == pytest.approx(9 * long.nbytes, rel=0.01)
+
+
+def test_a_layer_norm_backward_reads_its_gradient_and_input_twice() -> None:
+    # One kernel for the input gradient, one more (column sums) for the weight and bias gradients.
+    ln = torch.nn.LayerNorm(768).to("emugpu")
+    x = torch.randn(512, 768, device="emugpu", requires_grad=True)
+    y = ln(x)
+    gy = torch.randn_like(y)
+    torch.emugpu.synchronize()
+    torch_emugpu.reset_cost_report()
+    torch.autograd.grad(y, (x, ln.weight, ln.bias), gy)
+    torch.emugpu.synchronize()
+    norm = by_family(torch_emugpu.cost_report())["normalization (layer, group, RMS)"]
+    assert norm["kernels"] == 2
+    assert norm["bytes"] >= 5 * x.nbytes  # dy and x twice, dx once

@@ -118,6 +118,46 @@ bool batch_norm_on_cudnn(const std::vector<c10::IValue>& args, bool backward) {
   return x.scalar_type() != at::kHalf || w.scalar_type() == at::kFloat;
 }
 
+// What row-wise softmax and loss kernels read beyond each operand once:
+// long softmax rows are read once per pass, nll_loss gathers one logit per
+// target (its backward zero-fills the gradient and scatters into it: the
+// logits only give the shape).
+double reduction_extra_bytes(const OpInfo& info, const std::vector<c10::IValue>& args) {
+  auto tensor = [&](size_t i) {
+    return i < args.size() && args[i].isTensor() ? args[i].toTensor() : at::Tensor();
+  };
+  auto row_bytes = [&](const at::Tensor& t, size_t dim_arg) {
+    if (!t.defined() || t.dim() == 0 || dim_arg >= args.size() || !args[dim_arg].isInt()) return 0.0;
+    const int64_t d = at::maybe_wrap_dim(args[dim_arg].toInt(), t.dim());
+    // Softmax over an inner dimension runs other (spatial) kernels.
+    if (t.stride(d) != 1) return 0.0;
+    return dim(t, d) * static_cast<double>(t.element_size());
+  };
+  const std::string& n = info.name;
+  if (n == "aten::_softmax" || n == "aten::_log_softmax") {
+    const at::Tensor x = tensor(0);
+    if (!x.defined()) return 0;
+    return (softmax_row_reads(row_bytes(x, 1), false) - 1) * numel_bytes(x);
+  }
+  if (n == "aten::_softmax_backward_data" || n == "aten::_log_softmax_backward_data") {
+    const at::Tensor grad = tensor(0), out = tensor(1);
+    if (!grad.defined() || !out.defined()) return 0;
+    // Softmax's row sum is over grad * output, log-softmax's over grad alone.
+    const double reread = numel_bytes(grad) + (n == "aten::_softmax_backward_data" ? numel_bytes(out) : 0);
+    return (softmax_row_reads(row_bytes(out, 2), true) - 1) * reread;
+  }
+  if (n == "aten::nll_loss_forward" || n == "aten::nll_loss2d_forward") {
+    const at::Tensor self = tensor(0), target = tensor(1);
+    if (!self.defined() || !target.defined()) return 0;
+    return static_cast<double>(target.numel() * self.element_size()) - numel_bytes(self);
+  }
+  if (n == "aten::nll_loss_backward" || n == "aten::nll_loss2d_backward") {
+    const at::Tensor self = tensor(1);
+    return self.defined() ? -numel_bytes(self) : 0;
+  }
+  return 0;
+}
+
 }  // namespace
 
 OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
@@ -195,12 +235,21 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
         if (element < 4) cost.bytes *= 4.0 / static_cast<double>(element);
         cost.cudnn = batch_norm_on_cudnn(args, cost.backward);
       }
+      // Layer norm's backward runs the weight and bias gradients in a
+      // kernel of their own (column sums): it reads dy and x once more.
+      if (info.name == "aten::native_layer_norm_backward" && args.size() > 1 && args[0].isTensor() &&
+          args[1].isTensor() && info.mask_arg >= 0) {
+        const auto mask = args[static_cast<size_t>(info.mask_arg)].toBoolList();
+        if (mask.get(1) || mask.get(2)) cost.bytes += numel_bytes(args[0].toTensor()) + numel_bytes(args[1].toTensor());
+      }
       break;
     case OpFamily::kOptimizer:
       cost.kernels = foreach_kernels(args);
       break;
-    case OpFamily::kElementwise:
     case OpFamily::kReduction:
+      cost.bytes = std::max(cost.bytes + reduction_extra_bytes(info, args), 0.0);
+      break;
+    case OpFamily::kElementwise:
     case OpFamily::kGather:
     case OpFamily::kCopy:
     case OpFamily::kUnmodelled:
