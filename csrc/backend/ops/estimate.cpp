@@ -237,10 +237,12 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
       }
       // Layer norm's backward runs the weight and bias gradients in a
       // kernel of their own (column sums): it reads dy and x once more.
-      if (info.name == "aten::native_layer_norm_backward" && args.size() > 1 && args[0].isTensor() &&
-          args[1].isTensor() && info.mask_arg >= 0) {
+      if (info.name == "aten::native_layer_norm_backward" && info.mask_arg >= 0 && args[0].isTensor() &&
+          args[1].isTensor() && args[static_cast<size_t>(info.mask_arg)].isBoolList()) {
         const auto mask = args[static_cast<size_t>(info.mask_arg)].toBoolList();
-        if (mask.get(1) || mask.get(2)) cost.bytes += numel_bytes(args[0].toTensor()) + numel_bytes(args[1].toTensor());
+        if (mask.get(1) || mask.get(2)) {
+          cost.bytes += numel_bytes(args[0].toTensor()) + numel_bytes(args[1].toTensor());
+        }
       }
       break;
     case OpFamily::kOptimizer:
