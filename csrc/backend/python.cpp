@@ -14,8 +14,9 @@
 #include <optional>
 
 #include "backend/allocator.h"
-#include "backend/collective.h"
-#include "backend/group_collectives.h"
+#include "backend/bindings.h"
+#include "backend/distributed/collective.h"
+#include "backend/distributed/group_collectives.h"
 #include "backend/host_allocator.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
@@ -24,7 +25,7 @@
 #include "core/cost_ledger.h"
 #include "core/kernel_params.h"
 #include "core/host_allocator.h"
-#include "core/shm_exchange.h"
+#include "core/exchange/shm_exchange.h"
 
 namespace emugpu {
 
@@ -33,22 +34,6 @@ void register_hooks();
 namespace {
 
 namespace py = pybind11;
-
-// Runs `fn`, turning core and c10 errors into the matching Python exceptions.
-template <typename Fn>
-auto guarded(Fn&& fn) -> decltype(fn()) {
-  torch::PyWarningHandler warnings;  // TORCH_WARN inside becomes a Python warning, as in torch's own bindings
-  try {
-    return translate_errors(std::forward<Fn>(fn));
-  } catch (const py::error_already_set&) {
-    warnings.set_in_exception();
-    throw;
-  } catch (...) {
-    warnings.set_in_exception();
-    torch::translate_exception_to_python(std::current_exception());
-    throw py::error_already_set();
-  }
-}
 
 // backend `emu`'s drain_all, called by c10's device synchronize; a leaked
 // reference, as it may be called until the interpreter finalizes.
@@ -166,51 +151,6 @@ void call_configured() {
     EMUGPU_CHECK(false, kValue, "loading the profiles and calibration for the emulated GPU failed: ", why);
   }
   Py_DECREF(result);
-}
-
-// A Python callable that C++ threads (the group's runner) hold and drop:
-// freed under the GIL, or leaked once the interpreter is finalizing.
-std::shared_ptr<py::function> shared_py_function(py::function fn) {
-  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
-    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
-      py::gil_scoped_acquire gil;
-      delete f;
-    }
-  });
-}
-
-// Calls a Python function from a group's runner thread. Its error becomes
-// a c10 error of the matching kind: the runner keeps a call's error and
-// rethrows it at every wait, and pybind11's error_already_set can be handed
-// back to Python only once.
-template <typename... Args>
-py::object call_from_runner(const py::function& fn, Args&&... args) {
-  py::gil_scoped_acquire gil;
-  try {
-    return fn(std::forward<Args>(args)...);
-  } catch (py::error_already_set& e) {
-    const std::string message = py::str(e.value());
-    const std::string kind = py::str(py::type::handle_of(e.value()).attr("__name__"));
-    if (e.matches(PyExc_ValueError)) C10_THROW_ERROR(ValueError, message);
-    if (e.matches(PyExc_TypeError)) C10_THROW_ERROR(TypeError, message);
-    if (e.matches(PyExc_NotImplementedError)) C10_THROW_ERROR(NotImplementedError, message);
-    if (e.matches(py::module_::import("torch.distributed").attr("DistBackendError").ptr())) {
-      C10_THROW_ERROR(DistBackendError, message);
-    }
-    TORCH_CHECK(false, kind, ": ", message);
-  }
-}
-
-// The pending_writes() keys of the tensors a runner call touches, and their
-// storages, which the call keeps alive while the keys are pending.
-std::pair<std::vector<c10::Storage>, std::vector<const void*>> storage_keys(const std::vector<at::Tensor>& touches) {
-  std::pair<std::vector<c10::Storage>, std::vector<const void*>> out;
-  for (const auto& t : touches) {
-    if (!t.has_storage()) continue;
-    out.first.push_back(t.storage());
-    out.second.push_back(t.storage().unsafeGetStorageImpl());
-  }
-  return out;
 }
 
 py::dict stat_dict(const Stat& s) {
@@ -707,206 +647,7 @@ PYBIND11_MODULE(_C, m) {
     });
   }, py::arg("kind"), py::arg("bytes"), py::arg("gpu"), py::arg("ranks_per_node"), py::arg("nodes"),
      py::arg("net_gbps") = py::none(), py::arg("net_latency_us") = py::none(), py::arg("algorithms") = py::none());
-  // The timeline side of the torch.distributed backend `emu`
-  // (torch_emugpu/distributed/_backend.py); the logic lives in collective.cpp.
-  m.def("_collective_begin", [](int index) {
-    return guarded([&] {
-      py::gil_scoped_release no_gil;  // may force an earlier collective's end
-      return collective_begin(index);
-    });
-  });
-  // On the runner's thread, which must not force: what was placed before.
-  m.def("_collective_ready", [](int index) {
-    return guarded([&] {
-      auto& dev = Runtime::get().device(index);
-      return dev.collective_start_at(current_stream_id(index), dev.clock().now());
-    });
-  });
-  m.def("_collective_end", [](int index, int64_t start_ns, int64_t duration_ns) {
-    return guarded([&] {
-      py::gil_scoped_release no_gil;  // a full launch queue blocks
-      return collective_end(index, start_ns, duration_ns);
-    });
-  });
-  m.def("_collective_wait_host", [](int index, int64_t t_ns) {
-    guarded([&] {
-      auto& device = Runtime::get().device(index);
-      py::gil_scoped_release no_gil;
-      device.wait_until(t_ns);
-    });
-  });
-  m.def("_collective_duration", [](int index, const std::string& kind, double bytes, int world, int ranks_per_node) {
-    return guarded([&] { return collective_duration(index, kind, bytes, world, ranks_per_node); });
-  });
-  m.def("_host_view", [](const at::Tensor& t) { return guarded([&] { return collective_host_view(t); }); });
-  m.def("_is_materialized", [](const at::Tensor& t) { return guarded([&] { return tensor_materialized(t); }); });
-  m.def("_set_materialized", [](const at::Tensor& t, bool value) {
-    guarded([&] { set_tensor_materialized(t, value); });
-  });
-  // The same-machine transport of the backend's exchange (_exchange.py).
-  // Waits release the GIL: the backend's resolver thread waits while the
-  // main thread launches.
-  auto timeout = [](double seconds) {
-    return std::chrono::nanoseconds(static_cast<int64_t>(std::min(seconds, 1e9) * 1e9));
-  };
-  py::class_<ShmExchange, std::shared_ptr<ShmExchange>>(m, "_ShmExchange")
-      .def_static("create", [](const std::string& name, int size, uint64_t token) {
-        return guarded([&] { return std::shared_ptr<ShmExchange>(ShmExchange::create(name, size, token)); });
-      })
-      .def_static("open", [](const std::string& name, int rank, int size, uint64_t token) {
-        return guarded([&] { return std::shared_ptr<ShmExchange>(ShmExchange::open(name, rank, size, token)); });
-      })
-      .def_static("unlink", [](const std::string& name) { ShmExchange::unlink(name); })
-      .def("start", [timeout](ShmExchange& self, const std::vector<int64_t>& words, double timeout_s) {
-        return guarded([&] {
-          py::gil_scoped_release no_gil;
-          return self.start_gather(words.data(), static_cast<int>(words.size()), timeout(timeout_s));
-        });
-      })
-      .def("finish", [timeout](ShmExchange& self, uint64_t ticket, int count, double timeout_s) {
-        return guarded([&] {
-          at::Tensor out = at::empty({self.size(), count}, at::kLong);
-          py::gil_scoped_release no_gil;
-          self.finish_gather(ticket, out.data_ptr<int64_t>(), count, timeout(timeout_s));
-          return out;
-        });
-      })
-      .def("gather_bytes", [timeout](ShmExchange& self, const at::Tensor& mine, double timeout_s) {
-        return guarded([&] {
-          TORCH_CHECK_VALUE(mine.device().is_cpu() && mine.is_contiguous(), "gather_bytes expected a contiguous "
-                            "CPU tensor, got one on ", mine.device());
-          std::vector<at::Tensor> rows(static_cast<size_t>(self.size()));
-          py::gil_scoped_release no_gil;
-          self.gather_bytes(mine.data_ptr(), mine.nbytes(), timeout(timeout_s),
-                            [&](int rank, const void* bytes, size_t length) {
-                              at::Tensor row = at::empty({static_cast<int64_t>(length)}, at::kByte);
-                              if (length > 0) std::memcpy(row.data_ptr(), bytes, length);
-                              rows[static_cast<size_t>(rank)] = std::move(row);
-                            });
-          return rows;
-        });
-      })
-      .def_property_readonly("rank", &ShmExchange::rank)
-      .def_property_readonly("size", &ShmExchange::size)
-      .def_readonly_static("max_words", &ShmExchange::kMaxWords)
-      .def_readonly_static("capacity", &ShmExchange::kDataCapacity);
-  // Backend `emu`'s C++ side of one process group (group_collectives.h).
-  // Calls that may wait release the GIL: the group's runner needs it for
-  // Python's deferred work and error reports.
-  py::class_<OrderedRunner::Ticket, std::shared_ptr<OrderedRunner::Ticket>>(m, "_DeferredTicket")
-      .def_property_readonly("done", &OrderedRunner::Ticket::done)
-      .def_property_readonly("failed", [](const OrderedRunner::Ticket& t) { return t.error() != nullptr; });
-  // A device time the host learns later (core/pending_time.h): a deferred send/recv's end.
-  py::class_<PendingTime, std::shared_ptr<PendingTime>>(m, "_PendingTime")
-      .def_property_readonly("known", &PendingTime::known);
-  // Work.wait() of a deferred send/recv: the current stream waits for its end
-  // without blocking the host (the device holds its later work until known).
-  m.def("_stream_wait_pending", [](int index, const std::shared_ptr<PendingTime>& end) {
-    guarded([&] { Runtime::get().device(index).stream_wait(current_stream_id(index), end); });
-  });
-  py::class_<GroupCollectives, std::shared_ptr<GroupCollectives>>(m, "_GroupCollectives")
-      .def(py::init([timeout](int rank, int size, int ranks_per_node, int64_t clock_offset_ns,
-                              std::shared_ptr<ShmExchange> shm, double timeout_s, int64_t data_threshold,
-                              py::function report) {
-             auto fn = shared_py_function(std::move(report));
-             MismatchReport call = [fn](const std::string& key, const std::string& name, const std::string& extra,
-                                        const std::vector<at::Tensor>& tensors, int other) {
-               py::gil_scoped_acquire gil;  // held while the result lives
-               return call_from_runner(*fn, key, name, extra, tensors, other).cast<std::string>();
-             };
-             return std::make_shared<GroupCollectives>(
-                 GroupSpec{rank, size, ranks_per_node, clock_offset_ns, timeout(timeout_s), data_threshold},
-                 std::move(shm), std::move(call));
-           }),
-           py::arg("rank"), py::arg("size"), py::arg("ranks_per_node"), py::arg("clock_offset_ns"), py::arg("shm"),
-           py::arg("timeout_s"), py::arg("data_threshold"), py::arg("report"))
-      .def_property_readonly("has_shm", &GroupCollectives::has_shm)
-      .def_property_readonly("payload_bytes_moved", &GroupCollectives::payload_bytes_moved)
-      .def("add_payload_bytes_moved", &GroupCollectives::add_payload_bytes_moved)
-      .def("comm_stream", [](GroupCollectives& g, int device) { return guarded([&] { return g.comm_stream(device); }); })
-      .def("all_reduce", [](GroupCollectives& g, const std::string& name, const std::vector<at::Tensor>& tensors,
-                            c10d::ReduceOp::RedOpType op) -> py::object {
-        auto work = guarded([&] {
-          py::gil_scoped_release no_gil;
-          return g.all_reduce(name, tensors, op);
-        });
-        if (!work) return py::none();
-        return py::cast(work);
-      })
-      .def("defer", [](GroupCollectives& g, const std::string& name, const std::string& kind, double model_bytes,
-                       int64_t largest, int64_t payload, bool real, const std::vector<at::Tensor>& received,
-                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& signed_,
-                       const std::string& extra, int device) {
-        return guarded([&] {
-          py::gil_scoped_release no_gil;
-          return g.defer(name, kind, model_bytes, largest, payload, real, received, outputs, signed_, extra, device);
-        });
-      })
-      // `touches`: tensors whose bytes `place` reads or writes on the runner;
-      // the host awaits it before it touches their storages.
-      .def(
-          "defer_call",
-          [](GroupCollectives& g, int device, const std::vector<at::Tensor>& outputs, py::function place,
-             const std::vector<at::Tensor>& touches) {
-            auto fn = shared_py_function(std::move(place));
-            auto [storages, keys] = storage_keys(touches);
-            return guarded([&] {
-              py::gil_scoped_release no_gil;
-              return g.defer_call(
-                  device, outputs,
-                  [fn, storages = std::move(storages)](TimeNs start) -> TimeNs {
-                    py::gil_scoped_acquire gil;
-                    return call_from_runner(*fn, start).cast<int64_t>();
-                  },
-                  std::move(keys));
-            });
-          },
-          py::arg("device"), py::arg("outputs"), py::arg("place"), py::arg("touches") = std::vector<at::Tensor>{})
-      .def("submit_timed",
-           [](GroupCollectives& g, py::function call, const std::vector<at::Tensor>& touches) {
-             auto fn = shared_py_function(std::move(call));
-             auto [storages, keys] = storage_keys(touches);
-             return g.submit_timed(
-                 [fn, storages = std::move(storages)]() -> int64_t {
-                   py::gil_scoped_acquire gil;
-                   return call_from_runner(*fn).cast<int64_t>();
-                 },
-                 std::move(keys));
-           })
-      .def("defer_post",
-           [](GroupCollectives& g, int device, py::function post) {
-             auto fn = shared_py_function(std::move(post));
-             return guarded([&] {
-               py::gil_scoped_release no_gil;
-               return g.defer_post(device, [fn](TimeNs start) {
-                 py::gil_scoped_acquire gil;
-                 call_from_runner(*fn, start);
-               });
-             });
-           })
-      .def("run_through_post",
-           [](GroupCollectives& g, const std::shared_ptr<OrderedRunner::Ticket>& t) {
-             return guarded([&] {
-               py::gil_scoped_release no_gil;
-               return g.run_through_post(t);
-             });
-           })
-      .def("run_through", [](GroupCollectives& g, const std::shared_ptr<OrderedRunner::Ticket>& t) {
-        return guarded([&] {
-          py::gil_scoped_release no_gil;
-          return g.run_through(t);
-        });
-      })
-      .def("drain", [](GroupCollectives& g) {
-        guarded([&] {
-          py::gil_scoped_release no_gil;
-          g.drain();
-        });
-      });
-  m.def("_collective_signature", [](const std::string& name, const std::string& extra,
-                                    const std::vector<at::Tensor>& tensors) {
-    return static_cast<int64_t>(collective_signature(name, extra, tensors));
-  });
+  bind_distributed(m);
   m.def("_emulate_kernel", [](int index, double seconds) {
     return guarded([&] {
       const TimeNs duration = seconds_to_ns(seconds);

@@ -11,11 +11,12 @@ launched in between overlaps it. Ranks exchange t_r through
 `_exchange.Exchange`.
 
 Data: tensors of at most DATA_THRESHOLD_BYTES bytes whose bytes are real on
-every rank, and every tensor in compute mode, carry their real bytes (through
-the exchange's gloo group, over CPU views of the device bytes, charging the
-emulated GPU nothing). Larger tensors in timing mode move no bytes: what a
-rank receives is a placeholder (reads as zeros), as timing mode's computed
-values are.
+every rank, and every tensor in compute mode, carry their real bytes (the
+data rule of core/exchange/words.h): every rank all-gathers its payload
+through the exchange (over CPU views of the device bytes, charging the
+emulated GPU nothing) and computes its own result from every rank's
+payload. Larger tensors in timing mode move no bytes: what a rank receives
+is a placeholder (reads as zeros), as timing mode's computed values are.
 """
 
 from __future__ import annotations
@@ -42,20 +43,14 @@ DATA_THRESHOLD_BYTES = 64 * 1024
 
 _R = dist.ReduceOp.RedOpType
 _BITWISE = (_R.BAND, _R.BOR, _R.BXOR)
-# In-place combiners of the shared-memory path, by op (AVG: SUM, then divided).
+# In-place combiners of the gathered payloads, by op (AVG: SUM, then divided).
 _REDUCERS = {_R.SUM: torch.add, _R.AVG: torch.add, _R.PRODUCT: torch.mul, _R.MIN: torch.minimum,
              _R.MAX: torch.maximum, _R.BAND: torch.bitwise_and, _R.BOR: torch.bitwise_or,
              _R.BXOR: torch.bitwise_xor}
+# Writes this rank's result of a collective from every rank's payload (rank order).
+_Combine = Callable[[list[torch.Tensor]], None]
 _OP_NAMES = {_R.SUM: "SUM", _R.AVG: "AVG", _R.PRODUCT: "PRODUCT", _R.MIN: "MIN", _R.MAX: "MAX",
              _R.BAND: "BAND", _R.BOR: "BOR", _R.BXOR: "BXOR", _R.PREMUL_SUM: "PREMUL_SUM"}
-
-
-def _opts(cls: type, **fields: object) -> object:
-    """c10d's option records take no constructor arguments."""
-    opts = cls()
-    for name, value in fields.items():
-        setattr(opts, name, value)
-    return opts
 
 
 def _C():  # noqa: N802  (the extension, imported late: this module loads during torch_emugpu's import)
@@ -73,17 +68,17 @@ class EmuWork(dist._Work):
     the output tensors. A send/recv or batch placed by the group's ordered
     runner (`resolved`: its ticket and its end, which the runner learns when
     the peer's start arrives) does not block the host in wait(): the device
-    holds the stream's later work until the end is known, and a send's
-    bytes, which gloo reads until they are sent, are waited for on the
-    runner (the host awaits that before it touches them). Its future
-    completes on the runner."""
+    holds the stream's later work until the end is known. A send whose post
+    waits on the post lane has not copied its bytes yet: `pending` runs the
+    lane through it (the host awaits that before it touches them). Its
+    future completes on the runner."""
 
     def __init__(self, outputs: list[torch.Tensor], device: int, end_ns: int | None = None, blocks_host: bool = False,
                  pending: Callable[[], None] | None = None, resolved: object = None,
                  future: torch.futures.Future | None = None, group: object = None) -> None:
         super().__init__()
         self._group = group
-        self._pending = pending  # a send's bytes still on their way (waited for by wait())
+        self._pending = pending  # a send whose bytes are not copied yet (waited for by wait())
         self._outputs = outputs
         self._device = device
         self._end_ns = end_ns
@@ -243,8 +238,8 @@ class EmuBackend(_C10dBackend):
         # The C++ side: the hot path over shared memory, and the runner that
         # places deferred collectives (both paths') in launch order.
         self._group = _C()._GroupCollectives(
-            rank, size, self._ranks_per_node, self._clock_offset_ns, self._exchange.shm, timeout.total_seconds(),
-            DATA_THRESHOLD_BYTES, functools.partial(_mismatch_message, self._exchange, rank))
+            rank, size, self._ranks_per_node, self._clock_offset_ns, self._exchange.words, self._exchange.tcp,
+            timeout.total_seconds(), DATA_THRESHOLD_BYTES, functools.partial(_mismatch_message, self._exchange, rank))
         _backends.add(self)
         self._batch: _P2PBatch | None = None  # between start_coalescing and end_coalescing
         self._last_post: object = None  # the latest send/recv post deferred to the post lane (its ticket)
@@ -275,14 +270,13 @@ class EmuBackend(_C10dBackend):
         leaders: dict[int, int] = {}
         for r, key in enumerate(keys):
             leaders.setdefault(key, r)
-        now = _C()._host_now_ns
         mine = 0
         if self._rank == 0:
             for key, leader in leaders.items():
                 if key != keys[0]:
-                    self._exchange.serve_clock(leader, now)
+                    self._exchange.serve_clock(leader)
         elif leaders[keys[self._rank]] == self._rank and keys[self._rank] != keys[0]:
-            mine = self._exchange.clock_offset(0, now)
+            mine = self._exchange.clock_offset(0)
         offsets = self._exchange.gather_words([mine], "process group set-up (clock offsets)")
         return int(offsets[leaders[keys[self._rank]], 0])
 
@@ -356,10 +350,10 @@ class EmuBackend(_C10dBackend):
         return _C()._current_device() if device is None else device
 
     def _run(self, name: str, model_kind: str, model_bytes: float, inputs: Sequence[torch.Tensor],
-             received: Sequence[torch.Tensor], outputs: list[torch.Tensor], move: Callable[[], None],
+             received: Sequence[torch.Tensor], outputs: list[torch.Tensor], combine: _Combine,
              extra: object = None, blocks_host: bool = False, device: int | None = None,
-             signed: Sequence[torch.Tensor] | None = None,
-             shm_move: Callable[[list[torch.Tensor]], None] | None = None) -> dist._Work:
+             signed: Sequence[torch.Tensor] | None = None, pack: Callable[[], torch.Tensor] | None = None,
+             payload: int | None = None) -> dist._Work:
         """Exchanges start times (and checks the ranks agree), moves bytes
         where the data rule says so, and launches the modelled duration:
         deferred to the group's runner (the host goes on) unless it blocks
@@ -368,9 +362,9 @@ class EmuBackend(_C10dBackend):
         those it writes; `signed` (default: both) and `extra` (root, op) must
         match across ranks. Sizes that may differ across ranks (all_to_all's
         splits) are exchanged: every rank decides and times from the same
-        maxima. `shm_move`, where given, does what `move` does from every
-        rank's input bytes (concatenated in `inputs` order) when they fit the
-        exchange's shared memory."""
+        maxima. Where bytes move, every rank gathers every rank's payload
+        (`pack()`, `payload` bytes long; default: the inputs' bytes one after
+        the other) and `combine(rows)` writes this rank's result from them."""
         tensors = list(inputs) + list(received)
         dev = self._check(name, tensors) if device is None else device
         ext = _C()
@@ -380,37 +374,38 @@ class EmuBackend(_C10dBackend):
             signed = tensors
         extra = "" if extra is None else str(extra)  # the signature's and the error report's form
         signature = ext._collective_signature(name, extra, list(signed))
-        payload = sum(t.numel() * t.element_size() for t in inputs)
+        if payload is None:
+            payload = sum(t.numel() * t.element_size() for t in inputs)
+        if pack is None:
+            def pack() -> torch.Tensor:
+                return self._payload(inputs)
         if blocks_host:  # barrier: the host waits for it, as ProcessGroupNCCL's does
             with self._on_comm_stream(dev):
                 self.drain()  # the deferred collectives before it gather their words on the runner first
                 start = ext._collective_begin(dev) - self._clock_offset_ns  # rank 0's clock (_align_clocks)
-                end = self._exchange_and_place(name, model_kind, model_bytes, inputs, received, move, dev, compute,
-                                               largest, payload, signature, signed, extra, shm_move, start)
+                end = self._exchange_and_place(name, model_kind, model_bytes, inputs, received, combine, pack, dev,
+                                               compute, largest, payload, signature, signed, extra, start)
             return EmuWork(outputs, dev, end, blocks_host)
         if not compute and largest > DATA_THRESHOLD_BYTES:
             # No rank can move these bytes: the runner only places it.
             real = all(ext._is_materialized(t) for t in inputs)
-            if self._group.has_shm:
-                return self._group.defer(name, model_kind, float(model_bytes), largest, payload, real,
-                                         list(received), outputs, list(signed), extra, dev)
-            return self._defer_tcp(name, model_kind, model_bytes, received, outputs, dev, real, largest, payload,
-                                   signature, signed, extra)
+            return self._group.defer(name, model_kind, float(model_bytes), largest, payload, real,
+                                     list(received), outputs, list(signed), extra, dev)
         comm = self._comm_stream(dev)
 
         def place(start: int) -> int:
             with torch.emugpu.stream(comm):
-                return self._exchange_and_place(name, model_kind, model_bytes, inputs, received, move, dev, compute,
-                                                largest, payload, signature, signed, extra, shm_move, start)
+                return self._exchange_and_place(name, model_kind, model_bytes, inputs, received, combine, pack, dev,
+                                                compute, largest, payload, signature, signed, extra, start)
 
         # Deferred too (the host goes on, as NCCL's does): the runner moves the bytes, and the host
         # waits for it where it touches these tensors (await_collective_writes).
         return self._group.defer_call(dev, outputs, place, tensors)
 
     def _exchange_and_place(self, name: str, model_kind: str, model_bytes: float, inputs: Sequence[torch.Tensor],
-                            received: Sequence[torch.Tensor], move: Callable[[], None], dev: int, compute: bool,
-                            largest: int, payload: int, signature: int, signed: Sequence[torch.Tensor], extra: str,
-                            shm_move: Callable[[list[torch.Tensor]], None] | None, start: int) -> int:
+                            received: Sequence[torch.Tensor], combine: _Combine,
+                            pack: Callable[[], torch.Tensor], dev: int, compute: bool, largest: int, payload: int,
+                            signature: int, signed: Sequence[torch.Tensor], extra: str, start: int) -> int:
         """Exchanges the ranks' words from this rank's `start` (rank 0's
         clock), checks they agree, moves the bytes where the data rule says
         so, and places the collective on the current stream; returns its end.
@@ -418,70 +413,34 @@ class EmuBackend(_C10dBackend):
         collectives launched before it."""
         ext = _C()
         real = compute or all(ext._is_materialized(t) for t in inputs)
-        gathered, key = self._exchange.start_gather_words(
-            [start, int(real), int(compute), signature, int(model_bytes), largest, payload], name)
-        words = gathered()
-        self._check_signatures(words, signature, key, name, signed, extra)
-        model_bytes = int(words[:, 4].max())
-        moves = bool(words[:, 2].all()) or (int(words[:, 5].max()) <= DATA_THRESHOLD_BYTES
-                                            and bool(words[:, 1].all()))
+        mine = ext._collective_words(start, real, compute, signature, int(model_bytes), largest, payload)
+        gathered, key = self._exchange.start_gather_words(mine, name)
+        begins, model_bytes, moves, other, longest = ext._collective_outcome(gathered(), signature,
+                                                                             DATA_THRESHOLD_BYTES)
+        if other >= 0:
+            raise ValueError(_mismatch_message(self._exchange, self._rank, f"mismatch/{key}", name, extra, signed,
+                                               other))
         if moves:
-            if shm_move is not None and int(words[:, 6].max()) <= self._exchange.shm_capacity:
-                shm_move(self._exchange.gather_bytes(self._payload(inputs), name))
-            else:
-                move()
+            combine(self._exchange.gather_bytes(pack(), longest, name))
             self._group.add_payload_bytes_moved(payload)
         if not compute:
             for t in received:
                 ext._set_materialized(t, moves)
         duration = ext._collective_duration(dev, model_kind, float(model_bytes), self._size,
                                             self._ranks_per_node) if self._size > 1 else 0
-        return ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
-
-    def _defer_tcp(self, name: str, model_kind: str, model_bytes: float, received: Sequence[torch.Tensor],
-                   outputs: list[torch.Tensor], dev: int, real: bool, largest: int, payload: int, signature: int,
-                   signed: Sequence[torch.Tensor], extra: str) -> dist._Work:
-        """A collective whose bytes stay put, over TCP: as GroupCollectives::defer
-        over shared memory, the group's runner learns its start (the caller's
-        stream may be held behind an earlier collective), gathers the ranks'
-        words, checks them and places it; the host goes on at once."""
-        ext = _C()
-        for t in received:
-            ext._set_materialized(t, False)
-        comm = self._comm_stream(dev)
-
-        def place(start: int) -> int:
-            gathered, key = self._exchange.start_gather_words(
-                [start, int(real), 0, signature, int(model_bytes), largest, payload], name)
-            words = gathered()
-            self._check_signatures(words, signature, key, name, signed, extra)
-            duration = ext._collective_duration(dev, model_kind, float(words[:, 4].max()), self._size,
-                                                self._ranks_per_node) if self._size > 1 else 0
-            with torch.emugpu.stream(comm):
-                return ext._collective_end(dev, int(words[:, 0].max()) + self._clock_offset_ns, duration)
-
-        return self._group.defer_call(dev, outputs, place)
+        return ext._collective_end(dev, begins + self._clock_offset_ns, duration)
 
     def drain(self) -> None:
         """Waits until every deferred collective launched so far is placed
         on the timeline (raising the last one's error)."""
         self._group.drain()
 
-    def _check_signatures(self, words: torch.Tensor, signature: int, key: str, name: str,
-                          signed: Sequence[torch.Tensor], extra: str) -> None:
-        """Raises the ranks' disagreement, each rank's call described through
-        the store under the gather's key (so that ranks on any path meet)."""
-        if bool((words[:, 3] != signature).any()):
-            other = next(r for r in range(self._size) if int(words[r, 3]) != signature)
-            raise ValueError(_mismatch_message(self._exchange, self._rank, f"mismatch/{key}", name,
-                                               extra, signed, other))
-
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return _C()._host_view(t)
 
     def _bytes(self, t: torch.Tensor) -> torch.Tensor:
         """The host view as raw bytes: what collectives that only copy need,
-        whatever the dtype (gloo has no int16, uint16, float8, ...)."""
+        whatever the dtype (int16, uint16, float8, ...)."""
         return self._host(t).reshape(-1).view(torch.uint8)
 
     def _payload(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -515,11 +474,8 @@ class EmuBackend(_C10dBackend):
             acc.div_(size)
         return acc
 
-    def _gloo(self, what: str, start: Callable[[dist.ProcessGroupGloo], dist.Work]) -> None:
-        self._exchange.run(start(self._exchange.gloo), what)
-
     def _reduce_op(self, name: str, op: dist.ReduceOp, dtypes: Sequence[torch.dtype]) -> tuple[dist.ReduceOp, bool]:
-        """The gloo op for `op`, and whether to divide by the world size (AVG)."""
+        """The combining op for `op`, and whether to divide by the world size (AVG)."""
         kind = op.op
         if kind == _R.PREMUL_SUM:
             raise NotImplementedError(f"emu backend: {name} with ReduceOp.PREMUL_SUM is not supported yet; "
@@ -535,15 +491,31 @@ class EmuBackend(_C10dBackend):
             return dist.ReduceOp.SUM, True
         return dist.ReduceOp(kind), False
 
-    def _divide(self, hosts: Sequence[torch.Tensor], average: bool) -> None:
-        if average:
-            for h in hosts:
-                h.div_(self._size)
+    @staticmethod
+    def _framed(chunks: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Byte chunks of different lengths as one payload: their count and
+        lengths (int64) first, so that any rank can cut another's apart."""
+        header = torch.tensor([len(chunks)] + [c.numel() for c in chunks], dtype=torch.int64).view(torch.uint8)
+        return torch.cat([header, *chunks])
+
+    @staticmethod
+    def _framed_bytes(lengths: Sequence[int]) -> int:
+        return 8 * (1 + len(lengths)) + sum(lengths)
+
+    @staticmethod
+    def _unframe(row: torch.Tensor) -> list[torch.Tensor]:
+        count = int(row[:8].view(torch.int64)[0])
+        lengths = row[8:8 * (1 + count)].view(torch.int64).tolist()
+        out, offset = [], 8 * (1 + count)
+        for n in lengths:
+            out.append(row[offset:offset + n])
+            offset += n
+        return out
 
     # -- collectives -----------------------------------------------------------
 
-    # all_reduce goes to C++ first (GroupCollectives::all_reduce); None: the
-    # Python path takes it (TCP, large real bytes, or an error to report).
+    # all_reduce goes to C++ (GroupCollectives::all_reduce); None: the Python
+    # path takes it, to report its arguments.
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
         return (self._group.all_reduce("all_reduce", tensors, opts.reduceOp.op)
                 or self._allreduce("all_reduce", tensors, opts.reduceOp))
@@ -555,30 +527,18 @@ class EmuBackend(_C10dBackend):
     def _allreduce(self, name: str, tensors: list[torch.Tensor], reduce_op: dist.ReduceOp) -> EmuWork:
         op, average = self._reduce_op(name, reduce_op, [t.dtype for t in tensors])
 
-        def move() -> None:
-            hosts = [self._host(t) for t in tensors]
-            for h in hosts:
-                self._gloo(name, lambda g, h=h: g.allreduce([h], _opts(dist.AllreduceOptions, reduceOp=op)))
-            self._divide(hosts, average)
-
-        def shm_move(rows: list[torch.Tensor]) -> None:
+        def combine(rows: list[torch.Tensor]) -> None:
             parts = [self._unpack(row, tensors) for row in rows]
             for i, t in enumerate(tensors):
                 self._host(t).copy_(self._combine([p[i] for p in parts], op, average, self._size))
 
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        return self._run(name, "all_reduce", nbytes, tensors, tensors, tensors, move, extra=_OP_NAMES[reduce_op.op],
-                         shm_move=shm_move)
+        return self._run(name, "all_reduce", nbytes, tensors, tensors, tensors, combine, extra=_OP_NAMES[reduce_op.op])
 
     def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> EmuWork:
         root = opts.rootRank
 
-        def move() -> None:
-            for t in tensors:
-                h = self._bytes(t)
-                self._gloo("broadcast", lambda g, h=h: g.broadcast([h], _opts(dist.BroadcastOptions, rootRank=root)))
-
-        def shm_move(rows: list[torch.Tensor]) -> None:
+        def combine(rows: list[torch.Tensor]) -> None:
             if self._rank != root:
                 for t, part in zip(tensors, self._unpack(rows[root], tensors), strict=True):
                     self._host(t).copy_(part)
@@ -586,22 +546,13 @@ class EmuBackend(_C10dBackend):
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         received = [] if self._rank == root else tensors
         return self._run("broadcast", "broadcast", nbytes, tensors if self._rank == root else [], received, tensors,
-                         move, extra=f"root {root}", device=self._check("broadcast", tensors), signed=tensors,
-                         shm_move=shm_move)
+                         combine, extra=f"root {root}", device=self._check("broadcast", tensors), signed=tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions) -> EmuWork:
         root = opts.rootRank
         op, average = self._reduce_op("reduce", opts.reduceOp, [t.dtype for t in tensors])
 
-        def move() -> None:
-            hosts = [self._host(t) for t in tensors]
-            opts = _opts(dist.ReduceOptions, reduceOp=op, rootRank=root)
-            for h in hosts:
-                self._gloo("reduce", lambda g, h=h: g.reduce([h], opts))
-            if self._rank == root:
-                self._divide(hosts, average)
-
-        def shm_move(rows: list[torch.Tensor]) -> None:
+        def combine(rows: list[torch.Tensor]) -> None:
             if self._rank == root:
                 parts = [self._unpack(row, tensors) for row in rows]
                 for i, t in enumerate(tensors):
@@ -609,36 +560,27 @@ class EmuBackend(_C10dBackend):
 
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         received = tensors if self._rank == root else []
-        return self._run("reduce", "reduce", nbytes, tensors, received, tensors, move,
-                         extra=f"root {root} {_OP_NAMES[opts.reduceOp.op]}", signed=tensors, shm_move=shm_move)
+        return self._run("reduce", "reduce", nbytes, tensors, received, tensors, combine,
+                         extra=f"root {root} {_OP_NAMES[opts.reduceOp.op]}", signed=tensors)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: object = None) -> EmuWork:
         flat = [t for group in output_tensors for t in group]
 
-        def move() -> None:
-            outs = [[self._bytes(t) for t in group] for group in output_tensors]
-            ins = [self._bytes(t) for t in input_tensors]
-            self._gloo("all_gather", lambda g: g.allgather(outs, ins))
-
-        def shm_move(rows: list[torch.Tensor]) -> None:
+        def combine(rows: list[torch.Tensor]) -> None:
             for r, row in enumerate(rows):
                 for group, part in zip(output_tensors, self._unpack(row, input_tensors), strict=True):
                     self._host(group[r]).copy_(part)
 
         nbytes = sum(t.numel() * t.element_size() for t in input_tensors) * self._size
-        return self._run("all_gather", "all_gather", nbytes, input_tensors, flat, flat, move, shm_move=shm_move)
+        return self._run("all_gather", "all_gather", nbytes, input_tensors, flat, flat, combine)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> EmuWork:
-        def move() -> None:
-            out, inp = self._bytes(output), self._bytes(input)
-            self._gloo("all_gather_into_tensor", lambda g: g._allgather_base(out, inp))
-
-        def shm_move(rows: list[torch.Tensor]) -> None:
+        def combine(rows: list[torch.Tensor]) -> None:
             self._bytes(output).copy_(torch.cat(rows))
 
         return self._run("all_gather_into_tensor", "all_gather", input.numel() * input.element_size() * self._size,
-                         [input], [output], [output], move, shm_move=shm_move)
+                         [input], [output], [output], combine)
 
     _allgather_base = all_gather_single
 
@@ -647,83 +589,69 @@ class EmuBackend(_C10dBackend):
         flat = [t for group in input_tensors for t in group]
         op, average = self._reduce_op("reduce_scatter", opts.reduceOp, [t.dtype for t in output_tensors])
 
-        def move() -> None:
-            outs = [self._host(t) for t in output_tensors]
-            ins = [[self._host(t) for t in group] for group in input_tensors]
-            self._gloo("reduce_scatter",
-                       lambda g: g.reduce_scatter(outs, ins, _opts(dist.ReduceScatterOptions, reduceOp=op)))
-            self._divide(outs, average)
-
-        def shm_move(rows: list[torch.Tensor]) -> None:
+        def combine(rows: list[torch.Tensor]) -> None:
             parts = [self._unpack(row, flat) for row in rows]
             for i, t in enumerate(output_tensors):
                 mine = i * self._size + self._rank
                 self._host(t).copy_(self._combine([p[mine] for p in parts], op, average, self._size))
 
         nbytes = sum(t.numel() * t.element_size() for t in output_tensors) * self._size
-        return self._run("reduce_scatter", "reduce_scatter", nbytes, flat, output_tensors, output_tensors, move,
-                         extra=_OP_NAMES[opts.reduceOp.op], shm_move=shm_move)
+        return self._run("reduce_scatter", "reduce_scatter", nbytes, flat, output_tensors, output_tensors, combine,
+                         extra=_OP_NAMES[opts.reduceOp.op])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: dist.ReduceScatterOptions) -> EmuWork:
         op, average = self._reduce_op("reduce_scatter_tensor", opts.reduceOp, [output.dtype])
 
-        def move() -> None:
-            out, inp = self._host(output), self._host(input)
-            self._gloo("reduce_scatter_tensor",
-                       lambda g: g._reduce_scatter_base(out, inp, _opts(dist.ReduceScatterOptions, reduceOp=op)))
-            self._divide([out], average)
-
-        def shm_move(rows: list[torch.Tensor]) -> None:
-            chunks = [row.view(input.dtype).view(self._size, -1)[self._rank] for row in rows]
+        def combine(rows: list[torch.Tensor]) -> None:
+            chunks = [self._unpack(row, [input])[0].reshape(self._size, -1)[self._rank] for row in rows]
             self._host(output).copy_(self._combine(chunks, op, average, self._size).view(output.shape))
 
         return self._run("reduce_scatter_tensor", "reduce_scatter", input.numel() * input.element_size(), [input],
-                         [output], [output], move, extra=_OP_NAMES[opts.reduceOp.op], shm_move=shm_move)
+                         [output], [output], combine, extra=_OP_NAMES[opts.reduceOp.op])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def barrier(self, opts: dist.BarrierOptions) -> EmuWork:
         ids = list(getattr(opts, "device_ids", []) or [])
         device = ids[0] if ids else _C()._current_device()
-        return self._run("barrier", "barrier", 4, [], [], [], lambda: None, device=device, blocks_host=True)
+        return self._run("barrier", "barrier", 4, [], [], [], lambda rows: None, device=device, blocks_host=True)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: object = None) -> EmuWork:
         flat = [t for group in output_lists for t in group]
 
-        def move() -> None:
-            for group, inp in zip(output_lists, inputs, strict=True):
-                outs, h = [[self._bytes(t) for t in group]], self._bytes(inp)
-                self._gloo("all_gather_coalesced", lambda g, outs=outs, h=h: g.allgather(outs, [h]))
+        def combine(rows: list[torch.Tensor]) -> None:
+            for r, row in enumerate(rows):
+                for group, part in zip(output_lists, self._unpack(row, inputs), strict=True):
+                    self._host(group[r]).copy_(part)
 
         nbytes = sum(t.numel() * t.element_size() for t in inputs) * self._size
-        return self._run("all_gather_coalesced", "all_gather", nbytes, inputs, flat, flat, move)
+        return self._run("all_gather_coalesced", "all_gather", nbytes, inputs, flat, flat, combine)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: object = None) -> EmuWork:
-        def move() -> None:
-            for out, inp in zip(outputs, inputs, strict=True):
-                o, i = self._bytes(out), self._bytes(inp)
-                self._gloo("all_gather_into_tensor_coalesced", lambda g, o=o, i=i: g._allgather_base(o, i))
+        def combine(rows: list[torch.Tensor]) -> None:
+            for r, row in enumerate(rows):
+                for out, part in zip(outputs, self._unpack(row, inputs), strict=True):
+                    self._bytes(out).view(self._size, -1)[r].copy_(part.reshape(-1).view(torch.uint8))
 
         nbytes = sum(t.numel() * t.element_size() for t in inputs) * self._size
-        return self._run("all_gather_into_tensor_coalesced", "all_gather", nbytes, inputs, outputs, outputs, move)
+        return self._run("all_gather_into_tensor_coalesced", "all_gather", nbytes, inputs, outputs, outputs, combine)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: dist.ReduceScatterOptions) -> EmuWork:
         name = "reduce_scatter_tensor_coalesced"
         op, average = self._reduce_op(name, opts.reduceOp, [t.dtype for t in outputs])
 
-        def move() -> None:
-            for out, inp in zip(outputs, inputs, strict=True):
-                o, i = self._host(out), self._host(inp)
-                self._gloo(name, lambda g, o=o, i=i: g._reduce_scatter_base(
-                    o, i, _opts(dist.ReduceScatterOptions, reduceOp=op)))
-                self._divide([o], average)
+        def combine(rows: list[torch.Tensor]) -> None:
+            parts = [self._unpack(row, inputs) for row in rows]
+            for i, out in enumerate(outputs):
+                chunks = [p[i].reshape(self._size, -1)[self._rank] for p in parts]
+                self._host(out).copy_(self._combine(chunks, op, average, self._size).view(out.shape))
 
         nbytes = sum(t.numel() * t.element_size() for t in inputs)
-        return self._run(name, "reduce_scatter", nbytes, inputs, outputs, outputs, move,
+        return self._run(name, "reduce_scatter", nbytes, inputs, outputs, outputs, combine,
                          extra=_OP_NAMES[opts.reduceOp.op])
 
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
@@ -731,53 +659,69 @@ class EmuBackend(_C10dBackend):
         root = opts.rootRank
         flat = [t for group in output_tensors for t in group]
 
-        def move() -> None:
-            outs = [[self._bytes(t) for t in group] for group in output_tensors]
-            ins = [self._bytes(t) for t in input_tensors]
-            self._gloo("gather", lambda g: g.gather(outs, ins, _opts(dist.GatherOptions, rootRank=root)))
+        def combine(rows: list[torch.Tensor]) -> None:
+            if self._rank == root:
+                for r, row in enumerate(rows):
+                    for group, part in zip(output_tensors, self._unpack(row, input_tensors), strict=True):
+                        self._host(group[r]).copy_(part)
 
         nbytes = sum(t.numel() * t.element_size() for t in input_tensors) * self._size
-        return self._run("gather", "gather", nbytes, input_tensors, flat, flat, move, extra=f"root {root}",
+        return self._run("gather", "gather", nbytes, input_tensors, flat, flat, combine, extra=f"root {root}",
                          signed=input_tensors)
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: dist.ScatterOptions) -> EmuWork:
         root = opts.rootRank
-        flat = [t for group in input_tensors for t in group]
+        flat = [t for group in input_tensors for t in group]  # on the root: per output, one chunk per rank
 
-        def move() -> None:
-            outs = [self._bytes(t) for t in output_tensors]
-            ins = [[self._bytes(t) for t in group] for group in input_tensors]
-            self._gloo("scatter", lambda g: g.scatter(outs, ins, _opts(dist.ScatterOptions, rootRank=root)))
+        def combine(rows: list[torch.Tensor]) -> None:
+            offset = 0
+            for out in output_tensors:  # every rank's outputs have the root's chunk shapes
+                n = out.numel() * out.element_size()
+                self._bytes(out).copy_(rows[root][offset + self._rank * n:offset + (self._rank + 1) * n])
+                offset += n * self._size
 
         nbytes = sum(t.numel() * t.element_size() for t in output_tensors) * self._size
-        return self._run("scatter", "scatter", nbytes, flat, output_tensors, output_tensors, move,
+        return self._run("scatter", "scatter", nbytes, flat, output_tensors, output_tensors, combine,
                          extra=f"root {root}", signed=output_tensors)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: object = None) -> EmuWork:
-        def move() -> None:
-            o, i = self._host(output), self._host(input)
-            self._gloo("all_to_all_single",
-                       lambda g: g.alltoall_base(o, i, list(output_split_sizes), list(input_split_sizes)))
+        def cuts(t: torch.Tensor, splits: list[int]) -> list[int]:
+            """Byte lengths of the rank-by-rank chunks of `t` along dim 0."""
+            rows = list(splits) or [t.shape[0] // self._size if t.dim() else 0] * self._size
+            per_row = t.numel() // t.shape[0] * t.element_size() if t.dim() and t.shape[0] else 0
+            return [n * per_row for n in rows]
+
+        sent, got = cuts(input, input_split_sizes), cuts(output, output_split_sizes)
+
+        def pack() -> torch.Tensor:
+            return self._framed(list(self._bytes(input).split(sent)))
+
+        def combine(rows: list[torch.Tensor]) -> None:
+            out = self._bytes(output).split(got)
+            for r, row in enumerate(rows):
+                out[r].copy_(self._unframe(row)[self._rank])
 
         return self._run("all_to_all_single", "all_to_all", input.numel() * input.element_size(), [input],
-                         [output], [output], move, extra=str(input.dtype), signed=[])
+                         [output], [output], combine, extra=str(input.dtype), signed=[], pack=pack,
+                         payload=self._framed_bytes(sent))
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: object = None) -> EmuWork:
-        # gloo has no list form: one flat buffer each way, split by the tensors' sizes.
-        def move() -> None:
-            ins = torch.cat([self._host(t).reshape(-1) for t in input_tensors])
-            out = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
-            self._gloo("all_to_all", lambda g: g.alltoall_base(out, ins, [t.numel() for t in output_tensors],
-                                                               [t.numel() for t in input_tensors]))
-            for t, chunk in zip(output_tensors, out.split([t.numel() for t in output_tensors]), strict=True):
-                self._host(t).copy_(chunk.view(t.shape))
+        sent = [t.numel() * t.element_size() for t in input_tensors]
 
-        nbytes = sum(t.numel() * t.element_size() for t in input_tensors)
-        return self._run("all_to_all", "all_to_all", nbytes, input_tensors, output_tensors, output_tensors, move,
-                         extra=str(input_tensors[0].dtype if input_tensors else None), signed=[])
+        def pack() -> torch.Tensor:
+            return self._framed([self._bytes(t) for t in input_tensors])
+
+        def combine(rows: list[torch.Tensor]) -> None:
+            for out, row in zip(output_tensors, rows, strict=True):
+                self._bytes(out).copy_(self._unframe(row)[self._rank])
+
+        nbytes = sum(sent)
+        return self._run("all_to_all", "all_to_all", nbytes, input_tensors, output_tensors, output_tensors, combine,
+                         extra=str(input_tensors[0].dtype if input_tensors else None), signed=[], pack=pack,
+                         payload=self._framed_bytes(sent))
 
     # -- not supported yet -----------------------------------------------------
 
@@ -833,13 +777,14 @@ class EmuBackend(_C10dBackend):
         def post(start: int) -> None:
             """Tells the peer this rank's start (rank 0's clock, as in _launch) and starts moving the bytes."""
             posted.start = start
-            posted.words = exchange.post_words([start, int(carries), shape, nbytes], peer, exchange.p2p_tag(tag, mine))
+            exchange.post_words([start, int(carries), shape, nbytes], peer, exchange.p2p_tag(tag, mine))
             posted.theirs = exchange.expect_words(4, peer, exchange.p2p_tag(tag, back), what)
-            posted.sent = [exchange.send_bytes(self._host(t), peer, bytes_tag) for t in tensors] if carries else []
-            if carries:
+            if carries:  # copied now: the host may change the tensors once the post ran
+                for t in tensors:
+                    exchange.send_bytes(self._host(t), peer, bytes_tag)
                 self._group.add_payload_bytes_moved(nbytes)
             if batch is not None:
-                batch.started(start + self._clock_offset_ns, posted.sent)
+                batch.started(start + self._clock_offset_ns)
 
         # Behind held work (an earlier collective's end not known yet) the start is not known either: the
         # post waits for it on a lane of its own and the host goes on. Posts keep their launch order (the
@@ -858,7 +803,6 @@ class EmuBackend(_C10dBackend):
                 if ticket is not None:
                     self._group.run_through_post(ticket)
                 theirs = posted.theirs().tolist()
-                exchange.run(posted.words, what)
                 if theirs[2] != shape:
                     other = "receives" if sends else "sends"
                     raise ValueError(f"emu backend: rank {self._rank} {kind}s [{_describe(tensors)}] but rank "
@@ -888,15 +832,12 @@ class EmuBackend(_C10dBackend):
                 raise
 
         def pending() -> None:
-            if ticket is not None:
-                self._group.run_through_post(ticket)
-            for w in posted.sent:
-                exchange.run(w, what)
+            self._group.run_through_post(ticket)
 
         # A recv's bytes arrive on the runner: the host awaits them before it touches the tensors.
         resolved = self._group.submit_timed(resolve, [] if sends else list(tensors))
-        return EmuWork(list(tensors), dev, pending=pending if carries else None, resolved=resolved, future=future,
-                       group=self._group)
+        return EmuWork(list(tensors), dev, pending=pending if carries and ticket is not None else None,
+                       resolved=resolved, future=future, group=self._group)
 
     # c10d's NCCL-style coalescing: batch_isend_irecv (and _coalescing_manager
     # with a device) brackets its ops with these. NCCL runs a batch's sends
@@ -935,12 +876,9 @@ class EmuBackend(_C10dBackend):
                 raise
 
         def pending() -> None:
-            if batch.posts is not None:
-                self._group.run_through_post(batch.posts)
-            for w in batch.sent:
-                self._exchange.run(w, "batch_isend_irecv")
+            self._group.run_through_post(batch.posts)
 
-        return EmuWork(batch.tensors, dev, pending=pending if batch.carries else None,
+        return EmuWork(batch.tensors, dev, pending=pending if batch.carries and batch.posts is not None else None,
                        resolved=self._group.submit_timed(resolve, []), future=future, group=self._group)
 
     def recv_anysource(self, *args: object) -> EmuWork:
@@ -955,9 +893,7 @@ class _P2PPost:
 
     def __init__(self) -> None:
         self.start = 0  # rank 0's clock
-        self.words: dist.Work | None = None
         self.theirs: Callable[[], torch.Tensor] = lambda: torch.empty(0)
-        self.sent: list[dist.Work] = []
 
 
 class _P2PBatch:
@@ -967,7 +903,6 @@ class _P2PBatch:
         self.device: int | None = None
         self.start: int | None = None  # the earliest op's start on this rank's clock, once posted
         self.tensors: list[torch.Tensor] = []
-        self.sent: list[dist.Work] = []
         self.carries = False  # whether some send moves bytes
         self.posts: object = None  # the ticket of its last post deferred to the post lane
         self.ends: list[int] = []  # each message's end, as the runner learns it
@@ -981,10 +916,9 @@ class _P2PBatch:
         self.tensors += tensors
         self.carries = self.carries or carries
 
-    def started(self, start: int, sent: list[dist.Work]) -> None:
+    def started(self, start: int) -> None:
         """When an op's post learnt its start (at launch, or later on the post lane)."""
         self.start = start if self.start is None else min(self.start, start)
-        self.sent += sent
 
 
 # torch.emugpu.synchronize() drains every backend's deferred collectives, as

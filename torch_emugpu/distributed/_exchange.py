@@ -1,25 +1,24 @@
 """The ranks' exchange for backend `emu`: one all-gather of a few int64 words
 per rank per collective (emulated start times, flags, a signature of the
-tensors), and the real bytes of small (or compute-mode) tensors.
+tensors), the real bytes of small (or compute-mode) tensors, point-to-point
+messages and clock offsets.
 
-Two transports. An internal gloo group over TCP, bootstrapped from the
-process group's Store under its own prefix (no port is fixed; the rendezvous
-is the one the user configured), is always there: it carries large payloads,
-send/recv and clock measurements, and everything where ranks span machines.
-Where every rank of the group shares this machine (the usual emulated node),
-the word gathers and payloads up to `ShmExchange::kDataCapacity` go through
-one shared-memory segment instead (core/shm_exchange.h): a store and a futex
-wake rather than TCP round trips, which is most of a collective's host cost
-when eight ranks share two cores. EMUGPU_EXCHANGE=tcp keeps everything on
-TCP. The exchange knows nothing of the timeline: a later mode that does not
-sleep at all reuses it as is (clocks come in as functions).
+The transports are the core's (csrc/core/exchange): a TCP transport on
+Boost.Asio, bootstrapped from the process group's Store under its own prefix
+(no port is fixed; the rendezvous is the one the user configured), is always
+there: it carries send/recv, clock measurements, payloads too large for
+shared memory, and everything where ranks span machines. Where every rank of
+the group shares this machine (the usual emulated node), the word gathers and
+payloads up to the segment's capacity go through one shared-memory segment
+instead: a store and a futex wake rather than TCP round trips, which is most
+of a collective's host cost when eight ranks share two cores.
+EMUGPU_EXCHANGE=tcp keeps everything on TCP.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import ipaddress
 import os
 import pickle
 import secrets
@@ -38,37 +37,47 @@ class ExchangeError(dist.DistBackendError):
 
 
 class Exchange:
-    """All-gathers words and objects, and runs gloo collectives on CPU tensors,
+    """All-gathers words and bytes, and carries point-to-point messages,
     among the `size` ranks of one process group."""
 
+    # Point-to-point channels per user tag: a sender's words to its receiver,
+    # the receiver's words back, and the message's bytes. Messages on one
+    # channel arrive in the order sent, so a rank's k-th send to a peer pairs
+    # with that peer's k-th recv from it (NCCL's rule), whatever else is in flight.
+    P2P_TAGS = 1 << 28
+    CLOCK_ROUNDS = 16
+
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        from .. import _C as ext
+
         self.rank = rank
         self.size = size
         self.timeout = timeout
-        # The prefix keeps gloo's rendezvous keys apart from c10d's own, and
+        self._seconds = timeout.total_seconds()
+        # The prefix keeps the transport's keys apart from c10d's own, and
         # from those of this group's earlier instances (see _fresh_namespace).
         base = dist.PrefixStore("emu_exchange/", store)
-        prefixed = dist.PrefixStore(_fresh_namespace(base, rank, size, timeout) + "/", base)
+        namespace = _fresh_namespace(base, rank, size, timeout)
+        prefixed = dist.PrefixStore(namespace + "/", base)
         self._reports = dist.PrefixStore("reports/", prefixed)
-        address = _address_towards_store(store)
-        if address is None:
-            self._gloo = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
-        else:
-            opts = dist.ProcessGroupGloo._Options()
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
-            opts._timeout = timeout
-            opts._threads = 2  # what the timeout-only constructor gives one device
-            self._gloo = dist.ProcessGroupGloo(prefixed, rank, size, opts)
+        # The namespace is random hex: its first 64 bits tell this group instance's connections apart.
+        token = int(namespace[:16], 16)
+        self._tcp = self._guard("process group set-up", lambda: ext._TcpTransport(
+            prefixed, rank, size, _listen_address(store), "tcp/", token, self._seconds))
         self._shm = None  # the set-up's own gathers go over TCP
-        self._tcp_gathers = 0
         self._shm = _shared_memory(dist.PrefixStore("shm/", prefixed), rank, size, self.gather_words)
         # Bytes per rank the shared-memory transport carries (0: none, all goes over TCP).
         self.shm_capacity = int(self._shm.capacity) if self._shm is not None else 0
 
     @property
-    def shm(self) -> Any:
-        """The shared-memory transport (core ShmExchange), or None."""
-        return self._shm
+    def words(self) -> Any:
+        """The transport of the word gathers: shared memory where there is one, else TCP."""
+        return self._shm if self._shm is not None else self._tcp
+
+    @property
+    def tcp(self) -> Any:
+        """The TCP transport (core TcpTransport), always there."""
+        return self._tcp
 
     @property
     def transport(self) -> str:
@@ -80,12 +89,9 @@ class Exchange:
         except RuntimeError as e:
             raise ExchangeError(
                 f"emu backend: rank {self.rank} of {self.size}: {what} failed: another rank exited or did not "
-                f"arrive within the process group's timeout ({self.timeout.total_seconds():g} s). "
+                f"arrive within the process group's timeout ({self._seconds:g} s). "
                 f"Check the other ranks' output for their error. Transport said: {e}"
             ) from e
-
-    def _wait(self, work: dist.Work, what: str) -> None:
-        self._guard(what, work.wait)
 
     def gather_words(self, words: Sequence[int], what: str) -> torch.Tensor:
         """Every rank's `words` (same count on every rank), as a [size, len(words)] int64 tensor."""
@@ -96,28 +102,18 @@ class Exchange:
         gives the result (from any thread), and the gather's key (the same
         on every rank: error reports about it go under it). Gathers pair up
         across ranks in the order they are started, whoever starts them
-        (the backend's C++ side starts its own on the same segment)."""
-        if self._shm is not None:
-            shm, count, seconds = self._shm, len(words), self.timeout.total_seconds()
-            ticket = self._guard(what, lambda: shm.start(list(words), seconds))
-            return lambda: self._guard(what, lambda: shm.finish(ticket, count, seconds)), str(ticket)
-        mine = torch.tensor(list(words), dtype=torch.int64)
-        out = torch.empty(self.size * mine.numel(), dtype=torch.int64)
-        work = self._gloo._allgather_base(out, mine)
-        self._tcp_gathers += 1
+        (the backend's C++ side starts its own on the same transport)."""
+        transport, count, seconds = self.words, len(words), self._seconds
+        ticket = self._guard(what, lambda: transport.start(list(words), seconds))
+        return lambda: self._guard(what, lambda: transport.finish(ticket, count, seconds)), str(ticket)
 
-        def finish() -> torch.Tensor:
-            self._wait(work, what)
-            return out.view(self.size, mine.numel())
-
-        return finish, f"tcp{self._tcp_gathers}"
-
-    def gather_bytes(self, mine: torch.Tensor, what: str) -> list[torch.Tensor]:
-        """Every rank's bytes (a contiguous CPU uint8 tensor of at most
-        `shm_capacity` bytes; lengths may differ), through shared memory."""
-        assert self._shm is not None and mine.numel() <= self.shm_capacity
-        shm, seconds = self._shm, self.timeout.total_seconds()
-        return self._guard(what, lambda: shm.gather_bytes(mine, seconds))
+    def gather_bytes(self, mine: torch.Tensor, largest: int, what: str) -> list[torch.Tensor]:
+        """Every rank's bytes (a contiguous CPU uint8 tensor; lengths may
+        differ). `largest` is the longest rank's length, the same on every
+        rank: it picks the transport (shared memory where they fit)."""
+        transport = self._shm if self._shm is not None and largest <= self.shm_capacity else self._tcp
+        seconds = self._seconds
+        return self._guard(what, lambda: transport.gather_bytes(mine, seconds))
 
     def report(self, key: str, obj: object, peer: int, what: str) -> object:
         """Posts this rank's picklable `obj` under `key` and returns `peer`'s,
@@ -130,75 +126,50 @@ class Exchange:
             raise ExchangeError(f"emu backend: rank {self.rank} of {self.size}: {what} failed: rank {peer} did not "
                                 f"report within the store's timeout. Transport said: {e}") from e
 
-    # Point-to-point channels per user tag: a sender's words to its receiver,
-    # the receiver's words back, and the message's bytes. gloo matches each
-    # channel in order per peer, so a rank's k-th send to a peer pairs with
-    # that peer's k-th recv from it (NCCL's rule), whatever else is in flight.
-    P2P_TAGS = 1 << 28
-
     @staticmethod
     def p2p_tag(tag: int, channel: str) -> int:
         return 4 * tag + {"to_receiver": 0, "to_sender": 1, "bytes": 2}[channel]
 
-    def post_words(self, words: Sequence[int], peer: int, tag: int) -> dist.Work:
-        """Starts sending `words` to `peer` on gloo tag `tag`; wait with run()."""
-        return self._gloo.send([torch.tensor(list(words), dtype=torch.int64)], peer, tag)
+    def post_words(self, words: Sequence[int], peer: int, tag: int) -> None:
+        """Sends `words` to `peer` on channel `tag` (queued: returns at once)."""
+        self._tcp.send(peer, tag, torch.tensor(list(words), dtype=torch.int64).view(torch.uint8))
 
     def expect_words(self, count: int, peer: int, tag: int, what: str) -> Callable[[], torch.Tensor]:
-        """Starts receiving `count` words from `peer` on `tag`; returns the
-        call that waits for them (from any thread)."""
-        theirs = torch.empty(count, dtype=torch.int64)
-        work = self._gloo.recv([theirs], peer, tag)
-
+        """The call that waits for `count` words from `peer` on `tag` (from any thread)."""
         def finish() -> torch.Tensor:
-            self._wait(work, what)
-            return theirs
+            got = self._guard(what, lambda: self._tcp.recv(peer, tag, self._seconds))
+            if got.numel() != 8 * count:
+                raise ExchangeError(f"emu backend: rank {self.rank}: {what} expected {count} words from rank "
+                                    f"{peer}, got {got.numel()} bytes; every rank must run the same torch-emugpu")
+            return got.view(torch.int64)
 
         return finish
 
-    def send_bytes(self, host: torch.Tensor, peer: int, tag: int) -> dist.Work:
-        """Starts sending a CPU tensor's bytes on `tag`; wait with run()."""
-        return self._gloo.send([host], peer, tag)
+    def send_bytes(self, host: torch.Tensor, peer: int, tag: int) -> None:
+        """Sends a contiguous CPU tensor's bytes on `tag` (copied: the tensor may change after)."""
+        self._tcp.send(peer, tag, host.reshape(-1).view(torch.uint8))
 
     def recv_bytes(self, host: torch.Tensor, peer: int, tag: int, what: str) -> None:
-        self._wait(self._gloo.recv([host], peer, tag), what)
+        """Receives the next message from `peer` on `tag` into a contiguous CPU tensor of its size."""
+        got = self._guard(what, lambda: self._tcp.recv(peer, tag, self._seconds))
+        target = host.reshape(-1).view(torch.uint8)
+        if got.numel() != target.numel():
+            raise ValueError(f"emu backend: rank {self.rank}: {what} expected {target.numel()} bytes from rank "
+                             f"{peer}, got {got.numel()}; the send and the recv must have the same size")
+        target.copy_(got)
 
-    def clock_offset(self, peer: int, clock: Callable[[], int], rounds: int = 16) -> int:
-        """This rank's `clock` minus `peer`'s, in its units, while `peer` runs
-        serve_clock(self.rank, ...): NTP's estimate from the round trip with
-        the shortest time (its error is at most half that round trip)."""
-        best_rtt, best = None, 0
-        what = f"clock offset to rank {peer}"
-        for _ in range(rounds):
-            mine = torch.tensor([clock()], dtype=torch.int64)
-            theirs = torch.empty_like(mine)
-            self._wait(self._gloo.send([mine], peer, _CLOCK_TAG), what)
-            self._wait(self._gloo.recv([theirs], peer, _CLOCK_TAG), what)
-            back = clock()
-            sent = int(mine[0])
-            if best_rtt is None or back - sent < best_rtt:
-                best_rtt, best = back - sent, (sent + back) // 2 - int(theirs[0])
-        return best
+    def clock_offset(self, peer: int) -> int:
+        """This rank's steady clock minus `peer`'s (nanoseconds) while `peer`
+        runs serve_clock(self.rank): NTP's estimate from the shortest round trip."""
+        return int(self._guard(f"clock offset to rank {peer}",
+                               lambda: self._tcp.clock_offset(peer, self.CLOCK_ROUNDS, self._seconds)))
 
-    def serve_clock(self, peer: int, clock: Callable[[], int], rounds: int = 16) -> None:
+    def serve_clock(self, peer: int) -> None:
         """The other side of `peer`'s clock_offset()."""
-        what = f"clock offset for rank {peer}"
-        for _ in range(rounds):
-            asked = torch.empty(1, dtype=torch.int64)
-            self._wait(self._gloo.recv([asked], peer, _CLOCK_TAG), what)
-            self._wait(self._gloo.send([torch.tensor([clock()], dtype=torch.int64)], peer, _CLOCK_TAG), what)
-
-    def run(self, work: dist.Work, what: str) -> None:
-        """Waits for a gloo collective started on `self.gloo`, with the exchange's error."""
-        self._wait(work, what)
-
-    @property
-    def gloo(self) -> dist.ProcessGroupGloo:
-        return self._gloo
+        self._guard(f"clock offset for rank {peer}",
+                    lambda: self._tcp.serve_clock(peer, self.CLOCK_ROUNDS, self._seconds))
 
 
-# Above every tag the point-to-point channels derive from c10d's (small) ones (Exchange.P2P_TAGS).
-_CLOCK_TAG = 1 << 30
 _T = TypeVar("_T")
 
 
@@ -312,27 +283,20 @@ def _tcp_store_host(store: dist.Store) -> str | None:
     return store.host if isinstance(store, dist.TCPStore) else None
 
 
-def _address_towards_store(store: dist.Store) -> str | None:
-    """The local address from which this host reaches the process group's
-    TCPStore, for gloo to bind and advertise; None keeps gloo's own choice
-    (GLOO_SOCKET_IFNAME, else the address the hostname resolves to).
+def _listen_address(store: dist.Store) -> str:
+    """The local address the TCP transport listens on and advertises: the
+    one from which this host reaches the process group's TCPStore, which the
+    other nodes reach too (they all reach the store); loopback when the store
+    is on this machine. Without a TCPStore (a FileStore), the address this
+    host's name resolves to."""
+    from .. import _C as ext
 
-    gloo's own choice fails across machines (or network namespaces) when the
-    hostname resolves to a loopback address, as Debian's /etc/hosts makes it
-    (127.0.1.1): every rank then advertises an address the others cannot
-    reach. The address facing the store is one the other nodes reach, since
-    they all reach the store."""
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
-        return None
     host = _tcp_store_host(store)
-    if not host:
-        return None
+    if host:
+        address = ext._TcpTransport.address_towards(host)
+        if address:
+            return address
     try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)[0]
-        if ipaddress.ip_address(sockaddr[0]).is_loopback:
-            return None  # one machine: gloo's own choice works
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect(sockaddr)  # UDP: picks the route, sends nothing
-            return probe.getsockname()[0]
-    except (OSError, ValueError):
-        return None
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

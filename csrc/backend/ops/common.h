@@ -12,7 +12,7 @@ namespace emugpu {
 // The shape-only (timing) / host-computing (compute) boxed kernel that runs
 // every aten op without an emugpu-specific kernel.
 void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
-// await_collective_writes (backend/collective.h) for every emugpu tensor in `args`.
+// await_collective_writes (backend/distributed/collective.h) for every emugpu tensor in `args`.
 void await_collective_writes(const std::vector<c10::IValue>& args);
 
 // A tensor over the same bytes as `t`, typed as a CPU tensor (device memory

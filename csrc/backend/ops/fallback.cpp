@@ -7,7 +7,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "backend/allocator.h"
-#include "backend/collective.h"
+#include "backend/distributed/collective.h"
 #include "backend/ops/common.h"
 #include "backend/ops/compute_mode.h"
 #include "backend/ops/estimate.h"

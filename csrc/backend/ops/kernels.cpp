@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "backend/allocator.h"
-#include "backend/collective.h"
+#include "backend/distributed/collective.h"
 #include "backend/ops/common.h"
 
 namespace emugpu {

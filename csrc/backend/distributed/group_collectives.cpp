@@ -1,4 +1,4 @@
-#include "backend/group_collectives.h"
+#include "backend/distributed/group_collectives.h"
 
 #include <c10/util/Exception.h>
 
@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "backend/allocator.h"
-#include "backend/collective.h"
+#include "backend/distributed/collective.h"
 #include "backend/gil.h"
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
@@ -16,9 +16,6 @@
 namespace emugpu {
 
 namespace {
-
-// The words each rank contributes per collective, by position.
-enum Word : int { kStart, kReal, kCompute, kSignature, kModelBytes, kLargest, kPayload, kWords };
 
 int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.element_size(); }
 
@@ -42,19 +39,6 @@ c10::intrusive_ptr<c10::ivalue::Future> device_future(int device) {
   return c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::ofTensors(),
       std::vector<c10::Device>{c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device))});
-}
-
-int64_t column_max(const std::vector<int64_t>& words, Word w) {
-  int64_t m = words[w];
-  for (size_t i = w; i < words.size(); i += kWords) m = std::max(m, words[i]);
-  return m;
-}
-
-bool column_all(const std::vector<int64_t>& words, Word w) {
-  for (size_t i = w; i < words.size(); i += kWords) {
-    if (words[i] == 0) return false;
-  }
-  return true;
 }
 
 // Whether the Python path must take this all_reduce to report an error of
@@ -96,30 +80,11 @@ const char* op_name(c10d::ReduceOp::RedOpType op) {
 
 uint64_t collective_signature(const std::string& name, const std::string& extra,
                               const std::vector<at::Tensor>& tensors) {
-  // FNV-1a: the same on every rank and machine, unlike std::hash.
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
-  auto mix_text = [&](const std::string& s) {
-    for (unsigned char c : s) {
-      h ^= c;
-      h *= 1099511628211ull;
-    }
-    mix(s.size());
-  };
-  mix_text(name);
-  mix_text(extra);
-  mix(tensors.size());
+  CollectiveSignature s(name, extra, tensors.size());
   for (const auto& t : tensors) {
-    mix(static_cast<uint64_t>(t.dim()));
-    for (int64_t s : t.sizes()) mix(static_cast<uint64_t>(s));
-    mix(static_cast<uint64_t>(t.scalar_type()));
+    s.add_tensor(t.sizes().data(), t.dim(), static_cast<int64_t>(t.scalar_type()));
   }
-  return h;
+  return s.value();
 }
 
 // --- EmuWork ------------------------------------------------------------------
@@ -157,9 +122,12 @@ c10::intrusive_ptr<c10::ivalue::Future> EmuWork::getFuture() { return future_; }
 
 // --- GroupCollectives ----------------------------------------------------------
 
-GroupCollectives::GroupCollectives(GroupSpec spec, std::shared_ptr<ShmExchange> shm, MismatchReport report)
-    : spec_(spec), shm_(std::move(shm)), report_(std::move(report)), runner_(std::make_shared<OrderedRunner>()),
-      poster_(std::make_shared<OrderedRunner>()) {}
+GroupCollectives::GroupCollectives(GroupSpec spec, std::shared_ptr<Transport> words, std::shared_ptr<Transport> bulk,
+                                   MismatchReport report)
+    : spec_(spec), words_(std::move(words)), bulk_(std::move(bulk)), report_(std::move(report)),
+      runner_(std::make_shared<OrderedRunner>()), poster_(std::make_shared<OrderedRunner>()) {
+  TORCH_CHECK(words_ != nullptr && bulk_ != nullptr, "emu backend: a process group needs its transports");
+}
 
 int64_t GroupCollectives::comm_stream(int device) {
   TORCH_CHECK_INDEX(device >= 0 && device < static_cast<int>(comm_.size()), "emu backend: expected a device index in "
@@ -171,17 +139,16 @@ int64_t GroupCollectives::comm_stream(int device) {
   return slot.compare_exchange_strong(id, fresh) ? fresh : id;
 }
 
-uint64_t GroupCollectives::gather_words(TimeNs start, bool real, bool compute, uint64_t signature,
-                                        double model_bytes, int64_t largest, int64_t payload) {
-  const int64_t words[kWords] = {start, real, compute, static_cast<int64_t>(signature),
-                                 static_cast<int64_t>(model_bytes), largest, payload};
-  return shm_->start_gather(words, kWords, spec_.timeout);
+uint64_t GroupCollectives::gather_words(const CollectiveWords& mine) {
+  int64_t words[CollectiveWords::kCount];
+  mine.encode(words);
+  return words_->start_gather(words, CollectiveWords::kCount, spec_.timeout);
 }
 
-std::vector<int64_t> GroupCollectives::finish(uint64_t ticket, const std::string& name) {
-  std::vector<int64_t> words(static_cast<size_t>(spec_.size) * kWords);
+GatheredWords GroupCollectives::finish(uint64_t ticket, const std::string& name) {
+  std::vector<int64_t> words(static_cast<size_t>(spec_.size) * CollectiveWords::kCount);
   try {
-    shm_->finish_gather(ticket, words.data(), kWords, spec_.timeout);
+    words_->finish_gather(ticket, words.data(), CollectiveWords::kCount, spec_.timeout);
   } catch (const Error& e) {
     std::ostringstream message;
     message << "emu backend: rank " << spec_.rank << " of " << spec_.size << ": " << name
@@ -190,24 +157,23 @@ std::vector<int64_t> GroupCollectives::finish(uint64_t ticket, const std::string
             << "error. Transport said: " << e.what();
     C10_THROW_ERROR(DistBackendError, message.str());
   }
-  return words;
+  return GatheredWords(std::move(words), spec_.size);
 }
 
-void GroupCollectives::check_signatures(const std::vector<int64_t>& words, uint64_t signature, uint64_t ticket,
+void GroupCollectives::check_signatures(const GatheredWords& words, uint64_t signature, uint64_t ticket,
                                         const std::string& name, const std::string& extra,
                                         const std::vector<at::Tensor>& signed_) const {
-  for (int r = 0; r < spec_.size; ++r) {
-    if (words[static_cast<size_t>(r) * kWords + kSignature] != static_cast<int64_t>(signature)) {
-      const std::string message = report_("mismatch/" + std::to_string(ticket), name, extra, signed_, r);
-      TORCH_CHECK_VALUE(false, message);
-    }
+  const int other = words.first_disagreeing(signature);
+  if (other >= 0) {
+    const std::string message = report_("mismatch/" + std::to_string(ticket), name, extra, signed_, other);
+    TORCH_CHECK_VALUE(false, message);
   }
 }
 
-TimeNs GroupCollectives::place(int device, int64_t comm, const std::vector<int64_t>& words,
+TimeNs GroupCollectives::place(int device, int64_t comm, const GatheredWords& words,
                                const std::string& model_kind) {
-  const TimeNs start = column_max(words, kStart) + spec_.clock_offset;
-  const auto bytes = static_cast<double>(column_max(words, kModelBytes));
+  const TimeNs start = words.start() + spec_.clock_offset;
+  const auto bytes = static_cast<double>(words.max(CollectiveWords::kModelBytes));
   const TimeNs duration =
       spec_.size > 1 ? collective_duration(device, model_kind, bytes, spec_.size, spec_.ranks_per_node) : 0;
   return Runtime::get().device(device).collective_launch(comm, start, duration);
@@ -224,7 +190,7 @@ c10::intrusive_ptr<c10::ivalue::Future> GroupCollectives::completed_future(
 c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& name,
                                                             const std::vector<at::Tensor>& tensors,
                                                             c10d::ReduceOp::RedOpType op) {
-  if (!shm_ || !all_reduce_args_ok(tensors, op)) return {};
+  if (!all_reduce_args_ok(tensors, op)) return {};
   const bool compute = Runtime::get().compute_mode();
   int64_t largest = 0;
   int64_t payload = 0;
@@ -240,9 +206,6 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& n
     return defer(name, "all_reduce", static_cast<double>(payload), largest, payload, real, tensors, tensors, tensors,
                  extra, device);
   }
-  // Real bytes that shared memory cannot carry go over TCP (Python). Ranks
-  // with equal signatures decide alike: equal shapes, equal payloads.
-  if (payload > static_cast<int64_t>(ShmExchange::kDataCapacity)) return {};
   return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
     const uint64_t signature = collective_signature(name, extra, tensors);
     // The runner reads and writes the bytes where the storages are now (a
@@ -267,12 +230,10 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& n
         real = true;
         for (const auto& st : storages) real = real && is_materialized(st);
       }
-      const uint64_t ticket =
-          group->gather_words(start, real, compute, signature, static_cast<double>(payload), largest, payload);
-      const std::vector<int64_t> words = group->finish(ticket, name);
+      const uint64_t ticket = group->gather_words({start, real, compute, signature, payload, largest, payload});
+      const GatheredWords words = group->finish(ticket, name);
       group->check_signatures(words, signature, ticket, name, extra, tensors);
-      const bool moves = column_all(words, kCompute) ||
-                         (column_max(words, kLargest) <= group->spec_.data_threshold && column_all(words, kReal));
+      const bool moves = words.moves_bytes(group->spec_.data_threshold);
       if (moves) group->reduce_bytes(name, hosts, op, payload);
       if (!compute) {
         for (const auto& st : storages) set_materialized(st, moves);
@@ -293,7 +254,9 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
     offset += static_cast<size_t>(nbytes(h));
   }
   std::vector<at::Tensor> acc(hosts.size());
-  shm_->gather_bytes(mine.data(), mine.size(), spec_.timeout, [&](int rank, const void* bytes, size_t length) {
+  // Ranks with equal signatures have equal payloads: all pick the same transport.
+  Transport& transport = mine.size() <= words_->bytes_capacity() ? *words_ : *bulk_;
+  transport.gather_bytes(mine.data(), mine.size(), spec_.timeout, [&](int rank, const void* bytes, size_t length) {
     TORCH_CHECK(length == mine.size(), "emu backend: ", name, " expected ", mine.size(), " bytes from rank ", rank,
                 ", got ", length);
     size_t at = 0;
@@ -322,7 +285,6 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
                                                        const std::vector<at::Tensor>& outputs,
                                                        const std::vector<at::Tensor>& signed_,
                                                        const std::string& extra, int device) {
-  TORCH_CHECK(shm_ != nullptr, "emu backend: a deferred collective through shared memory, but this group has none");
   return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
     for (const auto& t : received) set_tensor_materialized(t, false);  // after the collectives still writing it
     const int64_t comm = comm_stream(device);
@@ -332,8 +294,9 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
                   model_kind, device, comm](TimeNs start) {
       const auto group = self.lock();
       TORCH_CHECK(group != nullptr, "emu backend: ", name, " was placed after its process group was destroyed");
-      const uint64_t ticket = group->gather_words(start, real, false, signature, model_bytes, largest, payload);
-      const std::vector<int64_t> words = group->finish(ticket, name);
+      const uint64_t ticket = group->gather_words(
+          {start, real, false, signature, static_cast<int64_t>(model_bytes), largest, payload});
+      const GatheredWords words = group->finish(ticket, name);
       group->check_signatures(words, signature, ticket, name, extra, signed_);
       return group->place(device, comm, words, model_kind);
     };

@@ -1,13 +1,11 @@
 // The hot path of backend `emu` (torch_emugpu/distributed/_backend.py) in
-// C++: every collective of a process group whose ranks share this machine's
-// shared memory launches here without Python, as does the placing of
-// deferred collectives. Python keeps the rest (TCP payloads, send/recv,
-// gather/scatter/all_to_all bytes, error reports) and submits its own
-// deferred work to the same OrderedRunner, so every rank places a stream's
-// collectives in launch order.
+// C++: all_reduce and every collective whose bytes stay put launch here
+// without Python, on either transport, as does the placing of deferred
+// collectives. Python keeps the rest (the bytes of the other collectives,
+// send/recv, error reports) and submits its own deferred work to the same
+// OrderedRunner, so every rank places a stream's collectives in launch order.
 //
-// Ranks all-gather seven words per collective (ShmExchange):
-//   [start, real, compute, signature, model bytes, largest tensor, payload]
+// Ranks all-gather the words of core/exchange/words.h per collective.
 // Every collective launched here is deferred: launch returns at once, and
 // the group's runner gathers its words (once its start is known: the
 // caller's stream may be held behind an earlier collective) and places it
@@ -15,7 +13,7 @@
 // (compute mode, or small tensors of real bytes on every rank) also
 // exchanges and reduces them there, into the tensors' storages; until it
 // has, the host waits for it wherever it touches them (pending_writes(),
-// backend/collective.h), as stream order makes a GPU's later work wait.
+// backend/distributed/collective.h), as stream order makes a GPU's later work wait.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -35,7 +33,8 @@
 #include "core/clock.h"
 #include "core/ordered_runner.h"
 #include "core/pending_time.h"
-#include "core/shm_exchange.h"
+#include "core/exchange/transport.h"
+#include "core/exchange/words.h"
 
 namespace emugpu {
 
@@ -85,18 +84,21 @@ class EmuWork : public c10d::Work {
 
 class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
  public:
-  GroupCollectives(GroupSpec spec, std::shared_ptr<ShmExchange> shm, MismatchReport report);
+  // `words` carries the word gathers and the byte gathers it has room for
+  // (shared memory where every rank is on this machine, else `bulk`);
+  // `bulk` (TCP) carries the larger ones.
+  GroupCollectives(GroupSpec spec, std::shared_ptr<Transport> words, std::shared_ptr<Transport> bulk,
+                   MismatchReport report);
 
   // The backend's own stream of `device` (a pool stream, taken once).
   int64_t comm_stream(int device);
-  // all_reduce (or its coalesced form) through shared memory; nullptr where
-  // the Python path must take it: no shared memory, arguments it reports
-  // (non-emugpu or non-contiguous tensors, an op the dtype refuses), or
-  // real bytes beyond the segment's capacity.
+  // all_reduce (or its coalesced form); nullptr where the Python path must
+  // take it to report its arguments (non-emugpu or non-contiguous tensors,
+  // an op the dtype refuses).
   c10::intrusive_ptr<c10d::Work> all_reduce(const std::string& name, const std::vector<at::Tensor>& tensors,
                                             c10d::ReduceOp::RedOpType op);
   // A deferred collective (see the file comment) of any kind whose
-  // arguments Python checked; needs shared memory.
+  // arguments Python checked and whose bytes stay put.
   c10::intrusive_ptr<c10d::Work> defer(const std::string& name, const std::string& model_kind, double model_bytes,
                                        int64_t largest, int64_t payload, bool real,
                                        const std::vector<at::Tensor>& received,
@@ -134,28 +136,29 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
     runner_->drain();
   }
 
-  bool has_shm() const { return shm_ != nullptr; }
+  // "shm" or "tcp": the transport of the word gathers.
+  const char* transport() const { return words_->kind(); }
   uint64_t payload_bytes_moved() const { return payload_moved_.load(); }
   void add_payload_bytes_moved(uint64_t n) { payload_moved_.fetch_add(n); }
 
  private:
-  uint64_t gather_words(TimeNs start, bool real, bool compute, uint64_t signature, double model_bytes,
-                        int64_t largest, int64_t payload);
-  std::vector<int64_t> finish(uint64_t ticket, const std::string& name);
+  uint64_t gather_words(const CollectiveWords& mine);
+  GatheredWords finish(uint64_t ticket, const std::string& name);
   // Exchanges the ranks' bytes of `hosts` (`payload` in all) and reduces them into `hosts`.
   void reduce_bytes(const std::string& name, const std::vector<at::Tensor>& hosts, c10d::ReduceOp::RedOpType op,
                     int64_t payload);
   // Throws the ranks' disagreement (ValueError) if any signature differs.
-  void check_signatures(const std::vector<int64_t>& words, uint64_t signature, uint64_t ticket,
+  void check_signatures(const GatheredWords& words, uint64_t signature, uint64_t ticket,
                         const std::string& name, const std::string& extra,
                         const std::vector<at::Tensor>& signed_) const;
-  TimeNs place(int device, int64_t comm, const std::vector<int64_t>& words, const std::string& model_kind);
+  TimeNs place(int device, int64_t comm, const GatheredWords& words, const std::string& model_kind);
   // A future completed now, its events at `end`.
   c10::intrusive_ptr<c10::ivalue::Future> completed_future(int device, const std::vector<at::Tensor>& outputs,
                                                            std::shared_ptr<PendingTime> end) const;
 
   const GroupSpec spec_;
-  std::shared_ptr<ShmExchange> shm_;
+  std::shared_ptr<Transport> words_;
+  std::shared_ptr<Transport> bulk_;
   MismatchReport report_;
   std::shared_ptr<OrderedRunner> runner_;
   std::shared_ptr<OrderedRunner> poster_;  // defer_post

@@ -1,4 +1,4 @@
-#include "shm_exchange.h"
+#include "exchange/shm_exchange.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

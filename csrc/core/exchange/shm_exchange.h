@@ -21,11 +21,12 @@
 #include <set>
 #include <string>
 
+#include "exchange/transport.h"
+
 namespace emugpu {
 
-class ShmExchange {
+class ShmExchange : public Transport {
  public:
-  static constexpr int kMaxWords = 8;
   static constexpr uint64_t kDepth = 1024;
   static constexpr uint64_t kDataDepth = 2;
   static constexpr size_t kDataCapacity = 256 * 1024;
@@ -36,7 +37,7 @@ class ShmExchange {
   // token (a stale or foreign segment fails to open).
   static std::unique_ptr<ShmExchange> create(const std::string& name, int size, uint64_t token);
   static std::unique_ptr<ShmExchange> open(const std::string& name, int rank, int size, uint64_t token);
-  ~ShmExchange();
+  ~ShmExchange() override;
   ShmExchange(const ShmExchange&) = delete;
   ShmExchange& operator=(const ShmExchange&) = delete;
 
@@ -47,19 +48,21 @@ class ShmExchange {
   // Publishes this rank's `count` words (count <= kMaxWords, the same on
   // every rank) and returns the gather's ticket; waits only while the ring
   // is full.
-  uint64_t start_gather(const int64_t* words, int count, std::chrono::nanoseconds timeout);
+  uint64_t start_gather(const int64_t* words, int count, std::chrono::nanoseconds timeout) override;
   // Waits for every rank's words of `ticket` and writes them to `out`
   // (size() rows of `count`). Any thread; tickets may finish in any order.
-  void finish_gather(uint64_t ticket, int64_t* out, int count, std::chrono::nanoseconds timeout);
+  void finish_gather(uint64_t ticket, int64_t* out, int count, std::chrono::nanoseconds timeout) override;
 
   // All-gathers up to kDataCapacity bytes per rank (lengths may differ):
   // calls `read(rank, bytes, length)` for each rank, in rank order, while
   // the bytes are valid. One at a time per process.
   void gather_bytes(const void* data, size_t length, std::chrono::nanoseconds timeout,
-                    const std::function<void(int, const void*, size_t)>& read);
+                    const ByteReader& read) override;
+  size_t bytes_capacity() const override { return kDataCapacity; }
+  const char* kind() const override { return "shm"; }
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
 
   struct Signal;
   struct Header;

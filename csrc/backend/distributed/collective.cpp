@@ -1,4 +1,4 @@
-#include "backend/collective.h"
+#include "backend/distributed/collective.h"
 
 #include "backend/allocator.h"
 #include "backend/gil.h"
