@@ -940,7 +940,9 @@ def run(out: Path, device: torch.device, families: list[str] | None = None, quic
     written to `out` every SAVE_EVERY points, after every family and when interrupted.
 
     With `force`, a file for another GPU or a malformed one is replaced; records of points outside this run's
-    selection are kept when the file is for this GPU."""
+    selection are kept when the file is for this GPU. A point that runs out of memory or raises a RuntimeError
+    (a configuration this PyTorch or cuDNN does not support) goes to the document's "skipped" with the reason;
+    the sweep goes on."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -973,13 +975,17 @@ def run(out: Path, device: torch.device, families: list[str] | None = None, quic
                 write_json_atomic(out, doc)
             family = point.family
             bar.set_postfix_str(point.id, refresh=False)
-            oom = None
+            reason = None
             try:
                 record = measure(point, device, min_loop_s)
             except torch.OutOfMemoryError as e:
-                oom = str(e).splitlines()[0] if str(e) else "out of memory"
-            if oom is not None:
-                doc["skipped"].append({"id": point.id, "reason": f"out of memory: {oom}"})
+                reason = f"out of memory: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+            except RuntimeError as e:
+                # A configuration this PyTorch or cuDNN cannot run (NotImplementedError included) costs its point,
+                # not the rest of a sweep on a machine that may be lent for minutes.
+                reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if reason is not None:
+                doc["skipped"].append({"id": point.id, "reason": reason})
                 _free_memory(device)
                 continue
             if point.id in index:

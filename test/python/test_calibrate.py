@@ -152,6 +152,21 @@ def test_a_file_with_a_newer_versions_families_is_kept_with_a_warning(tmp_path):
     assert future in again["measurements"] and {m["family"] for m in again["measurements"]} >= {"gemm"}
 
 
+def test_a_point_that_cannot_run_is_skipped_with_its_reason(tmp_path, monkeypatch):
+    def unsupported() -> calibrate.Call:
+        raise NotImplementedError("no kernel for this configuration\nsecond line")
+
+    def launch_and_broken(s: calibrate.Sweep):
+        yield calibrate.Point("launch", "broken", {"numel": 1}, torch.float32, unsupported, flops=1, bytes=4)
+        yield from calibrate._launch(s)
+
+    monkeypatch.setitem(calibrate.GENERATORS, "launch", launch_and_broken)
+    doc = calibrate.run(tmp_path / "cpu.json", CPU, ["launch"], quick=True, progress=False)
+    assert [m["op"] for m in doc["measurements"]] == ["add"]  # the sweep went on
+    assert doc["skipped"] == [{"id": "launch/broken/numel=1/float32",
+                               "reason": "failed: NotImplementedError: no kernel for this configuration"}]
+
+
 def test_an_unknown_family_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="unknown calibration family gem; known: launch, elementwise"):
         calibrate.run(tmp_path / "cpu.json", CPU, ["gem"], quick=True, progress=False)
