@@ -3,24 +3,32 @@ for tests) and writes one calibration file: what each family of operations
 achieves as a function of size, shape and dtype, how many kernels it launches
 and what one launch costs. A per-op cost model is fitted to this file later.
 
-Families: launch (back-to-back 1-element adds), elementwise, reduction, copy,
-gemm (float32 with and without TF32, bfloat16, float16), bmm, conv (forward,
-backward-input, backward-weight), norm (batch and layer norm), softmax,
-cross_entropy, attention (scaled_dot_product_attention), embedding, optimizer
-(SGD and AdamW steps: loop, foreach, fused) and transfer (host<->device, pageable
-and pinned).
+Families: launch (back-to-back 1-element adds), elementwise (add, relu, silu, mul;
+squeeze-excitation's broadcast channel scaling), reduction (sums; squeeze-excitation's
+global average pool), copy, gemm (float32 with and without TF32, bfloat16, float16),
+bmm, conv (forward, backward-input, backward-weight: ResNet/VGG/AlexNet/MobileNetV2
+layers; depthwise, grouped and large-kernel layers of ConvNeXt, ResNeXt, EfficientNet,
+ViT and RepLKNet in NCHW and channels_last; squeeze-excitation 1x1 layers; bfloat16
+inference forwards at batch 256), norm (batch norm training and eval, layer norm,
+RMSNorm), softmax, cross_entropy, attention (scaled_dot_product_attention, causal; with
+grouped query heads too), rnn (nn.LSTM and nn.GRU: training forward, forward+backward,
+no_grad inference; with their peak memory), embedding, optimizer (SGD and AdamW steps:
+loop, foreach, fused) and transfer (host<->device, pageable and pinned).
 
 Each point is one op call with fixed shapes: 3 warm-up calls, then 5 samples,
 each the mean over a loop of back-to-back calls (>= 20 ms, at most 200 calls),
 timed with CUDA events; the median after dropping samples beyond 3 MADs is kept.
 Small inputs rotate among several copies so that the 50 MB L2 of an H100 does not
-flatter memory-bound ops. The full sweep (489 points) took a minute on an H100;
---quick measures a tiny subset in seconds.
+flatter memory-bound ops. The first 489 points took a minute on an H100; all 899
+take about 3 minutes by estimate (the first points' measured times plus a roofline
+guess for the new ones; not yet measured); --quick measures a tiny subset in seconds.
 
 The output is resumable: an interrupted sweep (Ctrl-C, kill) is saved every 20
 points and after every family, and a second run measures only what is missing
-(--force measures everything again). Runs with plain PyTorch: it does not need
-torch-emugpu's compiled extension, so it can be copied to any CUDA machine:
+(--force measures everything again); points of families this version does not
+know (a newer version's) are kept as they are, with a warning. Runs with plain
+PyTorch: it does not need torch-emugpu's compiled extension, so it can be copied
+to any CUDA machine:
 
     torch-emugpu calibrate                      # the whole sweep on cuda
     torch-emugpu calibrate --families gemm,conv --out h100.json
@@ -77,7 +85,15 @@ AGGREGATION = (f"per point: {WARMUP} warm-up calls, then {SAMPLES} samples, each
                "forward 4*B*H*L*L*E halved when causal, backward 2.5x forward; norms 8 per element per pass; "
                "softmax 5 (forward) and 4 (backward) per element, cross entropy 8 per logit (forward+backward); "
                "elementwise and reductions 1 per element; SGD 4 and AdamW 16 per parameter; 0 for copies and "
-               "transfers. bytes: each input read once and each output written once in device memory.")
+               "transfers; eval-mode batch norm 2 per element; rnn 2*seq*batch*G*H*(in+H) per layer for the forward "
+               "(G = 4 gates for LSTM, 3 for GRU; in = the layer's input width), 3x that for forward+backward. "
+               "bytes: each input read once and each output written once in device memory (rnn: input, weights, "
+               "output and final states; the backward adds dy, the input and weights read and dx and the weight "
+               "gradients written). attention with grouped query heads (flag gqa): H query and Hkv key/value heads, "
+               "flops by H. peak_bytes (rnn): torch.cuda.max_memory_allocated during one call minus "
+               "memory_allocated before it (outputs, cuDNN workspace and reserve space); null off CUDA. backend "
+               "(attention, rnn): which implementation ran, from the kernels' names (cudnn, flash, efficient, math; "
+               "cudnn or native).")
 
 Call = Callable[[], object]
 MiB = 2**20
@@ -98,6 +114,7 @@ class Point:
     tf32: bool | None = None  # torch.backends.cuda.matmul.allow_tf32 while measured; None: left as it is
     rotate: bool = True  # False where copies of the inputs would only cost setup time (transfers, optimizers)
     copies: bool = False  # memcpy/memset rows are this op's work, so they count as kernels
+    memory: bool = False  # record the peak memory one call allocates (peak_bytes)
 
     @property
     def dtype_name(self) -> str:
@@ -135,6 +152,11 @@ def _numels(s: Sweep) -> list[int]:
     return s.pick((2**e for e in range(10, 29, 2)), (2**10, 2**12))
 
 
+def _se_shapes(s: Sweep) -> list[tuple[int, int, int, int]]:
+    """(N, C, H, W) where EfficientNet-B0's squeeze-excitation blocks sit, at batch 64."""
+    return s.pick(((64, 144, 56, 56), (64, 240, 28, 28), (64, 672, 14, 14), (64, 1152, 7, 7)), ((2, 8, 8, 8),))
+
+
 # --- point generators: one per family, each yields Points whose setup runs only when measured -------------------
 
 def _launch(s: Sweep) -> Iterator[Point]:
@@ -154,10 +176,31 @@ def _elementwise(s: Sweep) -> Iterator[Point]:
         x = s.randn(n, dtype=dtype)
         return lambda: torch.relu(x)
 
+    def silu(n: int, dtype: torch.dtype) -> Call:
+        x = s.randn(n, dtype=dtype)
+        return lambda: F.silu(x)
+
+    def mul(n: int, dtype: torch.dtype) -> Call:
+        a, b = s.randn(n, dtype=dtype), s.randn(n, dtype=dtype)
+        return lambda: torch.mul(a, b)
+
+    def scale(shape: tuple[int, ...], dtype: torch.dtype) -> Call:
+        x, gate = s.randn(*shape, dtype=dtype), s.randn(shape[0], shape[1], 1, 1, dtype=dtype)
+        return lambda: x * gate
+
     for dtype in s.pick((F32, BF16), (F32,)):
+        es = dtype.itemsize
         for n in _numels(s):
-            yield Point("elementwise", "add", {"numel": n}, dtype, partial(add, n, dtype), n, 3 * n * dtype.itemsize)
-            yield Point("elementwise", "relu", {"numel": n}, dtype, partial(relu, n, dtype), n, 2 * n * dtype.itemsize)
+            yield Point("elementwise", "add", {"numel": n}, dtype, partial(add, n, dtype), n, 3 * n * es)
+            yield Point("elementwise", "relu", {"numel": n}, dtype, partial(relu, n, dtype), n, 2 * n * es)
+            # A SwiGLU feed-forward is silu(x W1) * (x W3): one activation and one product per element.
+            yield Point("elementwise", "silu", {"numel": n}, dtype, partial(silu, n, dtype), n, 2 * n * es)
+            yield Point("elementwise", "mul", {"numel": n}, dtype, partial(mul, n, dtype), n, 3 * n * es)
+        # Squeeze-excitation scales each channel of an (N, C, H, W) map by a broadcast (N, C, 1, 1) gate.
+        for shape in _se_shapes(s):
+            numel, nc = math.prod(shape), shape[0] * shape[1]
+            yield Point("elementwise", "mul_broadcast", dict(zip("NCHW", shape, strict=True)), dtype,
+                        partial(scale, shape, dtype), numel, (2 * numel + nc) * es)
 
 
 def _reduction(s: Sweep) -> Iterator[Point]:
@@ -165,11 +208,21 @@ def _reduction(s: Sweep) -> Iterator[Point]:
         x = s.randn(rows, 1024)
         return (lambda: x.sum(dim=-1)) if dim else (lambda: x.sum())
 
+    def mean_hw(shape: tuple[int, ...], dtype: torch.dtype) -> Call:
+        x = s.randn(*shape, dtype=dtype)
+        return lambda: x.mean((2, 3), keepdim=True)
+
     for n in _numels(s):
         rows = n // 1024
         shape = {"rows": rows, "cols": 1024}
         yield Point("reduction", "sum", shape, F32, partial(setup, rows, False), n, 4 * n + 4)
         yield Point("reduction", "sum_dim", shape, F32, partial(setup, rows, True), n, 4 * n + 4 * rows)
+    # Squeeze-excitation's squeeze: a global average pool, each (N, C) plane summed over its H*W pixels.
+    for dtype in s.pick((F32, BF16), (F32,)):
+        for se in _se_shapes(s):
+            numel, nc = math.prod(se), se[0] * se[1]
+            yield Point("reduction", "mean_hw", dict(zip("NCHW", se, strict=True)), dtype,
+                        partial(mean_hw, se, dtype), numel, (numel + nc) * dtype.itemsize)
 
 
 def _copy(s: Sweep) -> Iterator[Point]:
@@ -236,42 +289,97 @@ CONV_LAYERS = (
     (512, 7, 7, 512, 3, 1, 1, 1), (1024, 14, 14, 256, 1, 1, 0, 1), (64, 224, 224, 64, 3, 1, 1, 1),
     (3, 224, 224, 64, 11, 4, 2, 1), (144, 56, 56, 144, 3, 1, 1, 144), (384, 14, 14, 384, 3, 1, 1, 384),
 )
+RESNET50_CONV_LAYERS = CONV_LAYERS[:8]
+# Depthwise, grouped and large-kernel layers, measured in both memory formats: cuDNN picks other kernels for
+# NHWC, and models run them there (ConvNeXt's blocks permute to NHWC for their LayerNorm and Linear layers, so
+# its depthwise convolutions see channels_last inputs; ResNeXt is often trained channels_last).
+CONV_VARIANT_LAYERS = (
+    # ConvNeXt-T: the 7x7 depthwise of each stage, the 4x4/4 stem and a 2x2/2 downsampling layer
+    (96, 56, 56, 96, 7, 1, 3, 96), (192, 28, 28, 192, 7, 1, 3, 192), (384, 14, 14, 384, 7, 1, 3, 384),
+    (768, 7, 7, 768, 7, 1, 3, 768), (3, 224, 224, 96, 4, 4, 0, 1), (96, 56, 56, 192, 2, 2, 0, 1),
+    # ResNeXt-50 32x4d: the grouped 3x3 (32 groups) of each stage and the strided one opening stage 2
+    (128, 56, 56, 128, 3, 1, 1, 32), (256, 28, 28, 256, 3, 1, 1, 32), (512, 14, 14, 512, 3, 1, 1, 32),
+    (1024, 7, 7, 1024, 3, 1, 1, 32), (256, 56, 56, 256, 3, 2, 1, 32),
+    # EfficientNet-B0: a 3x3 depthwise at 112x112 and two 5x5 ones
+    (32, 112, 112, 32, 3, 1, 1, 32), (240, 28, 28, 240, 5, 1, 2, 240), (672, 14, 14, 672, 5, 1, 2, 672),
+    # Large kernels: ViT-B/16's 16x16/16 patch embedding, RepLKNet-31B's first-stage 31x31 depthwise
+    (3, 224, 224, 768, 16, 16, 0, 1), (128, 56, 56, 128, 31, 1, 15, 128),
+)
+# EfficientNet-B0's squeeze-excitation 1x1 convolutions on pooled (1x1) maps: tiny GEMMs, NCHW only.
+CONV_SE_LAYERS = ((672, 1, 1, 28, 1, 1, 0, 1), (28, 1, 1, 672, 1, 1, 0, 1))
 QUICK_CONV_LAYERS = ((8, 16, 16, 8, 3, 1, 1, 1), (8, 16, 16, 8, 3, 1, 1, 8))
+QUICK_CONV_VARIANT_LAYERS = ((8, 16, 16, 8, 7, 1, 3, 8), (8, 16, 16, 8, 3, 1, 1, 4))
+CONV_OPS = ("forward", "backward_input", "backward_weight")
+INFERENCE_BATCH = 256  # inference runs larger batches than training; forward only
 
 
 def _conv_out(h: int, r: int, stride: int, pad: int) -> int:
     return (h + 2 * pad - r) // stride + 1
 
 
+@dataclass(frozen=True)
+class _ConvRun:
+    n: int
+    layer: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...]
+    channels_last: bool = False
+    ops: tuple[str, ...] = CONV_OPS
+
+
+def _conv_runs(s: Sweep) -> list[_ConvRun]:
+    """The sweep's convolutions: ResNet-50/VGG/AlexNet/MobileNetV2 layers in NCHW (per dtype, in that order: the
+    first points the sweep ever had), then depthwise, grouped and large-kernel layers in both memory formats,
+    squeeze-excitation layers, and bfloat16 inference forwards of ResNet-50's layers at a large batch."""
+    dtypes = s.pick((F32, BF16), (F32,))
+    if s.quick:
+        runs = [_ConvRun(2, layer, (dtype,)) for dtype in dtypes for layer in QUICK_CONV_LAYERS]
+        runs += [_ConvRun(2, layer, dtypes, cl) for layer in QUICK_CONV_VARIANT_LAYERS for cl in (False, True)]
+        runs += [_ConvRun(2, (8, 1, 1, 4, 1, 1, 0, 1), dtypes), _ConvRun(4, QUICK_CONV_LAYERS[0], dtypes,
+                                                                         ops=("forward",))]
+        return runs
+    base = [(64, layer) for layer in CONV_LAYERS] + [(16, layer) for layer in CONV_LAYERS[::2]]
+    runs = [_ConvRun(n, layer, (dtype,)) for dtype in dtypes for n, layer in base]
+    runs += [_ConvRun(64, layer, dtypes, cl) for layer in CONV_VARIANT_LAYERS for cl in (False, True)]
+    runs += [_ConvRun(64, layer, dtypes) for layer in CONV_SE_LAYERS]
+    # Under autocast convolutions run in bfloat16 on NCHW inputs.
+    runs += [_ConvRun(INFERENCE_BATCH, layer, (BF16,), ops=("forward",)) for layer in RESNET50_CONV_LAYERS]
+    return runs
+
+
 def _conv(s: Sweep) -> Iterator[Point]:
-    def setup(op: str, n: int, layer: tuple[int, ...], dtype: torch.dtype) -> Call:
+    def setup(op: str, n: int, layer: tuple[int, ...], dtype: torch.dtype, channels_last: bool) -> Call:
         c, h, w, k, r, stride, pad, groups = layer
-        x, wt = s.randn(n, c, h, w, dtype=dtype), s.randn(k, c // groups, r, r, dtype=dtype)
+        # As model.to(memory_format=torch.channels_last) leaves them: activations, weights and (from the next
+        # layer's backward) output gradients all NHWC.
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        x = s.randn(n, c, h, w, dtype=dtype).contiguous(memory_format=fmt)
+        wt = s.randn(k, c // groups, r, r, dtype=dtype).contiguous(memory_format=fmt)
         if op == "forward":
             return lambda: F.conv2d(x, wt, None, stride, pad, 1, groups)
         gy = s.randn(n, k, _conv_out(h, r, stride, pad), _conv_out(w, r, stride, pad), dtype=dtype)
+        gy = gy.contiguous(memory_format=fmt)
         mask = [op == "backward_input", op == "backward_weight", False]
         return lambda: torch.ops.aten.convolution_backward(gy, x, wt, None, [stride] * 2, [pad] * 2, [1, 1], False,
                                                            [0, 0], groups, mask)
 
-    runs = s.pick([(64, layer) for layer in CONV_LAYERS] + [(16, layer) for layer in CONV_LAYERS[::2]],
-                  [(2, layer) for layer in QUICK_CONV_LAYERS])
-    for dtype in s.pick((F32, BF16), (F32,)):
-        flags: dict[str, Any] = {}
-        if s.cuda:  # recorded, not set: cuDNN's defaults are what training scripts get
-            flags = {"cudnn_tf32": torch.backends.cudnn.allow_tf32} if dtype == F32 else {}
-            flags["cudnn_benchmark"] = torch.backends.cudnn.benchmark
-        for n, layer in runs:
-            c, h, w, k, r, stride, pad, groups = layer
-            p, q = _conv_out(h, r, stride, pad), _conv_out(w, r, stride, pad)
-            shape = {"N": n, "C": c, "H": h, "W": w, "K": k, "R": r, "S": r, "stride": stride, "pad": pad,
-                     "groups": groups, "P": p, "Q": q}
-            flops = 2 * n * k * p * q * (c // groups) * r * r
-            x, wt, y = n * c * h * w, k * (c // groups) * r * r, n * k * p * q
-            for op, tensors in (("forward", x + wt + y), ("backward_input", y + wt + x),
-                                ("backward_weight", y + x + wt)):
-                yield Point("conv", op, shape, dtype, partial(setup, op, n, layer, dtype), flops,
-                            tensors * dtype.itemsize, dict(flags))
+    for run in _conv_runs(s):
+        c, h, w, k, r, stride, pad, groups = run.layer
+        p, q = _conv_out(h, r, stride, pad), _conv_out(w, r, stride, pad)
+        shape = {"N": run.n, "C": c, "H": h, "W": w, "K": k, "R": r, "S": r, "stride": stride, "pad": pad,
+                 "groups": groups, "P": p, "Q": q}
+        flops = 2 * run.n * k * p * q * (c // groups) * r * r
+        x, wt, y = run.n * c * h * w, k * (c // groups) * r * r, run.n * k * p * q
+        tensors = {"forward": x + wt + y, "backward_input": y + wt + x, "backward_weight": y + x + wt}
+        for dtype in run.dtypes:
+            flags: dict[str, Any] = {}
+            if s.cuda:  # recorded, not set: cuDNN's defaults are what training scripts get
+                flags = {"cudnn_tf32": torch.backends.cudnn.allow_tf32} if dtype == F32 else {}
+                flags["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+            if run.channels_last:  # absent for NCHW, so that the first sweep's points keep their ids
+                flags["channels_last"] = True
+            for op in run.ops:
+                yield Point("conv", op, shape, dtype, partial(setup, op, run.n, run.layer, dtype, run.channels_last),
+                            flops, tensors[op] * dtype.itemsize, dict(flags))
 
 
 def _batch_norm_shapes(s: Sweep) -> list[tuple[int, int, int, int]]:
@@ -303,6 +411,29 @@ def _norm(s: Sweep) -> Iterator[Point]:
         gy = torch.randn_like(y)
         return lambda: torch.autograd.grad(y, (x, w, b), gy, retain_graph=True)
 
+    def batch_norm_eval(shape: tuple[int, ...], dtype: torch.dtype) -> Call:
+        # A module in eval() under autocast: float32 running statistics and affine weights, activations in dtype.
+        c = shape[1]
+        x = s.randn(*shape, dtype=dtype)
+        w, b, mean = s.randn(c), s.randn(c), s.randn(c)
+        var = torch.rand(c, device=s.device) + 0.5
+
+        def call() -> torch.Tensor:
+            with torch.no_grad():
+                return F.batch_norm(x, mean, var, w, b, training=False)
+
+        return call
+
+    def rms_norm(tokens: int, width: int, dtype: torch.dtype, backward: bool) -> Call:
+        # As torch.nn.RMSNorm calls it (decoder transformers: Llama, Mistral, Qwen).
+        x = s.randn(tokens, width, dtype=dtype, grad=backward)
+        w = s.randn(width, dtype=dtype, grad=backward)
+        if not backward:
+            return lambda: F.rms_norm(x, (width,), w, 1e-6)
+        y = F.rms_norm(x, (width,), w, 1e-6)
+        gy = torch.randn_like(y)
+        return lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=True)
+
     for dtype in s.pick((F32, BF16), (F32,)):
         es = dtype.itemsize
         for shape in _batch_norm_shapes(s):
@@ -319,6 +450,22 @@ def _norm(s: Sweep) -> Iterator[Point]:
                                        ("layer_norm_backward", True, (3 * numel + 3 * width) * es)):
                     yield Point("norm", op, {"tokens": tokens, "width": width}, dtype,
                                 partial(layer_norm, tokens, width, dtype, bw), 8 * numel, nbytes)
+        # Eval-mode batch norm uses the running statistics: one multiply-add per element, no statistics pass.
+        eval_shapes = _batch_norm_shapes(s)
+        if dtype == BF16:  # inference's large batch, as the conv family's inference forwards
+            eval_shapes += [(INFERENCE_BATCH, *shape[1:]) for shape in _batch_norm_shapes(s)[:6]]
+        for shape in eval_shapes:
+            numel, c = math.prod(shape), shape[1]
+            yield Point("norm", "batch_norm_eval", dict(zip("NCHW", shape, strict=True)), dtype,
+                        partial(batch_norm_eval, shape, dtype), 2 * numel, 2 * numel * es + 4 * c * 4)
+        for tokens in s.pick((4096, 16384), (64,)):
+            for width in s.pick((2048, 4096), (128,)):
+                numel = tokens * width
+                # The backward reads dy, x and the weight and writes dx and the weight's gradient.
+                for op, bw, nbytes in (("rms_norm_forward", False, (2 * numel + width) * es),
+                                       ("rms_norm_backward", True, (3 * numel + 2 * width) * es)):
+                    yield Point("norm", op, {"tokens": tokens, "width": width}, dtype,
+                                partial(rms_norm, tokens, width, dtype, bw), 8 * numel, nbytes)
 
 
 def _logit_shapes(s: Sweep) -> list[tuple[int, int]]:
@@ -364,6 +511,15 @@ def _attention(s: Sweep) -> Iterator[Point]:
         do = s.randn(*shape, dtype=dtype)
         return lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
 
+    def gqa(b: int, h: int, hkv: int, seq: int, e: int, dtype: torch.dtype, backward: bool) -> Call:
+        q = s.randn(b, h, seq, e, dtype=dtype, grad=backward)
+        k, v = (s.randn(b, hkv, seq, e, dtype=dtype, grad=backward) for _ in range(2))
+        sdpa = partial(F.scaled_dot_product_attention, is_causal=True, enable_gqa=True)
+        if not backward:
+            return lambda: sdpa(q, k, v)
+        do = s.randn(b, h, seq, e, dtype=dtype)
+        return lambda: torch.autograd.grad(sdpa(q, k, v), (q, k, v), do)
+
     shapes = s.pick(((8, 12, 1024, 64), (4, 16, 2048, 128), (32, 12, 256, 64), (16, 16, 1024, 128)),
                     ((1, 2, 64, 16),))
     for dtype in s.pick((BF16, F16, F32), (F32,)):
@@ -377,6 +533,24 @@ def _attention(s: Sweep) -> Iterator[Point]:
             # Backward reads q, k, v, o, do and writes dq, dk, dv.
             yield Point("attention", "forward_backward", named, dtype, partial(setup, shape, dtype, True),
                         fwd * 3.5, 12 * qkv, {"causal": True})
+    # Grouped-query attention (Llama, Mistral, Qwen): Hkv key/value heads, each shared by H / Hkv query heads.
+    for dtype in s.pick((BF16,), (F32,)):
+        for b, h, hkv, seq, e in _gqa_shapes(s):
+            fwd = 4 * b * h * seq * seq * e / 2
+            q_bytes, kv_bytes = b * h * seq * e * dtype.itemsize, b * hkv * seq * e * dtype.itemsize
+            named = {"B": b, "H": h, "Hkv": hkv, "L": seq, "E": e}
+            flags = {"causal": True, "gqa": True}
+            # Forward reads q, k, v and writes o; the backward reads q, k, v, o, do and writes dq, dk, dv.
+            yield Point("attention", "forward", named, dtype, partial(gqa, b, h, hkv, seq, e, dtype, False), fwd,
+                        2 * q_bytes + 2 * kv_bytes, dict(flags))
+            yield Point("attention", "forward_backward", named, dtype, partial(gqa, b, h, hkv, seq, e, dtype, True),
+                        fwd * 3.5, 6 * q_bytes + 6 * kv_bytes, dict(flags))
+
+
+def _gqa_shapes(s: Sweep) -> list[tuple[int, int, int, int, int]]:
+    """(B, H, Hkv, L, E): Llama-2/3-style 32:8 at two contexts, a small 16:4, multi-query (Hkv=1), Qwen's 28:4."""
+    return s.pick(((8, 32, 8, 1024, 128), (2, 32, 8, 4096, 128), (16, 16, 4, 512, 64), (4, 16, 1, 2048, 128),
+                   (4, 28, 4, 2048, 128)), ((1, 4, 2, 64, 16),))
 
 
 def _embedding(s: Sweep) -> Iterator[Point]:
@@ -397,6 +571,67 @@ def _embedding(s: Sweep) -> Iterator[Point]:
                             2 * n * width * es + 8 * n)
                 yield Point("embedding", "backward", shape, dtype, partial(setup, vocab, width, n, dtype, True),
                             n * width, n * width * es + 8 * n + vocab * width * es)
+
+
+# (seq, batch, input, hidden, layers), batch_first as language models write it
+RNN_SHAPES = (
+    (35, 20, 650, 650, 2),  # PyTorch's word_language_model example (medium)
+    (256, 64, 1024, 1024, 2),  # an LSTM language model: 256 tokens, batch 64, 1024 wide
+    (64, 128, 256, 256, 1),  # narrow: launch-bound timesteps
+    (128, 32, 512, 512, 4),  # deep: cuDNN runs the layers as a wavefront, overlapping them
+    (32, 256, 2048, 2048, 1),  # wide: GEMM-bound timesteps
+)
+QUICK_RNN_SHAPES = ((8, 4, 16, 16, 2),)
+RNN_GATES = {"lstm": 4, "gru": 3}
+
+
+def _rnn(s: Sweep) -> Iterator[Point]:
+    """nn.LSTM and nn.GRU as cuDNN runs them on CUDA (the CPU runs PyTorch's own cells): a training forward (it
+    keeps cuDNN's reserve space for the backward), the forward and backward (dx and every weight's gradient), and
+    an inference forward under no_grad. Each records its peak memory (workspace and reserve space matter)."""
+
+    def setup(mode: str, op: str, shape: tuple[int, ...], dtype: torch.dtype) -> Call:
+        seq, batch, inp, hidden, layers = shape
+        cls = torch.nn.LSTM if mode == "lstm" else torch.nn.GRU
+        rnn = cls(inp, hidden, layers, batch_first=True, device=s.device, dtype=dtype)  # flat cuDNN weights
+        x = s.randn(batch, seq, inp, dtype=dtype, grad=op == "forward_backward")
+        if op == "forward":
+            return lambda: rnn(x)
+        if op == "inference":
+            rnn.eval()  # nn.LSTM passes self.training to cuDNN: no_grad alone still runs (and keeps) training mode
+
+            def call() -> object:
+                with torch.no_grad():
+                    return rnn(x)
+
+            return call
+        gy = s.randn(batch, seq, hidden, dtype=dtype)
+        wrt = (x, *rnn.parameters())
+        return lambda: torch.autograd.grad(rnn(x)[0], wrt, gy)
+
+    dtypes = s.pick((F32, BF16, F16) if s.cuda else (F32, BF16), (F32,))  # F16: autocast's default on CUDA
+    for dtype in dtypes:
+        es = dtype.itemsize
+        flags: dict[str, Any] = {"cudnn_tf32": torch.backends.cudnn.allow_tf32} if s.cuda and dtype == F32 else {}
+        for shape in s.pick(RNN_SHAPES, QUICK_RNN_SHAPES):
+            seq, batch, inp, hidden, layers = shape
+            named = {"seq": seq, "batch": batch, "input": inp, "hidden": hidden, "layers": layers}
+            layer_inputs = [inp] + [hidden] * (layers - 1)
+            for mode, gates in RNN_GATES.items():
+                # Per timestep and layer: the input and recurrent GEMMs, (batch x in+hidden) @ (in+hidden x G*H).
+                fwd = sum(2 * seq * batch * gates * hidden * (i + hidden) for i in layer_inputs)
+                weights = sum(gates * hidden * (i + hidden) + 2 * gates * hidden for i in layer_inputs)
+                x, y = seq * batch * inp, seq * batch * hidden
+                states = layers * batch * hidden * (2 if mode == "lstm" else 1)
+                fwd_bytes = (x + weights + y + states) * es
+                # The backward reads dy, x and the weights and writes dx and the weights' gradients.
+                for op, flops, nbytes in (("forward", fwd, fwd_bytes),
+                                          ("forward_backward", 3 * fwd, fwd_bytes + (y + 2 * x + 2 * weights) * es),
+                                          ("inference", fwd, fwd_bytes)):
+                    # One module per point: its timesteps re-read the weights, so L2 holds them in a real step
+                    # too, and copies would only cost setup time.
+                    yield Point("rnn", f"{mode}_{op}", named, dtype, partial(setup, mode, op, shape, dtype), flops,
+                                nbytes, dict(flags), rotate=False, memory=True)
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:
@@ -470,7 +705,8 @@ def _transfer(s: Sweep) -> Iterator[Point]:
 GENERATORS: dict[str, Callable[[Sweep], Iterable[Point]]] = {
     "launch": _launch, "elementwise": _elementwise, "reduction": _reduction, "copy": _copy, "gemm": _gemm,
     "bmm": _bmm, "conv": _conv, "norm": _norm, "softmax": _softmax, "cross_entropy": _cross_entropy,
-    "attention": _attention, "embedding": _embedding, "optimizer": _optimizer, "transfer": _transfer,
+    "attention": _attention, "rnn": _rnn, "embedding": _embedding, "optimizer": _optimizer,
+    "transfer": _transfer,
 }
 FAMILIES: tuple[str, ...] = tuple(GENERATORS)
 
@@ -585,20 +821,49 @@ def _sdpa_backend(names: list[str]) -> str | None:
     return "math" if any("gemm" in n for n in lower) else None
 
 
+def _rnn_backend(names: list[str]) -> str | None:
+    """cuDNN's RNN (its kernels name RNN, e.g. elemWiseRNNcell) or PyTorch's own cells (lstm_cell_forward)."""
+    lower = [n.lower() for n in names]
+    if any("rnn" in n or "cudnn" in n for n in lower):
+        return "cudnn"
+    return "native" if any("lstm" in n or "gru" in n for n in lower) else None
+
+
+BACKENDS: dict[str, Callable[[list[str]], str | None]] = {"attention": _sdpa_backend, "rnn": _rnn_backend}
+
+
+def peak_bytes(call: Call, device: torch.device) -> int | None:
+    """Memory one call allocates at its peak (outputs, workspace, reserve space) beyond what was allocated
+    before it, from the CUDA caching allocator's statistics; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = call()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del out
+    return peak
+
+
 def measure(point: Point, device: torch.device, min_loop_s: float = MIN_LOOP_S) -> dict[str, Any]:
     """One measurement record; raises torch.OutOfMemoryError when the point does not fit."""
     with _matmul_tf32(point.tf32):
         calls = [point.setup() for _ in range(_input_sets(point))]
         samples, reps = time_calls(calls, device, min_loop_s)
         rows = _gpu_rows(calls[0], device) if device.type == "cuda" else None
+        peak = peak_bytes(calls[0], device) if point.memory else None
     record: dict[str, Any] = {
         "id": point.id, "family": point.family, "op": point.op, "shape": point.shape, "dtype": point.dtype_name,
         "flags": point.flags, "time_s": robust_median(samples), "samples": len(samples), "reps": reps,
         "input_sets": len(calls), "flops": point.flops, "bytes": point.bytes,
         "kernels": None if rows is None else sum(1 for _, memory in rows if point.copies or not memory),
     }
-    if point.family == "attention" and rows:
-        backend = _sdpa_backend([name for name, _ in rows])
+    if point.memory:
+        record["peak_bytes"] = peak
+    if point.family in BACKENDS and rows:
+        backend = BACKENDS[point.family]([name for name, _ in rows])
         if backend:
             record["backend"] = backend
     return record
@@ -660,6 +925,12 @@ def load(path: Path, gpu: str) -> dict[str, Any]:
     if doc["gpu"] != gpu:
         raise ValueError(f"calibration file {path} is for {doc['gpu']!r} but this device is {gpu!r} "
                          f"(field 'gpu'); {hint}")
+    # A newer version's families: their points are kept as they are (a resumed sweep does not measure them).
+    unknown = sorted({str(m["family"]) for m in doc["measurements"] if m.get("family") is not None} - set(FAMILIES))
+    if unknown:
+        warnings.warn(f"calibration file {path} has points of families this version does not know "
+                      f"({', '.join(unknown)}): kept as they are, not measured again; known: {', '.join(FAMILIES)}",
+                      stacklevel=2)
     return doc
 
 
@@ -669,7 +940,9 @@ def run(out: Path, device: torch.device, families: list[str] | None = None, quic
     written to `out` every SAVE_EVERY points, after every family and when interrupted.
 
     With `force`, a file for another GPU or a malformed one is replaced; records of points outside this run's
-    selection are kept when the file is for this GPU."""
+    selection are kept when the file is for this GPU. A point that runs out of memory or raises a RuntimeError
+    (a configuration this PyTorch or cuDNN does not support) goes to the document's "skipped" with the reason;
+    the sweep goes on."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -702,13 +975,17 @@ def run(out: Path, device: torch.device, families: list[str] | None = None, quic
                 write_json_atomic(out, doc)
             family = point.family
             bar.set_postfix_str(point.id, refresh=False)
-            oom = None
+            reason = None
             try:
                 record = measure(point, device, min_loop_s)
             except torch.OutOfMemoryError as e:
-                oom = str(e).splitlines()[0] if str(e) else "out of memory"
-            if oom is not None:
-                doc["skipped"].append({"id": point.id, "reason": f"out of memory: {oom}"})
+                reason = f"out of memory: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+            except RuntimeError as e:
+                # A configuration this PyTorch or cuDNN cannot run (NotImplementedError included) costs its point,
+                # not the rest of a sweep on a machine that may be lent for minutes.
+                reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if reason is not None:
+                doc["skipped"].append({"id": point.id, "reason": reason})
                 _free_memory(device)
                 continue
             if point.id in index:
@@ -781,7 +1058,7 @@ def summary(doc: dict[str, Any]) -> str:
         if not ms:
             continue
         best = ""
-        if family in ("gemm", "bmm", "conv", "attention"):
+        if family in ("gemm", "bmm", "conv", "attention", "rnn"):
             best = f"{max(m['flops'] / m['time_s'] for m in ms) / 1e12:.1f} TFLOP/s"
         elif family in ("elementwise", "copy", "transfer"):
             best = f"{max(m['bytes'] / m['time_s'] for m in ms) / 1e9:.1f} GB/s"

@@ -72,6 +72,8 @@ KernelParams fitted_calibration(const std::string& path, const GpuSpec& gpu) {
   auto it = fits.find(key);
   if (it == fits.end()) {
     const Calibration cal = load_calibration(path, gpu);
+    // Once per file version, as the fit: points a newer version wrote are skipped, not refused.
+    if (const std::string warning = calibration_warning(cal); !warning.empty()) TORCH_WARN("emugpu: ", warning);
     it = fits.emplace(key, fit_kernel_params(gpu, cal.cases, default_kernel_params(gpu), {},
                                              "calibration: " + path)).first;
   }

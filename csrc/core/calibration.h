@@ -27,14 +27,24 @@ struct Calibration {
   std::string path;
   std::string gpu;                  // as the file names it
   std::vector<MeasuredCase> cases;  // the sweep's points the cost model has a form for
-  int skipped = 0;                  // points it has none for (host<->device transfers)
+  int skipped = 0;                  // points it has none for (transfers, RNNs, eval batch norms, unknown ones)
+  // Families ("ssm") and ops of known families ("conv/backward_bias") this
+  // version does not know, sorted: a newer sweep's points, skipped.
+  std::vector<std::string> unknown;
+  int unknown_points = 0;
 };
 
 // Parses a calibration file for `gpu`; throws kValue naming the file and the
 // field for malformed content, for another schema, and for a file measured
-// on another GPU.
+// on another GPU. Points of families or ops it does not know are skipped and
+// listed in `unknown` (a newer version wrote them); the file is refused only
+// when no point is left to fit.
 Calibration parse_calibration(std::string_view text, const std::string& path, const GpuSpec& gpu);
 Calibration load_calibration(const std::string& path, const GpuSpec& gpu);
+// The warning to give once for a calibration with unknown points (naming the
+// file, the families and ops, and how many points were ignored); empty when
+// it has none.
+std::string calibration_warning(const Calibration& cal);
 // The first `<dir>/<GPU folder>/calibration.json` on the search path whose
 // folder names `gpu` (as `torch-emugpu calibrate` writes it: the name with
 // '_' for spaces; compared loosely, as catalog lookups are).

@@ -91,6 +91,18 @@ def test_a_malformed_calibration_names_the_file_and_field(calibration_dir: Path)
         torch_emugpu.profiles.reload()
 
 
+def test_points_of_a_newer_versions_families_are_skipped_with_a_warning(calibration_dir: Path) -> None:
+    sweep = slow_memory_sweep(torch.emugpu.get_device_name(), 1e12, 0.5)
+    sweep["measurements"].append({"family": "ssm_scan", "op": "forward", "shape": {"L": 4096}, "dtype": "float32",
+                                  "flags": {}, "time_s": 1e-4, "flops": 1e9, "bytes": 1e7, "kernels": 1})
+    path = gpu_folder(calibration_dir) / "calibration.json"
+    path.write_text(json.dumps(sweep))
+    with pytest.warns(UserWarning, match=r"calibration .*calibration.json: 1 point of families or ops this version "
+                                         r"does not know \(ssm_scan\) ignored; the fit uses the other 7"):
+        torch_emugpu.profiles.reload()
+    assert torch_emugpu.kernel_params()["source"] == f"calibration: {path}"
+
+
 def test_the_shipped_h100_calibration_is_used_unless_switched_off() -> None:
     code = ("import torch_emugpu; torch_emugpu.configure(gpu='h100-sxm'); "
             "print(torch_emugpu.kernel_params()['source'])")
