@@ -91,10 +91,8 @@ class device_of(device):  # noqa: N801
 
 
 def synchronize(device: _DeviceLike = None) -> None:
-    """Blocks until the emulated GPU has finished everything launched on it."""
-    from .distributed._backend import drain_all
-
-    drain_all()  # collectives whose end is not known yet (backend emu) are launched too
+    """Blocks until the emulated GPU has finished everything launched on it
+    (collectives of backend `emu` whose end is not known yet included)."""
     _C._synchronize(_index(device))
 
 

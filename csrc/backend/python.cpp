@@ -35,9 +35,6 @@ namespace {
 
 namespace py = pybind11;
 
-// backend `emu`'s drain_all, called by c10's device synchronize; a leaked
-// reference, as it may be called until the interpreter finalizes.
-PyObject* drain_callable = nullptr;
 PyObject* configured_callable = nullptr;
 
 
@@ -131,14 +128,6 @@ OpCost op_cost_from_dict(const py::dict& d) {
   c.backward = d.contains("backward") && d["backward"].cast<bool>();
   c.conv.channels_last = d.contains("channels_last") && d["channels_last"].cast<bool>();
   return c;
-}
-
-void call_drain() {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
-  py::gil_scoped_acquire gil;
-  PyObject* result = PyObject_CallNoArgs(drain_callable);
-  if (result == nullptr) throw py::error_already_set();
-  Py_DECREF(result);
 }
 
 // Python errors (a malformed profile) become ours, so the op that
@@ -311,10 +300,6 @@ PYBIND11_MODULE(_C, m) {
   // Any catalog GPU, matched loosely as EMUGPU_GPU is (e.g. the GPU a measured table came from).
   m.def("_gpu_properties",
         [](const std::string& name) { return guarded([&] { return gpu_dict(Runtime::get().catalog().find(name)); }); });
-  m.def("_set_drain_hook", [](py::object fn) {
-    if (drain_callable == nullptr) drain_callable = fn.release().ptr();
-    Runtime::get().set_drain_hook(&call_drain);
-  });
   m.def("_set_configured_hook", [](py::object fn) {
     if (configured_callable == nullptr) configured_callable = fn.release().ptr();
     Runtime::get().set_configured_hook(&call_configured);
@@ -323,6 +308,7 @@ PYBIND11_MODULE(_C, m) {
     guarded([&] {
       Device& dev = Runtime::get().device(index);
       py::gil_scoped_release no_gil;  // the wait checks for signals with the GIL
+      Runtime::get().drain_deferred();  // collectives whose end is not known yet (backend emu) are placed too
       dev.synchronize();
     });
   });

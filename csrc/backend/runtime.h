@@ -46,7 +46,7 @@ class Runtime {
   std::shared_ptr<const ProfileDb> profiles() const;
 
   // Backend `emu` places the collectives whose end is not known yet through
-  // this hook (set from Python), so that a device synchronize through c10
+  // this hook (set by its first process group), so that a device synchronize through c10
   // (torch.accelerator.synchronize) waits for them, as for NCCL's streams.
   void set_drain_hook(void (*hook)()) { drain_hook_.store(hook); }
   void drain_deferred() const {

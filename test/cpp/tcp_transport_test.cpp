@@ -251,3 +251,38 @@ TEST(ClockOffset, MeasuresAKnownOffsetOverTcp) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(TcpTransport, ExchangeSendsEachRankOnlyItsChunk) {
+  constexpr int kRanks = 3;
+  MapRendezvous rdv;
+  auto ranks = group(rdv, kRanks);
+  std::vector<std::vector<std::string>> got(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<std::string> mine;
+      for (int to = 0; to < kRanks; ++to) mine.push_back(std::to_string(r) + "->" + std::to_string(to));
+      std::vector<const void*> chunks;
+      std::vector<size_t> lengths;
+      for (const auto& m : mine) {
+        chunks.push_back(m.data());
+        lengths.push_back(m.size());
+      }
+      for (int round = 0; round < 2; ++round) {  // exchanges pair up in call order
+        const auto rows = ranks[r]->exchange(chunks, lengths, 10s);
+        for (const auto& row : rows) got[r].emplace_back(row.begin(), row.end());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(got[r].size(), 2u * kRanks);
+    for (int from = 0; from < kRanks; ++from) {
+      EXPECT_EQ(got[r][static_cast<size_t>(from)], std::to_string(from) + "->" + std::to_string(r));
+    }
+  }
+}
+
+}  // namespace

@@ -197,7 +197,7 @@ def _three_ranks(rank: int, world: int) -> str:
             dist.all_reduce(x, op=dist.ReduceOp.MAX)
     assert pair[0].cpu().tolist() == [True, False, True] and pair[1].cpu().tolist() == [2.0, 1.0]
     backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
-    return backend._exchange.transport
+    return backend.transport
 
 
 def _backend_chosen(rank: int, world: int) -> str:

@@ -32,8 +32,6 @@ import torch.distributed as dist
 from conftest import REPO
 
 import torch_emugpu
-from torch_emugpu.distributed._backend import _topology
-from torch_emugpu.distributed._exchange import Exchange, _fresh_namespace, _listen_address
 
 JOB = os.path.join(REPO, "test", "python", "torchrun_job.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -174,6 +172,18 @@ def _in_threads(*calls: Callable[[], Any]) -> list[Any]:
         return [f.result(timeout=60) for f in futures]
 
 
+def _topology(nodes: list[int], size: int) -> tuple[int, int]:
+    from torch_emugpu import _C
+
+    return tuple(_C._group_topology(nodes, size))
+
+
+def _fresh_namespace(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> str:
+    from torch_emugpu import _C
+
+    return _C._fresh_namespace(store, rank, size, timeout.total_seconds())
+
+
 def test_topology_from_the_nodes_of_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _topology([0, 0, 1, 1], 4) == (2, 2)
     assert _topology([0, 1], 2) == (1, 2)  # a subgroup across two nodes
@@ -203,29 +213,19 @@ def test_exchange_keys_are_fresh_for_each_instance_of_a_group() -> None:
     assert second[0] == second[1] != first[0]
 
 
-def test_clock_offset_is_measured_within_a_millisecond() -> None:
-    # Both ranks read this machine's clock: the offset is 0, measured to well
-    # under a millisecond (a known 5 s offset: ClockOffset.MeasuresAKnownOffsetOverTcp).
-    store = dist.HashStore()
-    timeout = datetime.timedelta(seconds=30)
-    exchanges = _in_threads(lambda: Exchange(store, 0, 2, timeout), lambda: Exchange(store, 1, 2, timeout))
-    _, offset = _in_threads(lambda: exchanges[0].serve_clock(1), lambda: exchanges[1].clock_offset(0))
-    assert offset == pytest.approx(0, abs=1_000_000)
+def test_the_exchange_listens_on_the_address_facing_the_store() -> None:
+    from torch_emugpu import _C
 
-
-def test_the_exchange_listens_on_the_address_facing_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
     local = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
-    assert _listen_address(dist.PrefixStore("a/", local)) == "127.0.0.1"  # the store is on this machine
+    assert _C._listen_address(dist.PrefixStore("a/", local)) == "127.0.0.1"  # the store is on this machine
     # A store at a routed address (nothing is sent to it): the source address of that route.
-    remote = dist.PrefixStore("a/", local)
-    monkeypatch.setattr("torch_emugpu.distributed._exchange._tcp_store_host", lambda store: "203.0.113.7")
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect(("203.0.113.7", 1))
             want = probe.getsockname()[0]
     except OSError:
-        want = socket.gethostbyname(socket.gethostname())  # no route out of this machine
-    assert _listen_address(remote) == want
+        want = ""  # no route out of this machine
+    assert _C._address_towards("203.0.113.7") == want
 
 
 # --- torchrun ------------------------------------------------------------------

@@ -75,7 +75,7 @@ def main() -> None:
             y = torch.full((1,), float(rank)).to(device)
             dist.all_reduce(y, group=group)
             sub = group._get_backend(device)
-            subgroups[name] = {"ranks_per_node": sub._ranks_per_node, "nodes": sub._nodes, "sum": y.item()}
+            subgroups[name] = {"ranks_per_node": sub.ranks_per_node, "nodes": sub.nodes, "sum": y.item()}
 
     # One large all_reduce, timed by the emulated collective engine.
     torch.emugpu.synchronize()
@@ -92,8 +92,8 @@ def main() -> None:
         "rank": rank, "world": world, "local_rank": local_rank, "attempt": attempt,
         "node": int(os.environ["GROUP_RANK"]), "local_world": local_world,
         "device_count": torch.emugpu.device_count(), "gpu": torch.emugpu.get_device_name(device),
-        "ranks_per_node": backend._ranks_per_node, "nodes": backend._nodes,
-        "clock_offset_ns": backend._clock_offset_ns, "subgroups": subgroups,
+        "ranks_per_node": backend.ranks_per_node, "nodes": backend.nodes,
+        "clock_offset_ns": backend.clock_offset_ns, "subgroups": subgroups,
         "checksums": [s.item() for s in sums], "all_reduce": x.cpu().tolist(), "ranks": ranks.cpu().tolist(),
         "big_bytes": big.numel() * big.element_size(), "big_busy_ns": int(stats["collective_busy_s"] * 1e9),
         "big_launches": stats["collective_launches"], "big_wall_s": wall,

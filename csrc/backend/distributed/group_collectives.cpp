@@ -57,6 +57,8 @@ bool all_reduce_args_ok(const std::vector<at::Tensor>& tensors, c10d::ReduceOp::
   return true;
 }
 
+}  // namespace
+
 void reduce_into(at::Tensor& acc, const at::Tensor& part, c10d::ReduceOp::RedOpType op) {
   switch (op) {
     case c10d::ReduceOp::SUM:
@@ -72,11 +74,9 @@ void reduce_into(at::Tensor& acc, const at::Tensor& part, c10d::ReduceOp::RedOpT
 }
 
 const char* op_name(c10d::ReduceOp::RedOpType op) {
-  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
-  return op <= c10d::ReduceOp::BXOR ? names[op] : "?";
+  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+  return op <= c10d::ReduceOp::PREMUL_SUM ? names[op] : "UNUSED";
 }
-
-}  // namespace
 
 uint64_t collective_signature(const std::string& name, const std::string& extra,
                               const std::vector<at::Tensor>& tensors) {
@@ -90,12 +90,13 @@ uint64_t collective_signature(const std::string& name, const std::string& extra,
 // --- EmuWork ------------------------------------------------------------------
 
 EmuWork::EmuWork(std::vector<at::Tensor> outputs, int device, c10::intrusive_ptr<c10::ivalue::Future> future,
-                 std::shared_ptr<PendingTime> end, std::shared_ptr<OrderedRunner::Ticket> ticket)
+                 std::shared_ptr<PendingTime> end, std::shared_ptr<OrderedRunner::Ticket> ticket, bool blocks_host)
     : outputs_(std::move(outputs)),
       device_(device),
       future_(std::move(future)),
       end_(std::move(end)),
-      ticket_(std::move(ticket)) {}
+      ticket_(std::move(ticket)),
+      blocks_host_(blocks_host) {}
 
 TimeNs EmuWork::end() {
   return translate_errors([&] { return end_->force(); });
@@ -103,7 +104,14 @@ TimeNs EmuWork::end() {
 
 // Orders the caller's current stream after the collective; the host goes on.
 bool EmuWork::wait(std::chrono::milliseconds /*timeout*/) {
-  translate_errors([&] { Runtime::get().device(device_).stream_wait(current_stream_id(device_), end_); });
+  translate_errors([&] {
+    auto& device = Runtime::get().device(device_);
+    if (blocks_host_) {
+      without_gil([&] { device.wait_until(end_->force()); });
+    } else {
+      device.stream_wait(current_stream_id(device_), end_);
+    }
+  });
   return true;
 }
 
@@ -122,11 +130,12 @@ c10::intrusive_ptr<c10::ivalue::Future> EmuWork::getFuture() { return future_; }
 
 // --- GroupCollectives ----------------------------------------------------------
 
-GroupCollectives::GroupCollectives(GroupSpec spec, std::shared_ptr<Transport> words, std::shared_ptr<Transport> bulk,
-                                   MismatchReport report)
-    : spec_(spec), words_(std::move(words)), bulk_(std::move(bulk)), report_(std::move(report)),
+GroupCollectives::GroupCollectives(GroupSpec spec, std::shared_ptr<Transport> words,
+                                   std::shared_ptr<TcpTransport> bulk, c10::intrusive_ptr<c10d::Store> reports)
+    : spec_(spec), words_(std::move(words)), bulk_(std::move(bulk)), reports_(std::move(reports)),
       runner_(std::make_shared<OrderedRunner>()), poster_(std::make_shared<OrderedRunner>()) {
-  TORCH_CHECK(words_ != nullptr && bulk_ != nullptr, "emu backend: a process group needs its transports");
+  TORCH_CHECK(words_ != nullptr && bulk_ != nullptr && reports_, "emu backend: a process group needs its transports "
+              "and its store");
 }
 
 int64_t GroupCollectives::comm_stream(int device) {
@@ -165,7 +174,7 @@ void GroupCollectives::check_signatures(const GatheredWords& words, uint64_t sig
                                         const std::vector<at::Tensor>& signed_) const {
   const int other = words.first_disagreeing(signature);
   if (other >= 0) {
-    const std::string message = report_("mismatch/" + std::to_string(ticket), name, extra, signed_, other);
+    const std::string message = mismatch_message("mismatch/" + std::to_string(ticket), name, extra, signed_, other);
     TORCH_CHECK_VALUE(false, message);
   }
 }
@@ -190,7 +199,8 @@ c10::intrusive_ptr<c10::ivalue::Future> GroupCollectives::completed_future(
 c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& name,
                                                             const std::vector<at::Tensor>& tensors,
                                                             c10d::ReduceOp::RedOpType op) {
-  if (!all_reduce_args_ok(tensors, op)) return {};
+  TORCH_CHECK(all_reduce_args_ok(tensors, op), "emu backend: ", name, " reached the group with arguments its checks "
+              "refuse; please report this");
   const bool compute = Runtime::get().compute_mode();
   int64_t largest = 0;
   int64_t payload = 0;
@@ -246,7 +256,7 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& n
 
 void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<at::Tensor>& hosts,
                                     c10d::ReduceOp::RedOpType op, int64_t payload) {
-  // Every rank reduces every rank's bytes in rank order: all hold identical results.
+  // Every rank's bytes reduced in rank order: all ranks hold identical results.
   std::vector<uint8_t> mine(static_cast<size_t>(payload));
   size_t offset = 0;
   for (const auto& h : hosts) {
@@ -254,9 +264,7 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
     offset += static_cast<size_t>(nbytes(h));
   }
   std::vector<at::Tensor> acc(hosts.size());
-  // Ranks with equal signatures have equal payloads: all pick the same transport.
-  Transport& transport = mine.size() <= words_->bytes_capacity() ? *words_ : *bulk_;
-  transport.gather_bytes(mine.data(), mine.size(), spec_.timeout, [&](int rank, const void* bytes, size_t length) {
+  auto add = [&](int rank, const void* bytes, size_t length) {
     TORCH_CHECK(length == mine.size(), "emu backend: ", name, " expected ", mine.size(), " bytes from rank ", rank,
                 ", got ", length);
     size_t at = 0;
@@ -265,16 +273,52 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
       const auto n = static_cast<size_t>(nbytes(hosts[i]));
       if (n > 0) std::memcpy(part.data_ptr(), static_cast<const uint8_t*>(bytes) + at, n);
       at += n;
-      if (rank == 0) {
-        acc[i] = std::move(part);
-      } else {
+      if (acc[i].defined()) {
         reduce_into(acc[i], part, op);
+      } else {
+        acc[i] = std::move(part);
       }
     }
-  });
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    if (op == c10d::ReduceOp::AVG) acc[i].div_(spec_.size);
-    hosts[i].copy_(acc[i]);
+  };
+  auto finish_into = [&](std::vector<uint8_t>& out) {
+    size_t at = 0;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      if (op == c10d::ReduceOp::AVG) acc[i].div_(spec_.size);
+      const auto n = static_cast<size_t>(nbytes(hosts[i]));
+      if (n > 0) std::memcpy(out.data() + at, acc[i].contiguous().data_ptr(), n);
+      at += n;
+    }
+  };
+  // Ranks with equal signatures have equal payloads: all pick the same path.
+  if (std::string(words_->kind()) == "shm" && mine.size() <= words_->bytes_capacity()) {
+    words_->gather_bytes(mine.data(), mine.size(), spec_.timeout, add);
+    finish_into(mine);
+  } else {
+    constexpr int kRoot = 0;
+    const auto n = static_cast<size_t>(spec_.size);
+    std::vector<const void*> chunks(n, nullptr);
+    std::vector<size_t> lengths(n, 0);
+    chunks[kRoot] = mine.data();
+    lengths[kRoot] = mine.size();
+    Rows to_root = bulk_->exchange(chunks, lengths, spec_.timeout);
+    std::fill(lengths.begin(), lengths.end(), 0);
+    if (spec_.rank == kRoot) {
+      for (int r = 0; r < spec_.size; ++r) add(r, to_root[static_cast<size_t>(r)].data(), to_root[static_cast<size_t>(r)].size());
+      finish_into(mine);
+      std::fill(chunks.begin(), chunks.end(), mine.data());
+      std::fill(lengths.begin(), lengths.end(), mine.size());
+    }
+    Rows back = bulk_->exchange(chunks, lengths, spec_.timeout);
+    if (spec_.rank != kRoot) {
+      TORCH_CHECK(back[kRoot].size() == mine.size(), "emu backend: ", name, " expected ", mine.size(),
+                  " reduced bytes from rank ", kRoot, ", got ", back[kRoot].size());
+      mine = std::move(back[kRoot]);
+    }
+  }
+  offset = 0;
+  for (const auto& h : hosts) {
+    if (nbytes(h) > 0) std::memcpy(h.data_ptr(), mine.data() + offset, static_cast<size_t>(nbytes(h)));
+    offset += static_cast<size_t>(nbytes(h));
   }
   add_payload_bytes_moved(static_cast<uint64_t>(payload));
 }
@@ -318,9 +362,9 @@ std::pair<std::shared_ptr<OrderedRunner::Ticket>, std::shared_ptr<PendingTime>> 
   return {ticket, end};
 }
 
-std::shared_ptr<OrderedRunner::Ticket> GroupCollectives::defer_post(int device, std::function<void(TimeNs)> post) {
+std::shared_ptr<OrderedRunner::Ticket> GroupCollectives::defer_post(int device, int64_t stream,
+                                                                    std::function<void(TimeNs)> post) {
   return translate_errors([&] {
-    const int64_t stream = current_stream_id(device);
     auto& dev = Runtime::get().device(device);
     const LaterStart later{dev.stream_ready_pending(stream), device, stream, dev.clock().now(), spec_.clock_offset};
     const uint64_t watermark = pending_writes().watermark();  // a send reads what earlier collectives wrote
@@ -363,6 +407,202 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const st
     return c10::make_intrusive<EmuWork>(outputs, device, completed_future(device, outputs, end), end,
                                         std::move(ticket));
   });
+}
+
+// --- any collective ------------------------------------------------------------
+
+namespace {
+
+// Chunks of different lengths as one payload: their count and lengths
+// (int64) first, so that any rank can cut another's apart.
+std::vector<uint8_t> framed(const Rows& chunks) {
+  std::vector<int64_t> header{static_cast<int64_t>(chunks.size())};
+  size_t total = 0;
+  for (const auto& c : chunks) {
+    header.push_back(static_cast<int64_t>(c.size()));
+    total += c.size();
+  }
+  std::vector<uint8_t> out(header.size() * 8 + total);
+  std::memcpy(out.data(), header.data(), header.size() * 8);
+  size_t at = header.size() * 8;
+  for (const auto& c : chunks) {
+    if (!c.empty()) std::memcpy(out.data() + at, c.data(), c.size());
+    at += c.size();
+  }
+  return out;
+}
+
+// Chunk `index` of a framed payload.
+std::vector<uint8_t> unframed(const uint8_t* bytes, size_t length, size_t index) {
+  int64_t count = 0;
+  TORCH_CHECK(length >= 8, "emu backend: a framed payload of ", length, " bytes");
+  std::memcpy(&count, bytes, 8);
+  TORCH_CHECK(count >= 0 && index < static_cast<size_t>(count) && length >= 8 * (1 + static_cast<size_t>(count)),
+              "emu backend: expected a framed payload with chunk ", index, ", got ", count, " chunks");
+  size_t at = 8 * (1 + static_cast<size_t>(count));
+  for (size_t i = 0; i < static_cast<size_t>(count); ++i) {
+    int64_t n = 0;
+    std::memcpy(&n, bytes + 8 * (1 + i), 8);
+    TORCH_CHECK(n >= 0 && at + static_cast<size_t>(n) <= length, "emu backend: a framed payload's chunk ", i,
+                " overruns it");
+    if (i == index) return std::vector<uint8_t>(bytes + at, bytes + at + n);
+    at += static_cast<size_t>(n);
+  }
+  return {};
+}
+
+}  // namespace
+
+Rows GroupCollectives::move_bytes(const CollectiveCall& call, int64_t longest) {
+  const Rows packed = call.pack();
+  const auto n = static_cast<size_t>(spec_.size);
+  TORCH_CHECK(packed.size() == (call.per_destination ? n : 1), "emu backend: ", call.name, " packed ", packed.size(),
+              " chunks, expected ", call.per_destination ? n : 1);
+  Rows rows(n);
+  // Every rank reads the same longest payload: all pick the same transport.
+  if (std::string(words_->kind()) == "shm" && longest <= static_cast<int64_t>(words_->bytes_capacity())) {
+    const std::vector<uint8_t> mine = call.per_destination ? framed(packed) : packed[0];
+    words_->gather_bytes(mine.data(), mine.size(), spec_.timeout, [&](int r, const void* bytes, size_t length) {
+      const auto* p = static_cast<const uint8_t*>(bytes);
+      rows[static_cast<size_t>(r)] = call.per_destination ? unframed(p, length, static_cast<size_t>(spec_.rank))
+                                                          : std::vector<uint8_t>(p, p + length);
+    });
+    return rows;
+  }
+  std::vector<const void*> chunks(n);
+  std::vector<size_t> lengths(n);
+  for (size_t r = 0; r < n; ++r) {
+    const auto& c = packed[call.per_destination ? r : 0];
+    chunks[r] = c.data();
+    lengths[r] = c.size();
+  }
+  return bulk_->exchange(chunks, lengths, spec_.timeout);
+}
+
+TimeNs GroupCollectives::exchange_and_place(CollectiveCall& call, int64_t comm, bool compute, int64_t largest,
+                                            uint64_t signature, TimeNs start) {
+  // Read here, on the runner: collectives launched before may change them.
+  bool real = true;
+  if (!compute) {
+    for (const auto& t : call.inputs) real = real && is_materialized(t.storage());
+  }
+  const uint64_t ticket = gather_words(
+      {start, real, compute, signature, static_cast<int64_t>(call.model_bytes), largest, call.payload});
+  const GatheredWords words = finish(ticket, call.name);
+  check_signatures(words, signature, ticket, call.name, call.extra, call.signed_);
+  const bool moves = words.moves_bytes(spec_.data_threshold);
+  if (moves) {
+    Rows rows = move_bytes(call, words.max(CollectiveWords::kPayload));
+    call.combine(rows);
+    add_payload_bytes_moved(static_cast<uint64_t>(call.payload));
+  }
+  if (!compute) {
+    for (const auto& t : call.received) set_materialized(t.storage(), moves);
+  }
+  return place(call.device, comm, words, call.model_kind);
+}
+
+c10::intrusive_ptr<c10d::Work> GroupCollectives::run(CollectiveCall call) {
+  return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
+    const bool compute = Runtime::get().compute_mode();
+    std::vector<at::Tensor> tensors = call.inputs;
+    tensors.insert(tensors.end(), call.received.begin(), call.received.end());
+    int64_t largest = 0;
+    for (const auto& t : tensors) largest = std::max(largest, nbytes(t));
+    const uint64_t signature = collective_signature(call.name, call.extra, call.signed_);
+    const int device = call.device;
+    const int64_t comm = comm_stream(device);
+    auto& dev = Runtime::get().device(device);
+    if (call.blocks_host) {  // barrier: the host waits for it, as ProcessGroupNCCL's does
+      without_gil([&] { drain(); });  // the collectives before it gather their words on the runner first
+      dev.stream_wait(comm, dev.record_pending(current_stream_id(device), !in_backward()));
+      const TimeNs start = without_gil([&] { return dev.collective_start(comm); }) - spec_.clock_offset;
+      const TimeNs end = without_gil([&] { return exchange_and_place(call, comm, compute, largest, signature, start); });
+      auto known = std::make_shared<PendingTime>(end);
+      return c10::make_intrusive<EmuWork>(call.outputs, device, completed_future(device, call.outputs, known), known,
+                                          nullptr, /*blocks_host=*/true);
+    }
+    if (!compute && largest > spec_.data_threshold) {  // no rank moves these bytes: the runner only places it
+      bool real = true;
+      for (const auto& t : call.inputs) real = real && tensor_materialized(t);
+      return defer(call.name, call.model_kind, call.model_bytes, largest, call.payload, real, call.received,
+                   call.outputs, call.signed_, call.extra, device);
+    }
+    std::vector<const void*> touches;
+    for (const auto& t : tensors) {
+      if (t.has_storage()) touches.push_back(t.storage().unsafeGetStorageImpl());
+    }
+    const std::vector<at::Tensor> outputs = call.outputs;
+    auto shared = std::make_shared<CollectiveCall>(std::move(call));
+    // The host goes on, as NCCL's does: the runner moves the bytes, and the
+    // host waits for it where it touches these tensors (await_collective_writes).
+    auto place = [self = weak_from_this(), shared, comm, compute, largest, signature](TimeNs start) {
+      const auto group = self.lock();
+      TORCH_CHECK(group != nullptr, "emu backend: ", shared->name, " was placed after its process group was destroyed");
+      return group->exchange_and_place(*shared, comm, compute, largest, signature, start);
+    };
+    return defer_call(device, outputs, std::move(place), std::move(touches));
+  });
+}
+
+std::string GroupCollectives::mismatch_message(const std::string& key, const std::string& name,
+                                               const std::string& extra, const std::vector<at::Tensor>& signed_,
+                                               int other) const {
+  const std::string mine = name + " on [" + describe_tensors(signed_) + "]" + (extra.empty() ? "" : ", " + extra);
+  reports_->set(key + "/" + std::to_string(spec_.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<uint8_t> theirs;
+  try {
+    theirs = reports_->get(key + "/" + std::to_string(other));
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError, "emu backend: rank " + std::to_string(spec_.rank) + " of " +
+                                          std::to_string(spec_.size) + ": " + name +
+                                          " (mismatch report) failed: rank " + std::to_string(other) +
+                                          " did not report within the store's timeout. Transport said: " + e.what());
+  }
+  return disagreement_message(spec_.rank, mine, other, std::string(theirs.begin(), theirs.end()));
+}
+
+namespace {
+// Python's short name of a dtype ("float32"): torch's own table is not exported to extensions.
+std::string python_dtype(c10::ScalarType type) {
+  switch (type) {
+    case c10::kFloat: return "float32";
+    case c10::kDouble: return "float64";
+    case c10::kHalf: return "float16";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kLong: return "int64";
+    case c10::kInt: return "int32";
+    case c10::kShort: return "int16";
+    case c10::kChar: return "int8";
+    case c10::kByte: return "uint8";
+    case c10::kUInt16: return "uint16";
+    case c10::kUInt32: return "uint32";
+    case c10::kUInt64: return "uint64";
+    case c10::kBool: return "bool";
+    case c10::kComplexHalf: return "complex32";
+    case c10::kComplexFloat: return "complex64";
+    case c10::kComplexDouble: return "complex128";
+    case c10::kFloat8_e4m3fn: return "float8_e4m3fn";
+    case c10::kFloat8_e5m2: return "float8_e5m2";
+    case c10::kFloat8_e4m3fnuz: return "float8_e4m3fnuz";
+    case c10::kFloat8_e5m2fnuz: return "float8_e5m2fnuz";
+    default: return c10::toString(type);
+  }
+}
+}  // namespace
+
+std::string dtype_name(c10::ScalarType type) { return "torch." + python_dtype(type); }
+
+std::string describe_tensors(const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return "no tensors";
+  std::ostringstream out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto sizes = tensors[i].sizes();
+    out << (i ? ", " : "") << "(";
+    for (size_t d = 0; d < sizes.size(); ++d) out << (d ? ", " : "") << sizes[d];
+    out << (sizes.size() == 1 ? ",)" : ")") << " " << python_dtype(tensors[i].scalar_type());
+  }
+  return out.str();
 }
 
 }  // namespace emugpu

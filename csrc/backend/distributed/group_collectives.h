@@ -18,6 +18,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -33,6 +34,7 @@
 #include "core/clock.h"
 #include "core/ordered_runner.h"
 #include "core/pending_time.h"
+#include "core/exchange/tcp_transport.h"
 #include "core/exchange/transport.h"
 #include "core/exchange/words.h"
 
@@ -47,12 +49,32 @@ struct GroupSpec {
   int64_t data_threshold = 0;  // bytes per tensor up to which timing mode moves real bytes
 };
 
-// Builds the error message of a collective the ranks disagree on, after
-// exchanging descriptions under `key` (Python: Exchange.report):
-// (key, collective name, extra, the signed tensors, the other rank).
-using MismatchReport =
-    std::function<std::string(const std::string&, const std::string&, const std::string&,
-                              const std::vector<at::Tensor>&, int)>;
+// Bytes as they travel between ranks: what each rank sent this one.
+using Rows = std::vector<std::vector<uint8_t>>;
+
+// One collective of any family (collectives.h builds them): what it reads
+// and writes, how its bytes travel where the data rule moves them, and how
+// this rank's result comes from what the ranks sent.
+struct CollectiveCall {
+  std::string name;        // the user-facing name, in errors and the signature
+  std::string model_kind;  // core/collective_cost.h's kind
+  std::string extra;       // op and root: part of the signature
+  double model_bytes = 0;
+  std::vector<at::Tensor> inputs;    // whose bytes this rank contributes
+  std::vector<at::Tensor> received;  // whose bytes this rank writes
+  std::vector<at::Tensor> outputs;   // the Work's result
+  std::vector<at::Tensor> signed_;   // must match across ranks
+  int device = 0;
+  bool blocks_host = false;  // barrier: the host waits for its end
+  // Where bytes move: every rank's pack()[0] goes to every rank (all-gather
+  // style), or, per_destination, pack()[r] goes to rank r. `payload`: this
+  // rank's bytes on the wire (per_destination: framed). Both run on the
+  // group's runner, after the collectives launched before.
+  bool per_destination = false;
+  int64_t payload = 0;
+  std::function<Rows()> pack;
+  std::function<void(Rows&)> combine;
+};
 
 class GroupCollectives;
 
@@ -64,7 +86,8 @@ class GroupCollectives;
 class EmuWork : public c10d::Work {
  public:
   EmuWork(std::vector<at::Tensor> outputs, int device, c10::intrusive_ptr<c10::ivalue::Future> future,
-          std::shared_ptr<PendingTime> end, std::shared_ptr<OrderedRunner::Ticket> ticket);
+          std::shared_ptr<PendingTime> end, std::shared_ptr<OrderedRunner::Ticket> ticket,
+          bool blocks_host = false);
 
   bool wait(std::chrono::milliseconds timeout) override;
   bool isCompleted() override;
@@ -80,6 +103,7 @@ class EmuWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<PendingTime> end_;
   std::shared_ptr<OrderedRunner::Ticket> ticket_;  // a deferred one's runner call
+  bool blocks_host_;  // barrier: wait() blocks the host until the end, as ProcessGroupNCCL's does
 };
 
 class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
@@ -87,14 +111,19 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   // `words` carries the word gathers and the byte gathers it has room for
   // (shared memory where every rank is on this machine, else `bulk`);
   // `bulk` (TCP) carries the larger ones.
-  GroupCollectives(GroupSpec spec, std::shared_ptr<Transport> words, std::shared_ptr<Transport> bulk,
-                   MismatchReport report);
+  // `reports`: where ranks that disagree on a collective post their calls
+  // (a side channel that works while gathers are in flight).
+  GroupCollectives(GroupSpec spec, std::shared_ptr<Transport> words, std::shared_ptr<TcpTransport> bulk,
+                   c10::intrusive_ptr<c10d::Store> reports);
+
+  // Launches a collective of any family (see CollectiveCall): deferred to
+  // the runner (the host goes on) unless it blocks the host (barrier).
+  c10::intrusive_ptr<c10d::Work> run(CollectiveCall call);
+  const GroupSpec& spec() const { return spec_; }
 
   // The backend's own stream of `device` (a pool stream, taken once).
   int64_t comm_stream(int device);
-  // all_reduce (or its coalesced form); nullptr where the Python path must
-  // take it to report its arguments (non-emugpu or non-contiguous tensors,
-  // an op the dtype refuses).
+  // all_reduce (or its coalesced form).
   c10::intrusive_ptr<c10d::Work> all_reduce(const std::string& name, const std::vector<at::Tensor>& tensors,
                                             c10d::ReduceOp::RedOpType op);
   // A deferred collective (see the file comment) of any kind whose
@@ -129,13 +158,14 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   // a runner of its own, and the host goes on. Posts never wait behind the
   // runner's calls that wait for the peers' posts (a ring of
   // batch_isend_irecv would deadlock).
-  std::shared_ptr<OrderedRunner::Ticket> defer_post(int device, std::function<void(TimeNs)> post);
+  std::shared_ptr<OrderedRunner::Ticket> defer_post(int device, int64_t stream, std::function<void(TimeNs)> post);
   int64_t run_through_post(const std::shared_ptr<OrderedRunner::Ticket>& t) { return poster_->run_through(t); }
   void drain() {
     poster_->drain();
     runner_->drain();
   }
 
+  TcpTransport& bulk() { return *bulk_; }
   // "shm" or "tcp": the transport of the word gathers.
   const char* transport() const { return words_->kind(); }
   uint64_t payload_bytes_moved() const { return payload_moved_.load(); }
@@ -144,9 +174,24 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
  private:
   uint64_t gather_words(const CollectiveWords& mine);
   GatheredWords finish(uint64_t ticket, const std::string& name);
-  // Exchanges the ranks' bytes of `hosts` (`payload` in all) and reduces them into `hosts`.
+  // Exchanges the ranks' bytes of `hosts` (`payload` in all) and reduces
+  // them into `hosts`: an all-gather where shared memory holds them, else
+  // to rank 0 and back over TCP (each rank moves its bytes twice, not once
+  // per rank).
   void reduce_bytes(const std::string& name, const std::vector<at::Tensor>& hosts, c10d::ReduceOp::RedOpType op,
                     int64_t payload);
+  // What each rank sent this one (CollectiveCall's rule); `longest`: the
+  // longest payload over ranks, the same on every rank, picks the transport.
+  Rows move_bytes(const CollectiveCall& call, int64_t longest);
+  // Gathers the words from this rank's `start` (rank 0's clock), checks
+  // them, moves the bytes where the data rule says so and places the
+  // collective on `comm`; returns its end.
+  TimeNs exchange_and_place(CollectiveCall& call, int64_t comm, bool compute, int64_t largest, uint64_t signature,
+                            TimeNs start);
+  // The error message of a collective the ranks disagree on, after posting
+  // this rank's call under `key` and reading `other`'s.
+  std::string mismatch_message(const std::string& key, const std::string& name, const std::string& extra,
+                               const std::vector<at::Tensor>& signed_, int other) const;
   // Throws the ranks' disagreement (ValueError) if any signature differs.
   void check_signatures(const GatheredWords& words, uint64_t signature, uint64_t ticket,
                         const std::string& name, const std::string& extra,
@@ -158,8 +203,8 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
 
   const GroupSpec spec_;
   std::shared_ptr<Transport> words_;
-  std::shared_ptr<Transport> bulk_;
-  MismatchReport report_;
+  std::shared_ptr<TcpTransport> bulk_;
+  c10::intrusive_ptr<c10d::Store> reports_;
   std::shared_ptr<OrderedRunner> runner_;
   std::shared_ptr<OrderedRunner> poster_;  // defer_post
   std::array<std::atomic<int64_t>, 64> comm_{};  // 0: not taken yet
@@ -170,5 +215,13 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
 // dtypes: the same on every rank that calls the same collective.
 uint64_t collective_signature(const std::string& name, const std::string& extra,
                               const std::vector<at::Tensor>& tensors);
+// acc (op)= part, elementwise, in place.
+void reduce_into(at::Tensor& acc, const at::Tensor& part, c10d::ReduceOp::RedOpType op);
+// "SUM", "AVG", ... as c10d's ReduceOp names them.
+const char* op_name(c10d::ReduceOp::RedOpType op);
+// "(4,) float32, (2, 3) int64", as Python prints shapes and dtypes; "no tensors".
+std::string describe_tensors(const std::vector<at::Tensor>& tensors);
+// Python's name of a dtype ("torch.float32"), as errors print it.
+std::string dtype_name(c10::ScalarType type);
 
 }  // namespace emugpu

@@ -427,6 +427,24 @@ std::vector<uint8_t> TcpTransport::recv(int peer, uint64_t channel, std::chrono:
   }
 }
 
+std::vector<std::vector<uint8_t>> TcpTransport::exchange(const std::vector<const void*>& chunks,
+                                                         const std::vector<size_t>& lengths,
+                                                         std::chrono::nanoseconds timeout) {
+  EMUGPU_CHECK(chunks.size() == static_cast<size_t>(size_) && lengths.size() == chunks.size(), kValue,
+               "tcp exchange: expected a chunk per rank (", size_, "), got ", chunks.size(), " chunks and ",
+               lengths.size(), " lengths");
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) send(r, kExchangeChannel, chunks[static_cast<size_t>(r)], lengths[static_cast<size_t>(r)]);
+  }
+  std::vector<std::vector<uint8_t>> got(static_cast<size_t>(size_));
+  const auto* own = static_cast<const uint8_t*>(chunks[static_cast<size_t>(rank_)]);
+  got[static_cast<size_t>(rank_)].assign(own, own + lengths[static_cast<size_t>(rank_)]);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) got[static_cast<size_t>(r)] = recv(r, kExchangeChannel, timeout);
+  }
+  return got;
+}
+
 std::string TcpTransport::address_towards(const std::string& host) {
   try {
     asio::io_context io;

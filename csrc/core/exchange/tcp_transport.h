@@ -24,6 +24,9 @@ namespace emugpu {
 
 class TcpTransport : public Transport {
  public:
+  // The channel exchange() uses; above the channels callers derive from user tags.
+  static constexpr uint64_t kExchangeChannel = uint64_t{1} << 61;
+
   struct Options {
     std::string host = "127.0.0.1";  // bound and advertised: an address every rank reaches
     std::string key_prefix;          // this group's keys in the Rendezvous
@@ -50,6 +53,14 @@ class TcpTransport : public Transport {
   void send(int peer, uint64_t channel, const void* data, size_t length);
   // The next message from `peer` on `channel`, waiting up to `timeout`.
   std::vector<uint8_t> recv(int peer, uint64_t channel, std::chrono::nanoseconds timeout);
+
+  // All-to-all of byte chunks: `chunks[r]` (of `chunks_length[r]` bytes)
+  // goes to rank r; returns what every rank sent this one (this rank's own
+  // chunk copied), in rank order. Collectives whose ranks need different
+  // bytes (reduce-scatter, all-to-all, a rooted reduce) move only those.
+  // Exchanges pair up across ranks in the order each rank calls them.
+  std::vector<std::vector<uint8_t>> exchange(const std::vector<const void*>& chunks,
+                                             const std::vector<size_t>& lengths, std::chrono::nanoseconds timeout);
 
   // The local address from which this machine reaches `host` (the route's
   // source address): one the other ranks reach if they all reach `host`.

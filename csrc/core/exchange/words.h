@@ -12,6 +12,10 @@
 
 namespace emugpu {
 
+// Per-tensor size up to which timing mode moves real bytes: covers DDP's
+// parameter-shape check and buffers of small models, losses and metrics.
+constexpr int64_t kDataThresholdBytes = 64 * 1024;
+
 // Each rank's words of one collective, in wire order.
 struct CollectiveWords {
   enum Index : int { kStart, kReal, kCompute, kSignature, kModelBytes, kLargest, kPayload, kCount };
