@@ -9,7 +9,13 @@
 #include <array>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <utility>
+
+#include "backend/ops/common.h"
+#include "core/calibration.h"
 
 namespace emugpu {
 namespace {
@@ -48,8 +54,44 @@ void Runtime::mark_forked_child() {
 }
 
 void Runtime::configure(const ConfigRequest& request) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  configure_locked(request);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    configure_locked(request);
+  }
+  invalidate_shape_caches();
+}
+
+namespace {
+
+KernelParams fitted_calibration(const std::string& path, const GpuSpec& gpu) {
+  namespace fs = std::filesystem;
+  static std::mutex mutex;
+  static std::map<std::tuple<std::string, std::string, uintmax_t, int64_t>, KernelParams> fits;
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  const auto mtime = fs::last_write_time(path, ec).time_since_epoch().count();
+  const auto key = std::make_tuple(path, gpu.name, size, static_cast<int64_t>(mtime));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = fits.find(key);
+  if (it == fits.end()) {
+    const Calibration cal = load_calibration(path, gpu);
+    // Once per file version, as the fit: points a newer version wrote are skipped, not refused.
+    if (const std::string warning = calibration_warning(cal); !warning.empty()) TORCH_WARN("emugpu: ", warning);
+    it = fits.emplace(key, fit_kernel_params(gpu, cal.cases, default_kernel_params(gpu), {},
+                                             "calibration: " + path)).first;
+  }
+  return it->second;
+}
+
+}  // namespace
+
+KernelParams Runtime::load_calibration(const std::vector<std::string>& directories) {
+  const GpuSpec& gpu = device(0).gpu();
+  KernelParams params = default_kernel_params(gpu);
+  if (const auto path = find_calibration(directories, gpu)) params = fitted_calibration(*path, gpu);
+  for (int i = 0; i < device_count(); ++i) device(i).cost().set_kernel_params(params);
+  invalidate_shape_caches();  // cached ops keep the durations of the old parameters
+  return params;
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/kernel_params.h"
 #include "core/pending_time.h"
 #include "core/profile_db.h"
 
@@ -25,7 +26,13 @@ class Runtime {
 
   // (Re)creates the devices; what `request` leaves out comes from the
   // environment. Refused while device memory is allocated.
+  // Drops the ops' cached durations too: they are the old GPU's.
   void configure(const ConfigRequest& request);
+  // Sets every device's kernel parameters: fitted to the first calibration
+  // file for the GPU on `directories` (once per file version: configure()
+  // reloads often, and a fit takes a fraction of a second), else the GPU
+  // architecture's row; returns them.
+  KernelParams load_calibration(const std::vector<std::string>& directories);
   // Configures from the environment unless already configured.
   void ensure_configured();
   bool configured() const { return state_.load(std::memory_order_acquire) != nullptr; }

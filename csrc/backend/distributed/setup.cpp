@@ -246,13 +246,15 @@ int64_t node_key() {
 }
 
 int64_t clock_key() {
-  std::string parts = read_file("/proc/sys/kernel/random/boot_id") + "|" + read_file("/proc/self/timens_offsets");
-  if (parts.front() == '|') {  // no boot id to compare: trust nothing, measure
+  const std::string boot = read_file("/proc/sys/kernel/random/boot_id");
+  std::ostringstream parts;
+  parts << boot << '|' << read_file("/proc/self/timens_offsets");
+  if (boot.empty()) {  // no boot id to compare: trust nothing, measure
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
-    parts += "|" + std::to_string(getpid()) + host;
+    parts << '|' << getpid() << host;
   }
-  return static_cast<int64_t>(fnv(parts));
+  return static_cast<int64_t>(fnv(parts.str()));
 }
 
 GroupTopology topology(const std::vector<int64_t>& nodes_of_ranks, int size) {

@@ -1,5 +1,5 @@
 // What every binding file of torch_emugpu._C shares: errors become the
-// matching Python exceptions.
+// matching Python exceptions; one bind_* function per area.
 #pragma once
 
 #include <torch/csrc/Exceptions.h>
@@ -34,6 +34,11 @@ inline auto guarded(Fn&& fn) -> decltype(fn()) {
   }
 }
 
+// One per area, each in its own file; module.cpp calls them.
+void bind_device(py::module_& m);
+void bind_memory(py::module_& m);
+void bind_regions(py::module_& m);
+void bind_cost(py::module_& m);
 void bind_distributed(py::module_& m);
 
 }  // namespace emugpu

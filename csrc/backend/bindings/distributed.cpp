@@ -5,7 +5,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "backend/bindings.h"
+#include "backend/bindings/common.h"
 #include "backend/distributed/collective.h"
 #include "backend/distributed/process_group.h"
 #include "backend/distributed/setup.h"
