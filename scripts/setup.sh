@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# iproute2: `ip netns` for test_torchrun.py's emulated nodes in network namespaces.
-packages=(g++ nlohmann-json3-dev libgtest-dev libboost-dev ninja-build iproute2)
+# iproute2: `ip netns` for test_torchrun.py's emulated nodes in network namespaces;
+# clang-format: scripts/test.sh checks the C++ style (.clang-format).
+packages=(g++ nlohmann-json3-dev libgtest-dev libboost-dev ninja-build iproute2 clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,5 +22,5 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # torch and torchvision come from this machine's local wheel store at these versions.
 .venv/bin/pip install -q --disable-pip-version-check \
-  torch==2.14.1 torchvision==0.29.1 pytest ruff tqdm numpy matplotlib cmake ninja setuptools wheel
+  torch==2.14.1 torchvision==0.29.1 pytest ruff mypy tqdm numpy matplotlib cmake ninja setuptools wheel
 .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation -e .
