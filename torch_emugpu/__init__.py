@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _config
+from ._version import __version__
 from .explain import cost_report, kernel_params, reset_cost_report
 
 try:
@@ -21,7 +22,6 @@ except ImportError as _error:  # the profiler and importers work without it
 else:
     _C_ERROR = None
 
-__version__ = "0.1.0"  # the one place: pyproject.toml reads it
 __all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
            "host_bound_report", "cost_report", "reset_cost_report", "kernel_params", "__version__"]
 

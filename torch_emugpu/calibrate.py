@@ -54,11 +54,12 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from torch_emugpu._version import __version__
 from torch_emugpu.models import GPT2_SMALL, write_json_atomic
 from torch_emugpu.profiler import default_out as default_profile_dir
 from torch_emugpu.profiler import device_name, gpu_dir_name, robust_median
 
-VERSION = "0.1.0"
+VERSION = __version__  # written in _version.py only
 SCHEMA = "torch-emugpu calibration v1"
 
 WARMUP = 3

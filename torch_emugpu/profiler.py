@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
+from torch_emugpu._version import __version__
 from torch_emugpu.models import image_size, torchvision_model, write_json_atomic
 
-VERSION = "0.1.0"
+VERSION = __version__  # written in _version.py only
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 

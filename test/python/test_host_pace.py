@@ -10,25 +10,30 @@ from conftest import run_python
 
 PACE_MS = 2.0
 
-PROBE = """
+# Best of REPEATS: what is measured is this host's own time (the pace is a real
+# sleep), so the fastest repeat is the one a loaded machine disturbed least.
+REPEATS = 5
+
+PROBE = f"""
 import json, time, torch, torch_emugpu
 x = torch.ones(4, 4, device="emugpu", requires_grad=True)
 (x * 1.5).sum().backward()  # the first op's one-time costs (shape rules, planner) out of the way
-torch.emugpu.synchronize()
-start, mid, end = (torch.emugpu.Event(enable_timing=True) for _ in range(3))
-start.record()
-y = x
-for _ in range(20):
-    y = y * 1.5
-mid.record()
-t0 = time.perf_counter()
-y.sum().backward()
-torch.emugpu.synchronize()
-backward_wall = time.perf_counter() - t0
-end.record()
-end.synchronize()
-print(json.dumps({"forward_ms": start.elapsed_time(mid), "backward_wall_ms": backward_wall * 1e3,
-                  "host_op_us": torch_emugpu.config().host_op_us}))
+forward_ms, backward_wall_ms = [], []
+for _ in range({REPEATS}):
+    torch.emugpu.synchronize()
+    start, mid = (torch.emugpu.Event(enable_timing=True) for _ in range(2))
+    start.record()
+    y = x
+    for _ in range(20):
+        y = y * 1.5
+    mid.record()
+    t0 = time.perf_counter()
+    y.sum().backward()
+    torch.emugpu.synchronize()
+    backward_wall_ms.append((time.perf_counter() - t0) * 1e3)
+    forward_ms.append(start.elapsed_time(mid))
+print(json.dumps({{"forward_ms": min(forward_ms), "backward_wall_ms": min(backward_wall_ms),
+                  "host_op_us": torch_emugpu.config().host_op_us}}))
 """
 
 
@@ -41,7 +46,7 @@ def probe(env: dict[str, str]) -> dict:
 def test_forward_ops_wait_for_the_emulated_hosts_time_per_op() -> None:
     paced = probe({"EMUGPU_HOST_OP_US": str(PACE_MS * 1e3)})
     assert paced["host_op_us"] == PACE_MS * 1e3
-    # 20 multiplications (and the event between them): the device waited for the host.
+    # 20 multiplications (and the event between them): the device waited for the host, in every repeat.
     assert paced["forward_ms"] >= 19 * PACE_MS
     plain = probe({})
     assert plain["host_op_us"] == 0
@@ -50,7 +55,7 @@ def test_forward_ops_wait_for_the_emulated_hosts_time_per_op() -> None:
 
 def test_backward_ops_launched_by_autograd_keep_this_hosts_pace() -> None:
     paced = probe({"EMUGPU_HOST_OP_US": str(PACE_MS * 1e3)})
-    # About 20 backward kernels; paced they would take >= 40 ms of host time.
+    # About 20 backward kernels; paced they would take >= 40 ms of host time in every repeat.
     assert paced["backward_wall_ms"] < 10 * PACE_MS
 
 

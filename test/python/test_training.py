@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import torch_emugpu
+
 
 def small_model():
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
@@ -63,19 +65,45 @@ def test_autocast_runs_matmuls_in_low_precision_and_losses_in_fp32(dtype):
     assert m[0].weight.grad.dtype == torch.float32
 
 
-def test_grad_scaler_loop_runs():
+@pytest.mark.parametrize("mode", ["timing", "compute"])
+def test_grad_scaler_loop_runs(mode):
+    torch_emugpu.configure(mode=mode)
+    torch.manual_seed(0)
     m = small_model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("emugpu")
-    x = torch.empty(8, 32, device="emugpu")
+    scaler = torch.amp.GradScaler("emugpu", init_scale=2.0**16)
+    x = torch.randn(8, 32).to("emugpu")
+    y = torch.randint(0, 10, (8,)).to("emugpu")
     for _ in range(3):
+        before = [p.detach().cpu().clone() for p in m.parameters()]
+        torch.emugpu.synchronize()
+        torch.emugpu.reset_engine_stats()
         with torch.autocast("emugpu", dtype=torch.float16):
-            loss = m(x).float().sum()
+            loss = torch.nn.functional.cross_entropy(m(x).float(), y)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
         scaler.step(opt)
         scaler.update()
+        torch.emugpu.synchronize()
+        stats = torch.emugpu.engine_stats()
+        # Each step runs on the emulated GPU and reads the scaler's inf check back, as on CUDA.
+        assert stats["compute_launches"] > 0 and stats["compute_busy_s"] > 0 and stats["d2h_launches"] >= 1
+        if mode == "compute":
+            assert all(torch.isfinite(p.grad.cpu()).all() for p in m.parameters())
+            assert all(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, m.parameters(), strict=True))
         opt.zero_grad()
+    if mode == "timing":
+        return  # timing mode computes no values: the scale and the updates are not real
+    assert scaler.get_scale() == 2.0**16  # finite gradients: no step skipped, the scale kept
+    # An overflowing step is skipped and halves the scale, as on CUDA.
+    before = [p.detach().cpu().clone() for p in m.parameters()]
+    with torch.autocast("emugpu", dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(m(x).float(), y) * float("inf")
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert all(torch.equal(b, p.detach().cpu()) for b, p in zip(before, m.parameters(), strict=True))
+    assert scaler.get_scale() == 2.0**15
 
 
 def test_autocast_lowers_activation_memory():
