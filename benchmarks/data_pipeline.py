@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from torch_emugpu import datasets
-from torch_emugpu.models import torchvision_model, write_json_atomic
+from torch_emugpu.measure.models import torchvision_model, write_json_atomic
 from torch_emugpu.preprocessing import MEAN, STD, train_batch_on_device
 
 

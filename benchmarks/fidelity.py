@@ -80,7 +80,7 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
 
     import torch_emugpu
     from torch_emugpu import _C
-    from torch_emugpu.models import image_size, torchvision_model
+    from torch_emugpu.measure.models import image_size, torchvision_model
 
     torch_emugpu.configure(gpu=gpu.replace("_", " "))
     if not profile_dir:
@@ -137,7 +137,7 @@ def shapes_worker(task: tuple[str, str, str, str, int]) -> list[dict]:
     import torch
 
     import torch_emugpu
-    from torch_emugpu.models import torchvision_model
+    from torch_emugpu.measure.models import torchvision_model
 
     torch_emugpu.configure(gpu=gpu.replace("_", " "))
 
@@ -243,7 +243,7 @@ def main() -> None:
         raise SystemExit(f"no GPEmu reference data at {ref}")
     from tqdm import tqdm
 
-    from torch_emugpu.importers import import_gpemu
+    from torch_emugpu.measure.importers import import_gpemu
 
     profile_dir = tempfile.mkdtemp(prefix="emugpu-fidelity-")
     import_gpemu(ref, profile_dir, progress=False)

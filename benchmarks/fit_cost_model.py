@@ -53,7 +53,7 @@ def trace_model(model: str, batches: tuple[int, ...]) -> dict[str, list[list[dic
 
     import torch_emugpu
     from torch_emugpu import _C
-    from torch_emugpu.models import image_size, torchvision_model
+    from torch_emugpu.measure.models import image_size, torchvision_model
 
     torch_emugpu.configure(gpu=TRACE_GPU)
     torch_emugpu.profiles.reload()

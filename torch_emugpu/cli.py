@@ -29,19 +29,20 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from torch_emugpu import profiler
+    from torch_emugpu.measure import profiler
 
     return profiler.main(args)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from torch_emugpu import calibrate
+    from torch_emugpu.measure import calibrate
 
     return calibrate.main(args)
 
 
 def _import(args: argparse.Namespace) -> int:
-    from torch_emugpu import importers, profiles
+    from torch_emugpu import profiles
+    from torch_emugpu.measure import importers
 
     out = Path(args.out) if args.out else profiles.user_profile_dir()
     written = importers.import_gpemu(args.src, out, progress=not args.no_progress,
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from torch_emugpu import calibrate, profiler, train
+    from torch_emugpu import train
+    from torch_emugpu.measure import calibrate, profiler
 
     p = sub.add_parser("train", help="run an emulated training job and print its summary",
                        description=train.__doc__)

@@ -36,7 +36,7 @@ import torch
 
 import torch_emugpu
 from torch_emugpu import _C, datasets
-from torch_emugpu.models import torchvision_model
+from torch_emugpu.measure.models import torchvision_model
 from torch_emugpu.preprocessing import MEAN, STD, train_batch_on_device
 
 

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from torch_emugpu.models import write_json_atomic
+from torch_emugpu.measure.models import write_json_atomic
 
 KINDS = ("imagenet-like", "fixed")
 GENERATOR_VERSION = 1  # bump when the same seed would give other bytes

@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _model_and_step(args: argparse.Namespace, device: torch.device):  # type: ignore[no-untyped-def]
-    from torch_emugpu.models import GPT, GPTConfig, gpt_loss, image_size, torchvision_model
+    from torch_emugpu.measure.models import GPT, GPTConfig, gpt_loss, image_size, torchvision_model
 
     amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
     if args.model == "gpt2":

@@ -76,7 +76,7 @@ def _mode_channels(mode: Any) -> int | None:
 @lru_cache(maxsize=8)
 def _table(gpu: str, search: tuple[str, ...]) -> tuple[dict[str, Any], str] | None:
     """The decode rows of `gpu`'s preprocessing table, else of the first other GPU's; with its GPU name."""
-    from torch_emugpu.profiler import gpu_dir_name
+    from torch_emugpu.measure.profiler import gpu_dir_name
 
     own = [Path(d) / gpu_dir_name(gpu) / "preprocessing.json" for d in search]
     others = [p for d in search for p in sorted(Path(d).glob("*/preprocessing.json"))]

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 import torch_emugpu
 from torch_emugpu import _C
-from torch_emugpu.models import image_size, torchvision_model
+from torch_emugpu.measure.models import image_size, torchvision_model
 
 GPT_MODELS = ("gpt2",)
 
@@ -36,7 +36,7 @@ class TrainResult:
 
 def build(model: str, batch_size: int, seq_len: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     if model in GPT_MODELS:
-        from torch_emugpu.models import GPT
+        from torch_emugpu.measure.models import GPT
 
         net = GPT()
         x = torch.randint(0, net.cfg.vocab_size, (batch_size, seq_len))

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from torch_emugpu.models import image_size, torchvision_model, write_json_atomic
+from torch_emugpu.measure.models import image_size, torchvision_model, write_json_atomic
 
 VERSION = "0.1.0"
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -213,7 +213,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError("--device cuda: no CUDA GPU is available on this machine; use --device cpu")
     out = Path(args.out) if args.out else default_out()
     if args.preprocessing:
-        from torch_emugpu import preprocessing_profiler
+        from torch_emugpu.measure import preprocessing_profiler
 
         print(preprocessing_profiler.run(out, device, progress=not args.no_progress))
         if not args.models:
@@ -228,7 +228,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.profiler", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.measure.profiler", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     raise SystemExit(main(parser.parse_args()))

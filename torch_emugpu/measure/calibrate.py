@@ -54,9 +54,9 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from torch_emugpu.models import GPT2_SMALL, write_json_atomic
-from torch_emugpu.profiler import default_out as default_profile_dir
-from torch_emugpu.profiler import device_name, gpu_dir_name, robust_median
+from torch_emugpu.measure.models import GPT2_SMALL, write_json_atomic
+from torch_emugpu.measure.profiler import default_out as default_profile_dir
+from torch_emugpu.measure.profiler import device_name, gpu_dir_name, robust_median
 
 VERSION = "0.1.0"
 SCHEMA = "torch-emugpu calibration v1"
@@ -1081,7 +1081,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.calibrate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.measure.calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     raise SystemExit(main(parser.parse_args()))
