@@ -33,14 +33,10 @@ from typing import Any
 import torch
 
 from torch_emugpu import _C, _parallel
+from torch_emugpu.measure.common import user_profile_dir
 
 __all__ = ["search_path", "calibration_path", "user_profile_dir", "reload", "available", "lookup", "use_profile",
            "profiled_as", "region_report"]
-
-
-def user_profile_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "torch-emugpu" / "profiles"
 
 
 def packaged_profile_dir() -> Path:

@@ -11,7 +11,7 @@ import torch
 from conftest import run_python
 
 from torch_emugpu.measure import calibrate
-from torch_emugpu.measure.profiler import device_name
+from torch_emugpu.measure.common import device_name
 
 CPU = torch.device("cpu")
 
