@@ -10,28 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from . import _config
-from .explain import cost_report, kernel_params, reset_cost_report
-
-try:
-    from . import _C  # registers the PrivateUse1 kernels, guard and allocator
-except ImportError as _error:  # the profiler and importers work without it
-    _C = None  # type: ignore[assignment]
-    _C_ERROR: ImportError | None = _error
-else:
-    _C_ERROR = None
+from .device import _config
+from .device._extension import _C
+from .device._extension import BUILD_HINT as _BUILD_HINT
+from .device._extension import ERROR as _C_ERROR
+from .device._extension import ensure_configured as _ensure_configured
+from .device._extension import require as _require_extension
+from .device.cost_report import cost_report, kernel_params, reset_cost_report
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it
 __all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
            "host_bound_report", "cost_report", "reset_cost_report", "kernel_params", "__version__"]
-
-_BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
-               "the profiler and importers work without it")
-
-
-def _require_extension() -> None:
-    if _C is None:
-        raise RuntimeError(f"torch-emugpu's compiled extension torch_emugpu._C is missing ({_C_ERROR}); {_BUILD_HINT}")
 
 
 def configure(gpu: str | None = None, device_count: int | None = None, mode: str | None = None) -> None:
@@ -66,11 +55,6 @@ def gpu_names() -> list[str]:
     """Names of every GPU in the catalog."""
     _require_extension()
     return list(_C._gpu_names())
-
-
-def _ensure_configured() -> None:
-    _require_extension()
-    _C._ensure_configured()
 
 
 def utilization(device: int | None = None) -> int:
@@ -116,14 +100,15 @@ def region_report(device: int | None = None) -> list[dict]:
 
 
 def _register() -> None:
-    from . import device_module
+    from .device import device_module
 
     if torch._C._get_privateuse1_backend_name() != "emugpu":
         torch.utils.rename_privateuse1_backend("emugpu")
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import _parallel, _sharing, _shutdown, _ties, profiles
+    from . import _parallel, profiles
+    from .device import _sharing, _shutdown, _ties
 
     _parallel.install()
     _shutdown.install()
