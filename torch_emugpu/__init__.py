@@ -107,8 +107,9 @@ def _register() -> None:
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import _parallel, profiles
+    from . import profiles
     from .device import _sharing, _shutdown, _ties
+    from .distributed import _parallel
 
     _parallel.install()
     _shutdown.install()

@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from torch_emugpu import _C, _parallel
+from torch_emugpu import _C
+from torch_emugpu.distributed import _parallel
 from torch_emugpu.measure.common import user_profile_dir
 
 __all__ = ["search_path", "calibration_path", "user_profile_dir", "reload", "available", "lookup", "use_profile",
