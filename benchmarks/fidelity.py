@@ -84,7 +84,7 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
 
     torch_emugpu.configure(gpu=gpu.replace("_", " "))
     if not profile_dir:
-        torch_emugpu.profiles.reload()
+        torch_emugpu.timing.profiles.reload()
     net = torchvision_model(model).to("emugpu")
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     size = image_size(model)
@@ -117,7 +117,7 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
                "busy": statistics.median(busy), "peak": torch.emugpu.max_memory_allocated(),
                "persistent": torch.emugpu.memory_allocated()}
         if phase != "roofline":
-            entry = torch_emugpu.profiles.lookup(model, bs)
+            entry = torch_emugpu.timing.profiles.lookup(model, bs)
             row["profile"] = entry["forward_s"] + entry["backward_s"] if entry else None
             row["kind"] = entry["kind"] if entry else None
         out.append(row)
@@ -147,11 +147,11 @@ def shapes_worker(task: tuple[str, str, str, str, int]) -> list[dict]:
         return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
 
     def profiled(name: str) -> float:
-        e = torch_emugpu.profiles.lookup(name, SHAPE_BATCH)
+        e = torch_emugpu.timing.profiles.lookup(name, SHAPE_BATCH)
         return e["forward_s"] + e["backward_s"]
 
     def fwd(name: str) -> float:
-        return torch_emugpu.profiles.lookup(name, SHAPE_BATCH)["forward_s"]
+        return torch_emugpu.timing.profiles.lookup(name, SHAPE_BATCH)["forward_s"]
 
     x = torch.empty(SHAPE_BATCH, 3, 224, 224, device="emugpu")
     y = torch.zeros(SHAPE_BATCH, dtype=torch.long, device="emugpu")

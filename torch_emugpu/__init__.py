@@ -40,7 +40,7 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
         device_count = current.device_count if device_count is None else device_count
         mode = current.mode if mode is None else mode
     _C._configure(gpu, None if device_count is None else int(device_count), mode)
-    from . import profiles
+    from .timing import profiles
 
     profiles.reload()
 
@@ -80,23 +80,23 @@ def host_bound_report(device: int | None = None) -> dict[str, float | int]:
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:
     """Names the measured profile `module` runs under, e.g. use_profile(net, "resnet50")."""
-    from . import profiles
+    from .timing import planner
 
-    return profiles.use_profile(module, model)
+    return planner.use_profile(module, model)
 
 
 def profiled_as(model: str):  # type: ignore[no-untyped-def]
     """Context manager: root modules run inside use the profile named `model`."""
-    from . import profiles
+    from .timing import planner
 
-    return profiles.profiled_as(model)
+    return planner.profiled_as(model)
 
 
 def region_report(device: int | None = None) -> list[dict]:
     """Which source (profile file, exact/interpolated/extrapolated, or cost model) timed each region."""
-    from . import profiles
+    from .timing import planner
 
-    return profiles.region_report(device)
+    return planner.region_report(device)
 
 
 def _register() -> None:
@@ -107,15 +107,16 @@ def _register() -> None:
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import profiles
     from .device import _sharing, _shutdown, _ties
     from .distributed import _parallel
+    from .timing import planner, profiles
 
     _parallel.install()
     _shutdown.install()
     _ties.install()
     _sharing.install()
     profiles.activate()
+    planner.activate()
     if torch.distributed.is_available():
         from . import distributed
 

@@ -41,10 +41,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from torch_emugpu import profiles
     from torch_emugpu.measure import importers
+    from torch_emugpu.measure.common import user_profile_dir
 
-    out = Path(args.out) if args.out else profiles.user_profile_dir()
+    out = Path(args.out) if args.out else user_profile_dir()
     written = importers.import_gpemu(args.src, out, progress=not args.no_progress,
                                      on_skip=lambda why: print(f"skipped {why}", file=sys.stderr))
     print(f"wrote {len(written)} profiles under {out}")
@@ -58,7 +58,7 @@ def _dataset(args: argparse.Namespace) -> int:
 
 
 def _profiles(args: argparse.Namespace) -> int:
-    from torch_emugpu import profiles
+    from torch_emugpu.timing import profiles
 
     rows = profiles.available()
     if args.json:
@@ -77,7 +77,7 @@ def _profiles(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from torch_emugpu import profiles
+    from torch_emugpu.timing import profiles
 
     entry = profiles.find(args.gpu, args.model)
     doc = json.loads(Path(entry["path"]).read_text())

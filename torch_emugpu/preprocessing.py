@@ -87,7 +87,8 @@ _warned: set[str] = set()
 def decode_seconds(pixels: list[int], device_index: int) -> float:
     """Emulated seconds of one batched decode of images of `pixels` each."""
     import torch_emugpu
-    from torch_emugpu import _C, profiles
+    from torch_emugpu import _C
+    from torch_emugpu.timing import profiles
 
     gpu = torch_emugpu.config().gpu
     sm = torch.emugpu.get_device_properties(device_index).multi_processor_count
