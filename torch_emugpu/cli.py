@@ -52,7 +52,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _dataset(args: argparse.Namespace) -> int:
-    from torch_emugpu import datasets
+    from torch_emugpu.data import datasets
 
     return datasets.main(args)
 

@@ -2,7 +2,7 @@
 decoder on an emulated GPU, with a progress bar and a summary. With --data DIR
 it trains on a real image folder through a DataLoader and reports where each
 epoch's time went (fetch, preprocessing and transfer stalls, accelerator
-utilisation): see torch_emugpu/data_train.py."""
+utilisation): see torch_emugpu/data/data_train.py."""
 
 from __future__ import annotations
 
@@ -143,14 +143,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="autocast dtype (default: none, fp32)")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample for gpt2 (default: 1024)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    from torch_emugpu import data_train
+    from torch_emugpu.data import data_train
 
     data_train.add_arguments(p.add_argument_group("training on an image folder (data stalls)"))
 
 
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "data", None):
-        from torch_emugpu import data_train
+        from torch_emugpu.data import data_train
 
         return data_train.main(args)
     r = run(model=args.model, gpu=args.gpu, batch_size=args.batch_size, iterations=args.iterations,

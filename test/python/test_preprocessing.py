@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 import torch_emugpu
-from torch_emugpu import preprocessing
+from torch_emugpu.data import preprocessing
 from torch_emugpu.measure.images import render as _render
 
 

@@ -2,7 +2,7 @@
 `torchvision.io.decode_jpeg(..., device="cuda")`, timed from the emulated
 GPU's measured preprocessing table.
 
-    from torch_emugpu.preprocessing import decode_jpeg
+    from torch_emugpu.data.preprocessing import decode_jpeg
     images = decode_jpeg(list_of_jpeg_byte_tensors, device="emugpu")   # list of uint8 [C, H, W]
 
 The sizes come from each JPEG's header. In compute mode the pixels are
