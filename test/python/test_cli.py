@@ -4,7 +4,8 @@ import os
 import subprocess
 import sys
 
-from torch_emugpu import cli, train
+from torch_emugpu import cli
+from torch_emugpu.cli import train
 
 BIN = os.path.join(os.path.dirname(sys.executable), "torch-emugpu")
 

@@ -161,6 +161,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.cli.train", description=__doc__)
     add_arguments(parser)
     raise SystemExit(main(parser.parse_args()))

@@ -1,4 +1,4 @@
-"""The `torch-emugpu` command."""
+"""The `torch-emugpu` command: its parser, and the subcommands small enough to live here."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ def _gpus(_: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from torch_emugpu import explain
+    from torch_emugpu.cli import explain
 
     return explain.main(args)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from torch_emugpu import train
+    from torch_emugpu.cli import train
 
     return train.main(args)
 
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from torch_emugpu import train
+    from torch_emugpu.cli import train
     from torch_emugpu.measure import calibrate, profiler
 
     p = sub.add_parser("train", help="run an emulated training job and print its summary",
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_arguments(p)
     p.set_defaults(func=_train)
 
-    from torch_emugpu import explain
+    from torch_emugpu.cli import explain
 
     ex = sub.add_parser("explain", help="per op family, what the cost model charges a model's training iteration",
                         description=explain.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
