@@ -9,7 +9,9 @@ says how to build it.
 from __future__ import annotations
 
 try:
-    from torch_emugpu import _C  # registers the PrivateUse1 kernels, guard and allocator
+    # Registers the PrivateUse1 kernels, guard and allocator. By its full name: where the file is missing,
+    # the error then says so, not that the half-imported package has no `_C` ("circular import").
+    import torch_emugpu._C as _C
 except ImportError as _error:  # the measuring tools work without it
     _C = None  # type: ignore[assignment]
     ERROR: ImportError | None = _error
