@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from torch_emugpu import datasets
-from torch_emugpu.models import torchvision_model, write_json_atomic
-from torch_emugpu.preprocessing import MEAN, STD, train_batch_on_device
+from torch_emugpu.data import datasets
+from torch_emugpu.data.preprocessing import MEAN, STD, train_batch_on_device
+from torch_emugpu.measure.models import torchvision_model, write_json_atomic
 
 
 def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: int, workers: int, pin: bool,

@@ -80,11 +80,11 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
 
     import torch_emugpu
     from torch_emugpu import _C
-    from torch_emugpu.models import image_size, torchvision_model
+    from torch_emugpu.measure.models import image_size, torchvision_model
 
     torch_emugpu.configure(gpu=gpu.replace("_", " "))
     if not profile_dir:
-        torch_emugpu.profiles.reload()
+        torch_emugpu.timing.profiles.reload()
     net = torchvision_model(model).to("emugpu")
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     size = image_size(model)
@@ -117,7 +117,7 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
                "busy": statistics.median(busy), "peak": torch.emugpu.max_memory_allocated(),
                "persistent": torch.emugpu.memory_allocated()}
         if phase != "roofline":
-            entry = torch_emugpu.profiles.lookup(model, bs)
+            entry = torch_emugpu.timing.profiles.lookup(model, bs)
             row["profile"] = entry["forward_s"] + entry["backward_s"] if entry else None
             row["kind"] = entry["kind"] if entry else None
         out.append(row)
@@ -137,7 +137,7 @@ def shapes_worker(task: tuple[str, str, str, str, int]) -> list[dict]:
     import torch
 
     import torch_emugpu
-    from torch_emugpu.models import torchvision_model
+    from torch_emugpu.measure.models import torchvision_model
 
     torch_emugpu.configure(gpu=gpu.replace("_", " "))
 
@@ -147,11 +147,11 @@ def shapes_worker(task: tuple[str, str, str, str, int]) -> list[dict]:
         return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
 
     def profiled(name: str) -> float:
-        e = torch_emugpu.profiles.lookup(name, SHAPE_BATCH)
+        e = torch_emugpu.timing.profiles.lookup(name, SHAPE_BATCH)
         return e["forward_s"] + e["backward_s"]
 
     def fwd(name: str) -> float:
-        return torch_emugpu.profiles.lookup(name, SHAPE_BATCH)["forward_s"]
+        return torch_emugpu.timing.profiles.lookup(name, SHAPE_BATCH)["forward_s"]
 
     x = torch.empty(SHAPE_BATCH, 3, 224, 224, device="emugpu")
     y = torch.zeros(SHAPE_BATCH, dtype=torch.long, device="emugpu")
@@ -243,7 +243,7 @@ def main() -> None:
         raise SystemExit(f"no GPEmu reference data at {ref}")
     from tqdm import tqdm
 
-    from torch_emugpu.importers import import_gpemu
+    from torch_emugpu.measure.importers import import_gpemu
 
     profile_dir = tempfile.mkdtemp(prefix="emugpu-fidelity-")
     import_gpemu(ref, profile_dir, progress=False)

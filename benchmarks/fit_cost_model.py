@@ -53,10 +53,10 @@ def trace_model(model: str, batches: tuple[int, ...]) -> dict[str, list[list[dic
 
     import torch_emugpu
     from torch_emugpu import _C
-    from torch_emugpu.models import image_size, torchvision_model
+    from torch_emugpu.measure.models import image_size, torchvision_model
 
     torch_emugpu.configure(gpu=TRACE_GPU)
-    torch_emugpu.profiles.reload()
+    torch_emugpu.timing.profiles.reload()
     net = torchvision_model(model).to("emugpu")
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     size = image_size(model)

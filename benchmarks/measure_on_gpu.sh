@@ -4,6 +4,8 @@
 # preprocessing table, the calibration sweep, DataStall-model profiles, the
 # end-to-end training validation and the data-pipeline epochs. Run from the
 # repository root; results go to $OUT (default ./gpu-results), one tarball.
+# The measuring steps run torch_emugpu/measure's tools themselves, which import
+# nothing that needs the extension; `dataset make` goes through the command.
 #
 #   benchmarks/measure_on_gpu.sh [steps...]   steps: preprocessing calibrate profiles validation pipeline pinned
 set -uo pipefail
@@ -24,13 +26,13 @@ for step in "${steps[@]}"; do
   log "$step"
   case $step in
     preprocessing)
-      timeout 240 $PY -m torch_emugpu.cli profile --preprocessing --device cuda --out "$WORK/profiles" --no-progress ;;
+      timeout 240 $PY -m torch_emugpu.measure.profiler --preprocessing --device cuda --out "$WORK/profiles" --no-progress ;;
     calibrate)
       # 899 points, about 3 minutes by estimate; the cap keeps the step (imports included) under 7 minutes
-      XDG_DATA_HOME=$WORK/xdg timeout 390 $PY -m torch_emugpu.cli calibrate --device cuda --no-progress
+      XDG_DATA_HOME=$WORK/xdg timeout 390 $PY -m torch_emugpu.measure.calibrate --device cuda --no-progress
       cp -r "$WORK"/xdg/torch-emugpu/profiles/. "$WORK/profiles/" ;;
     profiles)
-      timeout 240 $PY -m torch_emugpu.cli profile --device cuda --out "$WORK/profiles" --no-progress \
+      timeout 240 $PY -m torch_emugpu.measure.profiler --device cuda --out "$WORK/profiles" --no-progress \
         --models alexnet,resnet18,shufflenet_v2_x1_0,mobilenet_v2,resnet50,vgg11 --batch-sizes 32,64,128,256 ;;
     validation)
       timeout 300 $PY benchmarks/training_validation.py --device cuda --out "$WORK/validation.json" --no-progress ;;

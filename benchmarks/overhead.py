@@ -20,7 +20,7 @@ import torchvision
 
 import torch_emugpu
 from torch_emugpu import _C
-from torch_emugpu.models import GPT
+from torch_emugpu.measure.models import GPT
 
 
 def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, opt_name: str) -> Callable[[], None]:

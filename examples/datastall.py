@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 import torch_emugpu
-from torch_emugpu import data_train, datasets
+from torch_emugpu.data import data_train, datasets
 
 MODELS = ["alexnet", "resnet18", "shufflenet_v2_x1_0", "mobilenet_v2", "resnet50", "vgg11"]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -10,28 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from . import _config
 from ._version import __version__
-from .explain import cost_report, kernel_params, reset_cost_report
-
-try:
-    from . import _C  # registers the PrivateUse1 kernels, guard and allocator
-except ImportError as _error:  # the profiler and importers work without it
-    _C = None  # type: ignore[assignment]
-    _C_ERROR: ImportError | None = _error
-else:
-    _C_ERROR = None
+from .device import _config
+from .device._extension import _C
+from .device._extension import BUILD_HINT as _BUILD_HINT
+from .device._extension import ERROR as _C_ERROR
+from .device._extension import ensure_configured as _ensure_configured
+from .device._extension import require as _require_extension
+from .device.cost_report import cost_report, kernel_params, reset_cost_report
 
 __all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
            "host_bound_report", "cost_report", "reset_cost_report", "kernel_params", "__version__"]
-
-_BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
-               "the profiler and importers work without it")
-
-
-def _require_extension() -> None:
-    if _C is None:
-        raise RuntimeError(f"torch-emugpu's compiled extension torch_emugpu._C is missing ({_C_ERROR}); {_BUILD_HINT}")
 
 
 def configure(gpu: str | None = None, device_count: int | None = None, mode: str | None = None) -> None:
@@ -51,7 +40,7 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
         device_count = current.device_count if device_count is None else device_count
         mode = current.mode if mode is None else mode
     _C._configure(gpu, None if device_count is None else int(device_count), mode)
-    from . import profiles
+    from .timing import profiles
 
     profiles.reload()
 
@@ -66,11 +55,6 @@ def gpu_names() -> list[str]:
     """Names of every GPU in the catalog."""
     _require_extension()
     return list(_C._gpu_names())
-
-
-def _ensure_configured() -> None:
-    _require_extension()
-    _C._ensure_configured()
 
 
 def utilization(device: int | None = None) -> int:
@@ -96,40 +80,43 @@ def host_bound_report(device: int | None = None) -> dict[str, float | int]:
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:
     """Names the measured profile `module` runs under, e.g. use_profile(net, "resnet50")."""
-    from . import profiles
+    from .timing import planner
 
-    return profiles.use_profile(module, model)
+    return planner.use_profile(module, model)
 
 
 def profiled_as(model: str):  # type: ignore[no-untyped-def]
     """Context manager: root modules run inside use the profile named `model`."""
-    from . import profiles
+    from .timing import planner
 
-    return profiles.profiled_as(model)
+    return planner.profiled_as(model)
 
 
 def region_report(device: int | None = None) -> list[dict]:
     """Which source (profile file, exact/interpolated/extrapolated, or cost model) timed each region."""
-    from . import profiles
+    from .timing import planner
 
-    return profiles.region_report(device)
+    return planner.region_report(device)
 
 
 def _register() -> None:
-    from . import device_module
+    from .device import device_module
 
     if torch._C._get_privateuse1_backend_name() != "emugpu":
         torch.utils.rename_privateuse1_backend("emugpu")
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import _parallel, _sharing, _shutdown, _ties, profiles
+    from .device import _sharing, _shutdown, _ties
+    from .distributed import _parallel
+    from .timing import planner, profiles
 
     _parallel.install()
     _shutdown.install()
     _ties.install()
     _sharing.install()
     profiles.activate()
+    planner.activate()
     if torch.distributed.is_available():
         from . import distributed
 

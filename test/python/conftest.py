@@ -63,7 +63,7 @@ def profile_search_dir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                        device_count: int) -> Iterator[pathlib.Path]:
     """An EMUGPU_PROFILE_PATH directory and an empty user directory, on
     `device_count` T4s; the profile cache is reloaded after."""
-    from torch_emugpu import profiles
+    from torch_emugpu.timing import profiles
 
     monkeypatch.setenv("EMUGPU_PROFILE_PATH", str(tmp_path / "env"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))

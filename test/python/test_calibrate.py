@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import run_python
 
-from torch_emugpu import calibrate
-from torch_emugpu.profiler import device_name
+from torch_emugpu.measure import calibrate
+from torch_emugpu.measure.common import device_name
 
 CPU = torch.device("cpu")
 
@@ -97,7 +97,7 @@ def test_parameter_shapes_match_the_models():
     assert sum(math.prod(s) for s in calibrate.resnet50_shapes()) == 25_557_032
     assert sum(math.prod(s) for s in calibrate.gpt2_small_shapes()) == 124_439_808
     torchvision = pytest.importorskip("torchvision")
-    from torch_emugpu.models import GPT
+    from torch_emugpu.measure.models import GPT
 
     with torch.device("meta"):
         resnet, gpt = torchvision.models.resnet50(), GPT()
@@ -189,7 +189,7 @@ def test_calibrate_runs_without_the_compiled_extension(tmp_path):
     code = ("import sys; sys.modules['torch_emugpu._C'] = None\n"
             "import argparse, torch, torch_emugpu\n"
             "assert torch_emugpu._C is None\n"
-            "from torch_emugpu import calibrate\n"
+            "from torch_emugpu.measure import calibrate\n"
             "p = argparse.ArgumentParser(); calibrate.add_arguments(p)\n"
             f"raise SystemExit(calibrate.main(p.parse_args(['--device', 'cpu', '--quick', '--families',"
             f" 'launch,gemm', '--out', {str(out)!r}, '--no-progress'])))")

@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from torch_emugpu import cli, train
-from torch_emugpu.models import GPT
+from torch_emugpu import cli
+from torch_emugpu.cli import train
+from torch_emugpu.measure.models import GPT
 
 BIN = os.path.join(os.path.dirname(sys.executable), "torch-emugpu")
 

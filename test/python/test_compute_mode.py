@@ -10,7 +10,7 @@ from test_models import TORCHVISION
 
 import torch_emugpu
 from torch_emugpu import _C
-from torch_emugpu.models import GPT, GPTConfig, gpt_loss
+from torch_emugpu.measure.models import GPT, GPTConfig, gpt_loss
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ def calibration_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     monkeypatch.setenv("EMUGPU_PROFILE_PATH", str(tmp_path))
     yield tmp_path
     monkeypatch.undo()
-    torch_emugpu.profiles.reload()
+    torch_emugpu.timing.profiles.reload()
 
 
 def gpu_folder(root: Path) -> Path:
@@ -62,7 +62,7 @@ def test_a_calibration_for_the_emulated_gpu_replaces_the_architecture_table(cali
     bandwidth /= table["memory_efficiency"]  # the peak
     sweep = slow_memory_sweep(torch.emugpu.get_device_name(), bandwidth, 0.2)
     (gpu_folder(calibration_dir) / "calibration.json").write_text(json.dumps(sweep))
-    torch_emugpu.profiles.reload()
+    torch_emugpu.timing.profiles.reload()
     fitted = torch_emugpu.kernel_params()
     assert fitted["source"] == f"calibration: {gpu_folder(calibration_dir) / 'calibration.json'}"
     assert fitted["memory_efficiency"] == pytest.approx(0.2, rel=0.05)
@@ -76,7 +76,7 @@ def test_a_calibration_measured_on_another_gpu_is_refused(calibration_dir: Path)
     sweep = slow_memory_sweep("NVIDIA GeForce RTX 4090", 1e12, 0.5)
     (gpu_folder(calibration_dir) / "calibration.json").write_text(json.dumps(sweep))
     with pytest.raises(ValueError, match=r"calibration .*calibration.json: field 'gpu': measured on 'NVIDIA GeForce"):
-        torch_emugpu.profiles.reload()
+        torch_emugpu.timing.profiles.reload()
 
 
 def test_a_malformed_calibration_names_the_file_and_field(calibration_dir: Path) -> None:
@@ -85,10 +85,10 @@ def test_a_malformed_calibration_names_the_file_and_field(calibration_dir: Path)
     path = gpu_folder(calibration_dir) / "calibration.json"
     path.write_text(json.dumps(sweep))
     with pytest.raises(ValueError, match=r"measurements\[3\]\.time_s"):
-        torch_emugpu.profiles.reload()
+        torch_emugpu.timing.profiles.reload()
     path.write_text("{\"schema\": ")
     with pytest.raises(ValueError, match="calibration.json"):
-        torch_emugpu.profiles.reload()
+        torch_emugpu.timing.profiles.reload()
 
 
 def test_points_of_a_newer_versions_families_are_skipped_with_a_warning(calibration_dir: Path) -> None:
@@ -99,7 +99,7 @@ def test_points_of_a_newer_versions_families_are_skipped_with_a_warning(calibrat
     path.write_text(json.dumps(sweep))
     with pytest.warns(UserWarning, match=r"calibration .*calibration.json: 1 point of families or ops this version "
                                          r"does not know \(ssm_scan\) ignored; the fit uses the other 7"):
-        torch_emugpu.profiles.reload()
+        torch_emugpu.timing.profiles.reload()
     assert torch_emugpu.kernel_params()["source"] == f"calibration: {path}"
 
 

@@ -13,7 +13,8 @@ import torch
 from conftest import profile_search_dir, run_python, write_synthetic_profile
 
 import torch_emugpu
-from torch_emugpu import _parallel, profiles
+from torch_emugpu.distributed import _parallel
+from torch_emugpu.timing import profiles
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ stall breakdown (fetch, preprocessing, transfer), AU and a timeline."""
 import pytest
 from conftest import run_python
 
-from torch_emugpu import data_train, datasets
+from torch_emugpu.data import data_train, datasets
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Datasets: `torch-emugpu dataset make/check`, `scan` and `ImageFiles` (torch_emugpu.datasets)."""
+"""Datasets: `torch-emugpu dataset make/check`, `scan` and `ImageFiles` (torch_emugpu.data.datasets)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import torch
 import torchvision
 from PIL import Image
 
-from torch_emugpu import cli, datasets
+from torch_emugpu import cli
+from torch_emugpu.data import datasets
 
 
 def make_fixed(root: Path, images: int = 8, size: str = "32x24", classes: int | None = None) -> Path:

@@ -5,7 +5,7 @@ import torch
 import torchvision
 
 from torch_emugpu import _C
-from torch_emugpu.models import GPT, GPTConfig, gpt_loss
+from torch_emugpu.measure.models import GPT, GPTConfig, gpt_loss
 
 TORCHVISION = ["resnet18", "resnet50", "resnet152", "alexnet", "vgg16", "densenet121", "mobilenet_v2",
                "mobilenet_v3_large", "efficientnet_b0", "googlenet", "inception_v3", "squeezenet1_0",

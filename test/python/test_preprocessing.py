@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 import torch_emugpu
-from torch_emugpu import preprocessing
-from torch_emugpu.datasets import _render
+from torch_emugpu.data import preprocessing
+from torch_emugpu.measure.images import render as _render
 
 
 def jpeg(w: int, h: int, seed: int = 0) -> torch.Tensor:

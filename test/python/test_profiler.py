@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import run_python
 
-from torch_emugpu import profiler
+from torch_emugpu.measure import profiler
 
 
 def test_profiler_writes_a_loadable_profile_and_resumes(tmp_path):

@@ -12,7 +12,8 @@ import torchvision
 from conftest import REPO, profile_search_dir, run_python, write_synthetic_profile
 
 import torch_emugpu
-from torch_emugpu import importers, profiles
+from torch_emugpu.measure import importers
+from torch_emugpu.timing import profiles
 
 REFERENCE = Path(REPO).parent / "shared" / "reference" / "gpemu-profiled-data"
 RESNET18_PARAMS = 11689512

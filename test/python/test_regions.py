@@ -17,7 +17,7 @@ import torchvision
 from test_profiles import RESNET18_PARAMS, iteration_s, profile_dir, write_profile  # noqa: F401
 
 import torch_emugpu
-from torch_emugpu import profiles
+from torch_emugpu.timing import profiles
 
 FWD, BWD = 0.030, 0.060  # resnet18 at batch 4 in write_profile's table
 

@@ -218,7 +218,7 @@ def test_a_device_the_consumer_lacks_is_an_index_error_naming_both_sides():
 def test_other_tensors_keep_torchs_reducers():
     reduce = ForkingPickler._extra_reducers[torch.Tensor]
     assert reduce(torch.ones(2))[0].__module__ == "torch.multiprocessing.reductions"
-    assert reduce(torch.ones(2, device="emugpu"))[0].__module__ == "torch_emugpu._sharing"
+    assert reduce(torch.ones(2, device="emugpu"))[0].__module__ == "torch_emugpu.device._sharing"
 
 
 def test_dataloader_fork_workers_still_deliver_batches_after_emugpu_was_used():

@@ -1,4 +1,5 @@
-"""torch.distributed backend `emu` for emugpu tensors.
+"""torch.distributed backend `emu` for emugpu tensors, and nn.DataParallel on
+emugpu (_parallel.py).
 
 The backend is C++ (csrc/backend/distributed, on the core's transports in
 csrc/core/exchange); this package registers it. Importing torch_emugpu

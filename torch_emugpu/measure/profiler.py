@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import socket
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,25 +27,10 @@ from typing import Any
 
 import torch
 
-from torch_emugpu._version import __version__
-from torch_emugpu.models import image_size, torchvision_model, write_json_atomic
+from torch_emugpu.measure.common import VERSION, device_name, gpu_dir_name, robust_median, user_profile_dir
+from torch_emugpu.measure.models import image_size, torchvision_model, write_json_atomic
 
-VERSION = __version__  # written in _version.py only
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-def robust_median(samples: list[float]) -> float:
-    """Median after dropping samples more than 3 MADs from the median."""
-    med = statistics.median(samples)
-    mad = statistics.median(abs(s - med) for s in samples)
-    kept = [s for s in samples if mad == 0 or abs(s - med) <= 3 * mad]
-    return statistics.median(kept)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU {platform.processor() or platform.machine()}"
 
 
 def measure(name: str, batch_size: int, device: torch.device, warmup: int, iterations: int) -> dict[str, Any]:
@@ -106,11 +89,6 @@ def measure(name: str, batch_size: int, device: torch.device, warmup: int, itera
         entry["peak_bytes"] = torch.cuda.max_memory_allocated(device)
         entry["persistent_bytes"] = torch.cuda.memory_allocated(device) - x.nbytes - y.nbytes
     return entry
-
-
-def gpu_dir_name(gpu: str) -> str:
-    """The folder of a GPU's measured data (profiles, preprocessing table, calibration) under a profile dir."""
-    return "".join(c if c.isalnum() or c in "-." else "_" for c in gpu)
 
 
 def profile_path(out: Path, gpu: str, model: str) -> Path:
@@ -194,13 +172,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def default_out() -> Path:
-    import os
-
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "torch-emugpu" / "profiles"
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
@@ -212,9 +183,9 @@ def main(args: argparse.Namespace) -> int:
         device = torch.device(args.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA GPU is available on this machine; use --device cpu")
-    out = Path(args.out) if args.out else default_out()
+    out = Path(args.out) if args.out else user_profile_dir()
     if args.preprocessing:
-        from torch_emugpu import preprocessing_profiler
+        from torch_emugpu.measure import preprocessing_profiler
 
         print(preprocessing_profiler.run(out, device, progress=not args.no_progress))
         if not args.models:
@@ -229,7 +200,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.profiler", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.measure.profiler", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     raise SystemExit(main(parser.parse_args()))

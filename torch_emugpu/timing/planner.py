@@ -1,20 +1,18 @@
-"""Measured profiles drive the emulated clock.
+"""The region planner: measured profiles drive the emulated clock.
 
-Profiles (JSON, schema in profiles/README.md) are found on a search path:
-the directories in EMUGPU_PROFILE_PATH (separated by os.pathsep) first, then
-the user's directory ($XDG_DATA_HOME/torch-emugpu/profiles, by default
-~/.local/share/torch-emugpu/profiles), then the profiles shipped with the
-package. When a model running on emugpu matches a profile for the emulated
-GPU (by name, given with `use_profile`/`profiled_as`, or by its parameter
-count), its forward pass is charged the profiled forward time for the
-observed batch size, and everything from the end of the forward to the next
-forward (loss, backward, optimizer step) the profiled backward+update time.
-An nn.DataParallel over N emugpu devices is timed as one model by the
-profile's N-GPU table (its `data_parallel` entry for N) at the batch it is
-given: its regions open on every device it runs on, so the replicas' work is
-budgeted within the step, which ends on device_ids[0] (where the gradients are
-reduced and the optimizer steps). Without an N-GPU table it keeps the 1-GPU
-time of the whole batch on device_ids[0], and says so once.
+When a model running on emugpu matches a profile for the emulated GPU (by
+name, given with `use_profile`/`profiled_as`, or by its parameter count; the
+lookup is profiles.py's), its forward pass is charged the profiled forward
+time for the observed batch size, and everything from the end of the forward
+to the next forward (loss, backward, optimizer step) the profiled
+backward+update time. An nn.DataParallel over N emugpu devices is timed as
+one model by the profile's N-GPU table (its `data_parallel` entry for N) at
+the batch it is given: its regions open on every device it runs on, so the
+replicas' work is budgeted within the step, which ends on device_ids[0]
+(where the gradients are reduced and the optimizer steps). Without an N-GPU
+table it keeps the 1-GPU time of the whole batch on device_ids[0], and says
+so once. Models that match no profile get regions too, timed by their ops'
+cost-model times, so that region_report() lists every model.
 """
 
 from __future__ import annotations
@@ -27,144 +25,15 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from torch_emugpu import _C, _parallel
+from torch_emugpu import _C
+from torch_emugpu.distributed import _parallel
+from torch_emugpu.timing import profiles
 
-__all__ = ["search_path", "calibration_path", "user_profile_dir", "reload", "available", "lookup", "use_profile",
-           "profiled_as", "region_report"]
-
-
-def user_profile_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "torch-emugpu" / "profiles"
-
-
-def packaged_profile_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    inside = here / "profiles"
-    return inside if inside.is_dir() else here.parent / "profiles"
-
-
-def search_path() -> list[Path]:
-    """Directories searched for profiles, first match wins; none with EMUGPU_PROFILES=off."""
-    switch = os.environ.get("EMUGPU_PROFILES", "on").strip().lower()
-    if switch not in ("on", "off"):
-        raise ValueError(f"EMUGPU_PROFILES: expected 'on' or 'off', got {switch!r}")
-    if switch == "off":  # every time from the cost model, e.g. to measure the cost model itself
-        return []
-    return _directories()
-
-
-def calibration_path() -> list[Path]:
-    """Directories searched for the emulated GPU's calibration file, first match wins: the profile
-    directories, also under EMUGPU_PROFILES=off (a calibration belongs to the cost model, not to a
-    profile); none with EMUGPU_CALIBRATION=off."""
-    switch = os.environ.get("EMUGPU_CALIBRATION", "on").strip().lower()
-    if switch not in ("on", "off"):
-        raise ValueError(f"EMUGPU_CALIBRATION: expected 'on' or 'off', got {switch!r}")
-    return [] if switch == "off" else _directories()
-
-
-def _directories() -> list[Path]:
-    env = [Path(p) for p in os.environ.get("EMUGPU_PROFILE_PATH", "").split(os.pathsep) if p.strip()]
-    return [*env, user_profile_dir(), packaged_profile_dir()]
-
-
-_lock = threading.RLock()
-_summaries: list[dict[str, Any]] | None = None
-
-
-def reload() -> list[dict[str, Any]]:
-    """(Re)reads every profile, and the calibration file of the emulated GPU, on the search path; a
-    malformed file raises ValueError naming it and the field."""
-    global _summaries
-    import torch_emugpu
-
-    torch_emugpu._ensure_configured()  # GPU names are checked against the catalog (configure() reloads too)
-    with _lock:
-        _summaries = list(_C._load_profiles([str(p) for p in search_path()]))
-        # The cost model's kernel parameters: a calibration file for this GPU
-        # on the search path (fitted), else its architecture's defaults.
-        _C._load_calibration([str(p) for p in calibration_path()])
-        _planner.forget()
-    if _summaries:
-        _planner.install()
-    return _summaries
-
-
-def available() -> list[dict[str, Any]]:
-    """Summaries (gpu, model, parameters, source, path, tables) of the loaded profiles."""
-    return list(_summaries if _summaries is not None else reload())
-
-
-def lookup(model: str | None = None, batch_size: int = 1, gpu: str | None = None,
-           parameters: int | None = None, gpu_count: int = 1) -> dict[str, Any] | None:
-    """The profile entry for (GPU, model) at `batch_size`, interpolated, or None."""
-    if batch_size < 1:
-        raise ValueError(f"batch size must be >= 1, got {batch_size}")
-    import torch_emugpu
-
-    torch_emugpu._ensure_configured()
-    if _summaries is None:
-        reload()
-    gpu = gpu or torch.emugpu.get_device_name()
-    return _C._profile_lookup(gpu, model or "", parameters, int(batch_size), int(gpu_count))
-
-
-def find(gpu: str, model: str) -> dict[str, Any]:
-    """The profile of `model` on `gpu` (loose GPU name); ValueError listing what exists otherwise."""
-    import torch_emugpu
-
-    torch_emugpu._ensure_configured()
-    rows = available()
-    for r in rows:
-        if r["model"] != model:
-            continue
-        smallest = r["tables"][0][1][0]
-        entry = _C._profile_lookup(gpu, model, None, smallest, 1)
-        if entry is not None:
-            return entry
-    have = sorted({f"{r['gpu']}/{r['model']}" for r in rows})
-    raise ValueError(f"no profile for model '{model}' on GPU '{gpu}'; available: {', '.join(have) or 'none'} "
-                     f"(searched {', '.join(str(p) for p in search_path())})")
-
-
-def plot(doc: dict[str, Any], path: str | Path) -> None:
-    """Writes a PNG of time and memory against batch size for one profile document."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("plotting needs matplotlib: pip install matplotlib") from None
-    batches = doc["batches"]
-    fig, (t_ax, m_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in (("forward_s", "forward"), ("backward_s", "backward + update"),
-                       ("transfer_pageable_s", "H2D copy (pageable)")):
-        points = [(b["batch_size"], b[key] * 1e3) for b in batches if b.get(key) is not None]
-        if points:
-            t_ax.plot(*zip(*points, strict=True), marker=".", label=label)
-    t_ax.set(xlabel="batch size", ylabel="time (ms)", title=f"{doc['model']} on {doc['gpu']}: time")
-    t_ax.legend()
-    for key, label in (("peak_bytes", "peak"), ("persistent_bytes", "persistent")):
-        points = [(b["batch_size"], b[key] / 2**20) for b in batches if b.get(key) is not None]
-        if points:
-            m_ax.plot(*zip(*points, strict=True), marker=".", label=label)
-    m_ax.set(xlabel="batch size", ylabel="memory (MiB)", title="memory")
-    if m_ax.lines:
-        m_ax.legend()
-    fig.suptitle(f"source: {doc['provenance']['source']}"[:120], fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# --- model-level regions ---------------------------------------------------------------
+__all__ = ["activate", "use_profile", "profiled_as", "region_report"]
 
 
 _COST_MODEL = -1.0  # a region target: no profile, the ops' cost-model times stand
@@ -208,7 +77,9 @@ def _grad_tensors(output: Any, limit: int = 16) -> list[torch.Tensor]:
     return found
 
 
-_INTERNAL = (os.path.dirname(torch.nn.modules.module.__file__), os.path.dirname(os.path.abspath(__file__)))
+# torch.nn's frames and the package's own (all of it: DataParallel's scatter and gather call modules too)
+_INTERNAL = (os.path.dirname(torch.nn.modules.module.__file__),
+             os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _user_stacklevel() -> int:
@@ -246,6 +117,12 @@ class _Planner:
             self.module_info.clear()
             self.sources.clear()
             self.warned.clear()
+
+    def reloaded(self, summaries: list[dict[str, Any]]) -> None:
+        """The profiles were read again: plans made from the old ones go; hooks once there are any."""
+        self.forget()
+        if summaries:
+            self.install()
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self.warned:
@@ -290,9 +167,9 @@ class _Planner:
         fingerprint = None if name else parameters
         span = _parallel.data_parallel_span(module, batch)
         gpus = span.gpu_count if span is not None else 1
-        entry = lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint, gpu_count=gpus)
+        entry = profiles.lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint, gpu_count=gpus)
         if entry is None and span is not None:
-            entry = lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint)
+            entry = profiles.lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint)
             if entry is not None:
                 gpus = 1
                 self.warn_once(f"data parallel fallback:{entry['path']}:{span.gpu_count}",
@@ -450,7 +327,7 @@ _planner = _Planner()
 
 
 def _has_profile_files() -> bool:
-    for directory in search_path():
+    for directory in profiles.search_path():
         try:
             if any(p.name not in ("gpus.json", "schema.json") for p in directory.rglob("*.json")):
                 return True
@@ -474,7 +351,7 @@ class _CostModelNotice:
         if _planner.device_and_parameters(module) is None:
             return
         self.remove()
-        dirs = ", ".join(str(p) for p in search_path())
+        dirs = ", ".join(str(p) for p in profiles.search_path())
         warnings.warn(f"emugpu: no measured profiles on the search path ({dirs}), so every model's time comes "
                       f"from the per-op cost model. Measure profiles with `torch-emugpu profile` on a CUDA "
                       f"machine or import some with `torch-emugpu import gpemu`", stacklevel=_user_stacklevel())
@@ -489,11 +366,9 @@ _notice = _CostModelNotice()
 
 
 def activate() -> None:
-    """At import: the planner's hooks when profiles exist, else the one-shot
-    cost-model notice; profiles and calibration load when the device is
-    first configured from the environment (or by configure())."""
-    # Ops run before any model (a bare matmul) must already see the calibration.
-    _C._set_configured_hook(reload)
+    """At the package's import: the planner's hooks when profiles exist, else
+    the one-shot cost-model notice; the hooks follow once a reload finds some."""
+    profiles.on_reload(_planner.reloaded)
     if _has_profile_files():
         _planner.install()
     elif _notice.handle is None and not _planner.hooks_installed:

@@ -6,7 +6,7 @@ over NVLink or PCIe peer-to-peer (as the catalog says) and ordered between
 the two devices' streams as PyTorch orders CUDA peer copies. Other devices
 keep PyTorch's own functions; ``reduce_add(_coalesced)`` are generic already.
 
-``data_parallel_span`` tells the region planner (profiles.py) which devices
+``data_parallel_span`` tells the region planner (timing/planner.py) which devices
 an ``nn.DataParallel`` step runs on, so that a profile's N-GPU table times
 the whole step.
 """

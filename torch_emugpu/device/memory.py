@@ -6,8 +6,8 @@ from collections import OrderedDict
 from typing import Any
 
 from torch_emugpu import _C
-from torch_emugpu._devices import DeviceLike as _DeviceLike
-from torch_emugpu._devices import index as _index
+from torch_emugpu.device._devices import DeviceLike as _DeviceLike
+from torch_emugpu.device._devices import index as _index
 
 
 def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:

@@ -52,9 +52,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
-from torch_emugpu.models import write_json_atomic
+from torch_emugpu.measure.images import jpeg_header
+from torch_emugpu.measure.images import render as _render
+from torch_emugpu.measure.models import write_json_atomic
 
 KINDS = ("imagenet-like", "fixed")
 GENERATOR_VERSION = 1  # bump when the same seed would give other bytes
@@ -98,41 +100,6 @@ def imagenet_like_size(rng: np.random.Generator) -> tuple[int, int]:
         long = round(math.exp(rng.uniform(math.log(501), math.log(1600))))
         short = round(long * (0.75 if rng.random() < 0.5 else 2 / 3))
     return (long, short) if rng.random() < 0.75 else (short, long)
-
-
-def _render(rng: np.random.Generator, w: int, h: int) -> Image.Image:
-    """A photo-like image: a smooth colour field, shapes with edges, then grain.
-
-    The grain (full-resolution luma, half-resolution chroma: JPEG keeps chroma at
-    half resolution anyway) is what makes the files photo-sized: at quality 90
-    about 0.7 bytes per pixel, as ImageNet's ~110 KB for ~160 k pixels. Its
-    amplitude varies per image, as detail does between photos.
-    """
-    luma_amp = int(rng.integers(56, 185))
-    chroma_amp = int(rng.integers(16, 49))
-    top = 256 - luma_amp - chroma_amp  # base + grain never exceeds 255: plain uint8 adds
-    gw, gh = (int(v) for v in rng.integers(2, 7, size=2))
-    img = Image.fromarray(rng.integers(0, top, size=(gh, gw, 3), dtype=np.uint8)).resize((w, h), Image.BILINEAR)
-    draw = ImageDraw.Draw(img)
-    for _ in range(int(rng.integers(3, 12))):
-        x0, x1 = sorted(int(v) for v in rng.integers(-w // 4, w + w // 4 + 1, size=2))
-        y0, y1 = sorted(int(v) for v in rng.integers(-h // 4, h + h // 4 + 1, size=2))
-        fill = tuple(int(c) for c in rng.integers(0, top, size=3))
-        shape = rng.integers(3)
-        if shape == 0:
-            draw.ellipse((x0, y0, x1, y1), fill=fill)
-        elif shape == 1:
-            draw.rectangle((x0, y0, x1, y1), fill=fill)
-        else:
-            xs, ys = rng.integers(0, w, size=5), rng.integers(0, h, size=5)
-            draw.polygon([(int(x), int(y)) for x, y in zip(xs, ys, strict=True)], fill=fill)
-    luma = Image.frombytes("L", (w, h), rng.bytes(w * h)).point([v * (luma_amp + 1) >> 8 for v in range(256)])
-    cw, ch = (w + 1) // 2, (h + 1) // 2
-    chroma = Image.frombytes("RGB", (cw, ch), rng.bytes(3 * cw * ch))
-    chroma = chroma.point([v * (chroma_amp + 1) >> 8 for v in range(256)] * 3).resize((w, h), Image.NEAREST)
-    pixels = np.asarray(img) + np.asarray(Image.merge("RGB", (luma, luma, luma)))
-    pixels += np.asarray(chroma)
-    return Image.fromarray(pixels)
 
 
 @dataclass(frozen=True)
@@ -392,8 +359,6 @@ def _decode_tensor(path: Path) -> torch.Tensor:
 
 def _read_jpeg_bytes(path: Path) -> torch.Tensor:
     # For decoding on the device: only the header is checked here, as nvJPEG would reject the file there.
-    from torch_emugpu.preprocessing import jpeg_header
-
     data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
     jpeg_header(data)
     return data

@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from torch_emugpu.models import write_json_atomic
-from torch_emugpu.profiler import VERSION, device_name, gpu_dir_name, robust_median
+from torch_emugpu.measure.common import VERSION, device_name, gpu_dir_name, robust_median
+from torch_emugpu.measure.images import render
+from torch_emugpu.measure.models import write_json_atomic
 
 SCHEMA = "torch-emugpu preprocessing v1"
 # (width, height): a thumbnail, ImageNet's most common size, a photo, a large photo
@@ -39,10 +40,8 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 def _jpeg(width: int, height: int, seed: int) -> bytes:
     import numpy as np
 
-    from torch_emugpu.datasets import _render
-
     buf = io.BytesIO()
-    _render(np.random.default_rng(seed), width, height).save(buf, format="JPEG", quality=90)
+    render(np.random.default_rng(seed), width, height).save(buf, format="JPEG", quality=90)
     return buf.getvalue()
 
 

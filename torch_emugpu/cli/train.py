@@ -2,7 +2,7 @@
 decoder on an emulated GPU, with a progress bar and a summary. With --data DIR
 it trains on a real image folder through a DataLoader and reports where each
 epoch's time went (fetch, preprocessing and transfer stalls, accelerator
-utilisation): see torch_emugpu/data_train.py."""
+utilisation): see torch_emugpu/data/data_train.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 import torch_emugpu
 from torch_emugpu import _C
-from torch_emugpu.models import image_size, torchvision_model
+from torch_emugpu.measure.models import image_size, torchvision_model
 
 GPT_MODELS = ("gpt2",)
 
@@ -36,7 +36,7 @@ class TrainResult:
 
 def build(model: str, batch_size: int, seq_len: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     if model in GPT_MODELS:
-        from torch_emugpu.models import GPT
+        from torch_emugpu.measure.models import GPT
 
         net = GPT()
         x = torch.randint(0, net.cfg.vocab_size, (batch_size, seq_len))
@@ -143,14 +143,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="autocast dtype (default: none, fp32)")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample for gpt2 (default: 1024)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    from torch_emugpu import data_train
+    from torch_emugpu.data import data_train
 
     data_train.add_arguments(p.add_argument_group("training on an image folder (data stalls)"))
 
 
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "data", None):
-        from torch_emugpu import data_train
+        from torch_emugpu.data import data_train
 
         return data_train.main(args)
     r = run(model=args.model, gpu=args.gpu, batch_size=args.batch_size, iterations=args.iterations,
@@ -161,6 +161,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.cli.train", description=__doc__)
     add_arguments(parser)
     raise SystemExit(main(parser.parse_args()))

@@ -43,6 +43,7 @@ import gc
 import json
 import math
 import socket
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -55,9 +56,8 @@ import torch
 from torch.nn import functional as F
 
 from torch_emugpu._version import __version__
-from torch_emugpu.models import GPT2_SMALL, write_json_atomic
-from torch_emugpu.profiler import default_out as default_profile_dir
-from torch_emugpu.profiler import device_name, gpu_dir_name, robust_median
+from torch_emugpu.measure.common import device_name, gpu_dir_name, robust_median, user_profile_dir
+from torch_emugpu.measure.models import GPT2_SMALL, write_json_atomic
 
 VERSION = __version__  # written in _version.py only
 SCHEMA = "torch-emugpu calibration v1"
@@ -1009,10 +1009,9 @@ def check_autograd(device: torch.device) -> None:
     try:
         torch.autograd.grad(x.sum(), x)
     except RuntimeError as e:
-        import torch_emugpu
-
         hint = ""
-        if torch_emugpu._C is None and torch._C._get_privateuse1_backend_name() != "privateuseone":
+        # Asked of sys.modules, not of the package: the measuring tools never import the extension's side of it.
+        if sys.modules.get("torch_emugpu._C") is None and torch._C._get_privateuse1_backend_name() != "privateuseone":
             hint = (" (torch_emugpu renamed PyTorch's PrivateUse1 backend without its compiled extension, so autograd "
                     "looks for an 'emugpu' accelerator that is not there)")
         raise RuntimeError(f"backward passes fail on {device}{hint}: {e}") from e
@@ -1028,7 +1027,7 @@ def _free_memory(device: torch.device) -> None:
 
 def default_out(device: torch.device) -> Path:
     """<profile dir>/<GPU name>/calibration.json: on the profile search path, beside the GPU's profiles."""
-    return default_profile_dir() / gpu_dir_name(device_name(device)) / "calibration.json"
+    return user_profile_dir() / gpu_dir_name(device_name(device)) / "calibration.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -1082,7 +1081,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.calibrate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.measure.calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     raise SystemExit(main(parser.parse_args()))

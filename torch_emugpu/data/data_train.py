@@ -35,9 +35,10 @@ from typing import Any
 import torch
 
 import torch_emugpu
-from torch_emugpu import _C, datasets
-from torch_emugpu.models import torchvision_model
-from torch_emugpu.preprocessing import MEAN, STD, train_batch_on_device
+from torch_emugpu import _C
+from torch_emugpu.data import datasets
+from torch_emugpu.data.preprocessing import MEAN, STD, train_batch_on_device
+from torch_emugpu.measure.models import torchvision_model
 
 
 @dataclass

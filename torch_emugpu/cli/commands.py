@@ -1,4 +1,4 @@
-"""The `torch-emugpu` command."""
+"""The `torch-emugpu` command: its parser, and the subcommands small enough to live here."""
 
 from __future__ import annotations
 
@@ -17,33 +17,34 @@ def _gpus(_: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from torch_emugpu import explain
+    from torch_emugpu.cli import explain
 
     return explain.main(args)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from torch_emugpu import train
+    from torch_emugpu.cli import train
 
     return train.main(args)
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from torch_emugpu import profiler
+    from torch_emugpu.measure import profiler
 
     return profiler.main(args)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from torch_emugpu import calibrate
+    from torch_emugpu.measure import calibrate
 
     return calibrate.main(args)
 
 
 def _import(args: argparse.Namespace) -> int:
-    from torch_emugpu import importers, profiles
+    from torch_emugpu.measure import importers
+    from torch_emugpu.measure.common import user_profile_dir
 
-    out = Path(args.out) if args.out else profiles.user_profile_dir()
+    out = Path(args.out) if args.out else user_profile_dir()
     written = importers.import_gpemu(args.src, out, progress=not args.no_progress,
                                      on_skip=lambda why: print(f"skipped {why}", file=sys.stderr))
     print(f"wrote {len(written)} profiles under {out}")
@@ -51,13 +52,13 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _dataset(args: argparse.Namespace) -> int:
-    from torch_emugpu import datasets
+    from torch_emugpu.data import datasets
 
     return datasets.main(args)
 
 
 def _profiles(args: argparse.Namespace) -> int:
-    from torch_emugpu import profiles
+    from torch_emugpu.timing import profiles
 
     rows = profiles.available()
     if args.json:
@@ -76,7 +77,7 @@ def _profiles(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from torch_emugpu import profiles
+    from torch_emugpu.timing import profiles
 
     entry = profiles.find(args.gpu, args.model)
     doc = json.loads(Path(entry["path"]).read_text())
@@ -107,14 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from torch_emugpu import calibrate, profiler, train
+    from torch_emugpu.cli import train
+    from torch_emugpu.measure import calibrate, profiler
 
     p = sub.add_parser("train", help="run an emulated training job and print its summary",
                        description=train.__doc__)
     train.add_arguments(p)
     p.set_defaults(func=_train)
 
-    from torch_emugpu import explain
+    from torch_emugpu.cli import explain
 
     ex = sub.add_parser("explain", help="per op family, what the cost model charges a model's training iteration",
                         description=explain.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_emugpu import _C, _devices
-from torch_emugpu.memory import (
+from torch_emugpu import _C
+from torch_emugpu.device import _devices
+from torch_emugpu.device.memory import (
     empty_cache,
     host_memory_stats,
     max_memory_allocated,

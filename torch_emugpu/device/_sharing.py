@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing  # registers torch's reducers, which ours wrap
 from torch.multiprocessing.reductions import SharedCache, StorageWeakRef
 
-from . import _C
+from torch_emugpu import _C
 
 # (file device, inode, data offset in the file, bytes) -> the storage open
 # here, so that several tensors over one storage arrive as one storage, and a

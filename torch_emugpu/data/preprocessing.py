@@ -2,7 +2,7 @@
 `torchvision.io.decode_jpeg(..., device="cuda")`, timed from the emulated
 GPU's measured preprocessing table.
 
-    from torch_emugpu.preprocessing import decode_jpeg
+    from torch_emugpu.data.preprocessing import decode_jpeg
     images = decode_jpeg(list_of_jpeg_byte_tensors, device="emugpu")   # list of uint8 [C, H, W]
 
 The sizes come from each JPEG's header. In compute mode the pixels are
@@ -33,36 +33,14 @@ from typing import Any
 
 import torch
 
-_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+from torch_emugpu.measure.common import gpu_dir_name
+from torch_emugpu.measure.images import jpeg_header
+
 _MODES = {"UNCHANGED": None, "GRAY": 1, "RGB": 3}
 # nvJPEG on the H100 we measured (profiles/NVIDIA_H100_80GB_HBM3/preprocessing.json, batch 128 and 1):
 # per image about 29 us + 113 us / batch of fixed cost and 0.27 ns per pixel.
 _FALLBACK = {"gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "image_s": 29e-6, "call_s": 113e-6,
              "pixel_s": 0.27e-9}
-
-
-def jpeg_header(data: torch.Tensor | bytes) -> tuple[int, int, int]:
-    """(components, height, width) from a JPEG's frame header; ValueError if there is none."""
-    raw = memoryview(data.numpy()) if isinstance(data, torch.Tensor) else memoryview(data)  # no copy
-    if bytes(raw[:2]) != b"\xff\xd8":
-        raise ValueError(f"not a JPEG: expected the start-of-image marker FF D8, got {raw[:2].hex(' ') or 'nothing'}")
-    i = 2
-    while i + 4 <= len(raw):
-        if raw[i] != 0xFF:
-            break
-        marker = raw[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        length = int.from_bytes(raw[i + 2:i + 4], "big")
-        if marker in _SOF:
-            if i + 10 > len(raw):
-                break
-            height = int.from_bytes(raw[i + 5:i + 7], "big")
-            width = int.from_bytes(raw[i + 7:i + 9], "big")
-            return raw[i + 9], height, width
-        i += 2 + length
-    raise ValueError(f"JPEG without a frame header (SOF marker) in its {len(raw)} bytes: truncated or corrupt")
 
 
 def _mode_channels(mode: Any) -> int | None:
@@ -76,8 +54,6 @@ def _mode_channels(mode: Any) -> int | None:
 @lru_cache(maxsize=8)
 def _table(gpu: str, search: tuple[str, ...]) -> tuple[dict[str, Any], str] | None:
     """The decode rows of `gpu`'s preprocessing table, else of the first other GPU's; with its GPU name."""
-    from torch_emugpu.profiler import gpu_dir_name
-
     own = [Path(d) / gpu_dir_name(gpu) / "preprocessing.json" for d in search]
     others = [p for d in search for p in sorted(Path(d).glob("*/preprocessing.json"))]
     for path in [*own, *others]:
@@ -111,7 +87,8 @@ _warned: set[str] = set()
 def decode_seconds(pixels: list[int], device_index: int) -> float:
     """Emulated seconds of one batched decode of images of `pixels` each."""
     import torch_emugpu
-    from torch_emugpu import _C, profiles
+    from torch_emugpu import _C
+    from torch_emugpu.timing import profiles
 
     gpu = torch_emugpu.config().gpu
     sm = torch.emugpu.get_device_properties(device_index).multi_processor_count

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from torch_emugpu.models import write_json_atomic
+from torch_emugpu.measure.models import write_json_atomic
 
 MiB = 1 << 20
 
@@ -41,7 +41,7 @@ def _parameter_count(model: str) -> int | None:
     try:
         import torch
 
-        from torch_emugpu.models import torchvision_model
+        from torch_emugpu.measure.models import torchvision_model
 
         with torch.device("meta"):
             net = torchvision_model(model)

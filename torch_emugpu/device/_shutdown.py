@@ -38,7 +38,7 @@ def _autograd_device_threads() -> bool:
 
 
 def _flush_device_threads() -> None:
-    from . import _C
+    from torch_emugpu import _C
 
     if _C._in_bad_fork() or not _C._configured() or not _autograd_device_threads():
         return

@@ -1,0 +1,3 @@
+from torch_emugpu.cli.commands import main
+
+raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""Measured profiles: where they are found, and their lookup.
+
+Profiles (JSON, schema in profiles/README.md) are found on a search path:
+the directories in EMUGPU_PROFILE_PATH (separated by os.pathsep) first, then
+the user's directory ($XDG_DATA_HOME/torch-emugpu/profiles, by default
+~/.local/share/torch-emugpu/profiles), then the profiles shipped with the
+package. The emulated GPU's calibration file (the cost model's kernel
+parameters) is looked up in the same directories. The compiled core parses
+and interpolates them (csrc/core/profile_db.*); the region planner
+(planner.py) applies the entry that matches a model.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_emugpu import _C
+from torch_emugpu.device._extension import ensure_configured
+from torch_emugpu.measure.common import user_profile_dir
+
+__all__ = ["search_path", "calibration_path", "user_profile_dir", "packaged_profile_dir", "reload", "available",
+           "lookup", "find", "plot", "on_reload"]
+
+
+def packaged_profile_dir() -> Path:
+    here = Path(__file__).resolve().parents[1]  # the package: an installed one holds the shipped profiles
+    inside = here / "profiles"
+    return inside if inside.is_dir() else here.parent / "profiles"
+
+
+def search_path() -> list[Path]:
+    """Directories searched for profiles, first match wins; none with EMUGPU_PROFILES=off."""
+    switch = os.environ.get("EMUGPU_PROFILES", "on").strip().lower()
+    if switch not in ("on", "off"):
+        raise ValueError(f"EMUGPU_PROFILES: expected 'on' or 'off', got {switch!r}")
+    if switch == "off":  # every time from the cost model, e.g. to measure the cost model itself
+        return []
+    return _directories()
+
+
+def calibration_path() -> list[Path]:
+    """Directories searched for the emulated GPU's calibration file, first match wins: the profile
+    directories, also under EMUGPU_PROFILES=off (a calibration belongs to the cost model, not to a
+    profile); none with EMUGPU_CALIBRATION=off."""
+    switch = os.environ.get("EMUGPU_CALIBRATION", "on").strip().lower()
+    if switch not in ("on", "off"):
+        raise ValueError(f"EMUGPU_CALIBRATION: expected 'on' or 'off', got {switch!r}")
+    return [] if switch == "off" else _directories()
+
+
+def _directories() -> list[Path]:
+    env = [Path(p) for p in os.environ.get("EMUGPU_PROFILE_PATH", "").split(os.pathsep) if p.strip()]
+    return [*env, user_profile_dir(), packaged_profile_dir()]
+
+
+_lock = threading.RLock()
+_summaries: list[dict[str, Any]] | None = None
+# Told after every reload, with the summaries: the region planner caches plans made from the old files,
+# and installs its hooks once profiles exist. It subscribes, so that lookup needs nothing from it.
+_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
+
+
+def on_reload(listener: Callable[[list[dict[str, Any]]], None]) -> None:
+    """Calls `listener(summaries)` after every reload (once, however often it is registered)."""
+    with _lock:
+        if listener not in _listeners:
+            _listeners.append(listener)
+
+
+def reload() -> list[dict[str, Any]]:
+    """(Re)reads every profile, and the calibration file of the emulated GPU, on the search path; a
+    malformed file raises ValueError naming it and the field."""
+    global _summaries
+    ensure_configured()  # GPU names are checked against the catalog (configure() reloads too)
+    with _lock:
+        _summaries = list(_C._load_profiles([str(p) for p in search_path()]))
+        # The cost model's kernel parameters: a calibration file for this GPU
+        # on the search path (fitted), else its architecture's defaults.
+        _C._load_calibration([str(p) for p in calibration_path()])
+        summaries = _summaries
+        for listener in _listeners:
+            listener(summaries)
+    return summaries
+
+
+def available() -> list[dict[str, Any]]:
+    """Summaries (gpu, model, parameters, source, path, tables) of the loaded profiles."""
+    return list(_summaries if _summaries is not None else reload())
+
+
+def lookup(model: str | None = None, batch_size: int = 1, gpu: str | None = None,
+           parameters: int | None = None, gpu_count: int = 1) -> dict[str, Any] | None:
+    """The profile entry for (GPU, model) at `batch_size`, interpolated, or None."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    ensure_configured()
+    if _summaries is None:
+        reload()
+    gpu = gpu or torch.emugpu.get_device_name()
+    return _C._profile_lookup(gpu, model or "", parameters, int(batch_size), int(gpu_count))
+
+
+def find(gpu: str, model: str) -> dict[str, Any]:
+    """The profile of `model` on `gpu` (loose GPU name); ValueError listing what exists otherwise."""
+    ensure_configured()
+    rows = available()
+    for r in rows:
+        if r["model"] != model:
+            continue
+        smallest = r["tables"][0][1][0]
+        entry = _C._profile_lookup(gpu, model, None, smallest, 1)
+        if entry is not None:
+            return entry
+    have = sorted({f"{r['gpu']}/{r['model']}" for r in rows})
+    raise ValueError(f"no profile for model '{model}' on GPU '{gpu}'; available: {', '.join(have) or 'none'} "
+                     f"(searched {', '.join(str(p) for p in search_path())})")
+
+
+def plot(doc: dict[str, Any], path: str | Path) -> None:
+    """Writes a PNG of time and memory against batch size for one profile document."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("plotting needs matplotlib: pip install matplotlib") from None
+    batches = doc["batches"]
+    fig, (t_ax, m_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("forward_s", "forward"), ("backward_s", "backward + update"),
+                       ("transfer_pageable_s", "H2D copy (pageable)")):
+        points = [(b["batch_size"], b[key] * 1e3) for b in batches if b.get(key) is not None]
+        if points:
+            t_ax.plot(*zip(*points, strict=True), marker=".", label=label)
+    t_ax.set(xlabel="batch size", ylabel="time (ms)", title=f"{doc['model']} on {doc['gpu']}: time")
+    t_ax.legend()
+    for key, label in (("peak_bytes", "peak"), ("persistent_bytes", "persistent")):
+        points = [(b["batch_size"], b[key] / 2**20) for b in batches if b.get(key) is not None]
+        if points:
+            m_ax.plot(*zip(*points, strict=True), marker=".", label=label)
+    m_ax.set(xlabel="batch size", ylabel="memory (MiB)", title="memory")
+    if m_ax.lines:
+        m_ax.legend()
+    fig.suptitle(f"source: {doc['provenance']['source']}"[:120], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def activate() -> None:
+    """At the package's import: profiles and calibration load when the device
+    is first configured, from the environment or by configure()."""
+    # Ops run before any model (a bare matmul) must already see the calibration.
+    _C._set_configured_hook(reload)
