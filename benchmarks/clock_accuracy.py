@@ -46,8 +46,10 @@ def main() -> None:
     print(f"emulated {torch.emugpu.get_device_name()}")
     for target, iterations in ((0.002, 500), (0.020, 100), (0.200, 15)):
         wall, emulated = run(target, iterations)
-        print(f"target {target * 1e3:6.1f} ms: ratio wall/emulated = {wall / emulated:.4f}   "
-              f"(wall {wall * 1e3:8.3f} ms, emulated {emulated * 1e3:8.3f} ms per iteration, {iterations} iterations)")
+        print(
+            f"target {target * 1e3:6.1f} ms: ratio wall/emulated = {wall / emulated:.4f}   "
+            f"(wall {wall * 1e3:8.3f} ms, emulated {emulated * 1e3:8.3f} ms per iteration, {iterations} iterations)"
+        )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,10 @@ def load_transcribed(path: Path) -> Run:
             continue
         fields = line.split()
         if len(fields) != 7:
-            raise ValueError(f"{path}:{number}: expected 7 fields "
-                             f"(collective size ranks_per_node nodes net_gbps metric value), got {len(fields)}")
+            raise ValueError(
+                f"{path}:{number}: expected 7 fields "
+                f"(collective size ranks_per_node nodes net_gbps metric value), got {len(fields)}"
+            )
         kind, size, rpn, nodes, net, metric, value = fields
         if metric not in ("busbw_GBps", "time_us"):
             raise ValueError(f"{path}:{number}: expected busbw_GBps or time_us, got {metric!r}")
@@ -110,13 +112,20 @@ def load_published(directory: Path, spec: dict) -> Run:
         if parsed is None:
             raise ValueError(f"{path}: expected an nccl-tests row or a 'label size busbw' line, got {stripped!r}")
         size, busbw = parsed
-        rows.append(Row("all_reduce", size, spec["ranks_per_node"], spec["nodes"], spec["net_gbps"],
-                        "busbw_GBps", busbw))
+        rows.append(
+            Row("all_reduce", size, spec["ranks_per_node"], spec["nodes"], spec["net_gbps"], "busbw_GBps", busbw)
+        )
     if not rows:
         raise ValueError(f"{path}: expected rows{f' in section {section}' if section else ''}, found none")
     name = spec["file"] + (f" [{section}]" if section else "")
-    return Run(f"{name}: {spec['label']}", spec["gpu"], rows, spec.get("algorithms", "default"),
-               spec["role"], spec.get("reason", ""))
+    return Run(
+        f"{name}: {spec['label']}",
+        spec["gpu"],
+        rows,
+        spec.get("algorithms", "default"),
+        spec["role"],
+        spec.get("reason", ""),
+    )
 
 
 def load_all(data_dir: Path) -> list[Run]:
@@ -130,8 +139,9 @@ def load_all(data_dir: Path) -> list[Run]:
 
 
 def predict(gpu: str, row: Row, algorithms: str, net_latency_us: float | None) -> tuple[float, str]:
-    r = _C._collective_time(row.collective, float(row.size), gpu, row.ranks_per_node, row.nodes,
-                            row.net_gbps, net_latency_us, algorithms)
+    r = _C._collective_time(
+        row.collective, float(row.size), gpu, row.ranks_per_node, row.nodes, row.net_gbps, net_latency_us, algorithms
+    )
     how = f"{r['algorithm']}/{r['protocol']}"
     if row.metric == "time_us":
         return r["seconds"] * 1e6, how
@@ -149,8 +159,10 @@ def report(run: Run, args: argparse.Namespace) -> None:
     if not args.summary:
         role = "validation" if run.role == "validation" else f"context: {run.reason}"
         print(f"\n== {run.name} ({run.gpu}; NCCL_ALGO {run.algorithms}; {role})")
-        print(f"{'collective':<12} {'size':>10} {'ranks':>7} {'metric':>8} {'published':>10} {'predicted':>10} "
-              f"{'error %':>8}  algorithm")
+        print(
+            f"{'collective':<12} {'size':>10} {'ranks':>7} {'metric':>8} {'published':>10} {'predicted':>10} "
+            f"{'error %':>8}  algorithm"
+        )
     for row in run.rows:
         if row.size < args.min_bytes:
             continue
@@ -158,8 +170,10 @@ def report(run: Run, args: argparse.Namespace) -> None:
         error = (predicted - row.value) / row.value * 100 if row.value else float("nan")
         if not args.summary:
             metric = "busbw" if row.metric == "busbw_GBps" else "time us"
-            print(f"{row.collective:<12} {size_text(row.size):>10} {row.nodes:>2}x{row.ranks_per_node:<4} "
-                  f"{metric:>8} {row.value:>10.2f} {predicted:>10.2f} {error:>+8.1f}  {how}")
+            print(
+                f"{row.collective:<12} {size_text(row.size):>10} {row.nodes:>2}x{row.ranks_per_node:<4} "
+                f"{metric:>8} {row.value:>10.2f} {predicted:>10.2f} {error:>+8.1f}  {how}"
+            )
         if row.metric == "busbw_GBps" and row.size > MIB and row.value > 0:
             run.errors.append(error)
 
@@ -167,16 +181,26 @@ def report(run: Run, args: argparse.Namespace) -> None:
 def summary_line(errors: list[float]) -> str:
     magnitudes = [abs(e) for e in errors]
     within = sum(m <= TARGET_PCT for m in magnitudes)
-    return (f"median |error| {statistics.median(magnitudes):5.1f}%, signed {statistics.median(errors):+6.1f}%, "
-            f"worst {max(magnitudes):5.1f}%, {within}/{len(errors)} within {TARGET_PCT:g}%")
+    return (
+        f"median |error| {statistics.median(magnitudes):5.1f}%, signed {statistics.median(errors):+6.1f}%, "
+        f"worst {max(magnitudes):5.1f}%, {within}/{len(errors)} within {TARGET_PCT:g}%"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", type=Path, default=Path(__file__).parent / "data",
-                        help="directory of published results (default: benchmarks/data)")
-    parser.add_argument("--net-latency-us", type=float, default=None,
-                        help="network hop latency in microseconds (default: the configuration's)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(__file__).parent / "data",
+        help="directory of published results (default: benchmarks/data)",
+    )
+    parser.add_argument(
+        "--net-latency-us",
+        type=float,
+        default=None,
+        help="network hop latency in microseconds (default: the configuration's)",
+    )
     parser.add_argument("--min-bytes", type=int, default=1024, help="skip smaller messages (default 1024)")
     parser.add_argument("--summary", action="store_true", help="print only the per-run summaries")
     args = parser.parse_args()

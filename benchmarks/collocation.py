@@ -64,8 +64,17 @@ QUICK_PAIRS = ("resnet50+resnet50", "resnet50+resnet18")
 # torch-emugpu backend entry point (and any other) must not load.
 PLAIN_TORCH_ENV = {"EMUGPU_AUTOLOAD": "0", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PYTHONUNBUFFERED": "1"}
 SMI_FIELDS = ("utilization.gpu", "clocks.sm", "power.draw", "memory.used", "temperature.gpu")
-SMI_INFO_FIELDS = ("name", "driver_version", "compute_mode", "mig.mode.current", "memory.total",
-                   "clocks.max.sm", "clocks.max.mem", "power.limit", "pci.bus_id")
+SMI_INFO_FIELDS = (
+    "name",
+    "driver_version",
+    "compute_mode",
+    "mig.mode.current",
+    "memory.total",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "power.limit",
+    "pci.bus_id",
+)
 T_START = time.monotonic()
 
 
@@ -180,10 +189,12 @@ def build_gpt(cfg: GptConfig) -> torch.nn.Module:
             super().__init__()
             self.tok = nn.Embedding(cfg.vocab, cfg.width)
             self.pos = nn.Embedding(cfg.seq, cfg.width)
-            layer = nn.TransformerEncoderLayer(cfg.width, cfg.heads, 4 * cfg.width, dropout=0.0, activation="gelu",
-                                               batch_first=True, norm_first=True)
-            self.blocks = nn.TransformerEncoder(layer, cfg.layers, norm=nn.LayerNorm(cfg.width),
-                                                enable_nested_tensor=False)
+            layer = nn.TransformerEncoderLayer(
+                cfg.width, cfg.heads, 4 * cfg.width, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+            )
+            self.blocks = nn.TransformerEncoder(
+                layer, cfg.layers, norm=nn.LayerNorm(cfg.width), enable_nested_tensor=False
+            )
             self.head = nn.Linear(cfg.width, cfg.vocab, bias=False)
             self.head.weight = self.tok.weight
             self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(cfg.seq), persistent=False)
@@ -222,8 +233,7 @@ class Trainer:
                 def loss() -> torch.Tensor:
                     return F.cross_entropy(self.model(idx).flatten(0, 1).float(), tgt.flatten())
 
-                self.opt: torch.optim.Optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4,
-                                                                    weight_decay=0.1)
+                self.opt: torch.optim.Optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1)
                 self.input = f"tokens {batch}x{cfg.seq}, vocab {cfg.vocab}; {asdict(cfg)}"
             else:
                 import torchvision
@@ -254,19 +264,25 @@ class Trainer:
     def describe(self) -> dict[str, Any]:
         opt = type(self.opt).__name__
         hp = {k: v for k, v in self.opt.defaults.items() if k in ("lr", "momentum", "weight_decay")}
-        return {"parameters": self.params, "input": self.input, "batch_used": self.batch,
-                "optimizer": f"{opt}({', '.join(f'{k}={v}' for k, v in hp.items())}), default implementation",
-                "precision": {"fp32": "float32 (matmul precision 'highest'; cuDNN convolutions TF32, PyTorch's "
-                                      "default)",
-                              "tf32": "float32 with TF32 matmuls and convolutions",
-                              "bf16": "bfloat16 autocast, float32 weights",
-                              "fp16": "float16 autocast with GradScaler, float32 weights"}[self.spec.dtype]}
+        return {
+            "parameters": self.params,
+            "input": self.input,
+            "batch_used": self.batch,
+            "optimizer": f"{opt}({', '.join(f'{k}={v}' for k, v in hp.items())}), default implementation",
+            "precision": {
+                "fp32": "float32 (matmul precision 'highest'; cuDNN convolutions TF32, PyTorch's default)",
+                "tf32": "float32 with TF32 matmuls and convolutions",
+                "bf16": "bfloat16 autocast, float32 weights",
+                "fp16": "float16 autocast with GradScaler, float32 weights",
+            }[self.spec.dtype],
+        }
 
     def step(self) -> None:
         torch = self.torch
         self.opt.zero_grad(set_to_none=True)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                            enabled=self.amp_dtype is not None):
+        with torch.autocast(
+            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
+        ):
             loss = self.loss()
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -312,8 +328,7 @@ class WorkerState:
             for _ in range(msg["warmup"]):
                 self.trainer.step()
             self.sync()
-            return {"ok": True, "build_s": built, "warmup_s": time.monotonic() - t - built,
-                    **self.trainer.describe()}
+            return {"ok": True, "build_s": built, "warmup_s": time.monotonic() - t - built, **self.trainer.describe()}
         if cmd == "run":
             return self.run(msg["t0"], msg["until"], msg["min_iters"])
         if cmd == "release":
@@ -326,16 +341,24 @@ class WorkerState:
         import torchvision
 
         doc: dict[str, Any] = {
-            "ok": True, "torch": torch.__version__, "torchvision": torchvision.__version__,
-            "torch_cuda": torch.version.cuda, "python": platform.python_version(),
+            "ok": True,
+            "torch": torch.__version__,
+            "torchvision": torchvision.__version__,
+            "torch_cuda": torch.version.cuda,
+            "python": platform.python_version(),
             "torch_emugpu_imported": "torch_emugpu" in sys.modules,
             "models": sorted(torchvision.models.list_models(module=torchvision.models)),
             "cuda_available": torch.cuda.is_available(),
         }
         if self.device.type == "cuda" and doc["cuda_available"]:
             p = torch.cuda.get_device_properties(0)
-            doc["device"] = {"name": p.name, "capability": f"{p.major}.{p.minor}", "sm_count": p.multi_processor_count,
-                             "total_memory": p.total_memory, "count": torch.cuda.device_count()}
+            doc["device"] = {
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "sm_count": p.multi_processor_count,
+                "total_memory": p.total_memory,
+                "count": torch.cuda.device_count(),
+            }
             doc["cudnn"] = torch.backends.cudnn.version()
         return doc
 
@@ -416,8 +439,13 @@ class Worker:
 
     def __init__(self, name: str, device: str, env: dict[str, str]) -> None:
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", device],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", device],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.hello: dict[str, Any] | None = None
@@ -519,8 +547,19 @@ class SmiSampler:
     def __init__(self, index: str) -> None:
         self.samples: list[tuple[float, list[float | None]]] = []
         self.proc = subprocess.Popen(
-            ["nvidia-smi", "-i", index, f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits",
-             "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            [
+                "nvidia-smi",
+                "-i",
+                index,
+                f"--query-gpu={','.join(SMI_FIELDS)}",
+                "--format=csv,noheader,nounits",
+                "-lms",
+                "200",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -554,8 +593,14 @@ class SmiSampler:
                 return None
             return round(max(xs) if how == "max" else statistics.fmean(xs), 1)
 
-        return {"samples": len(inside), "util_mean_pct": col(0, "mean"), "sm_clock_mean_mhz": col(1, "mean"),
-                "power_mean_w": col(2, "mean"), "memory_used_max_mib": col(3, "max"), "temp_max_c": col(4, "max")}
+        return {
+            "samples": len(inside),
+            "util_mean_pct": col(0, "mean"),
+            "sm_clock_mean_mhz": col(1, "mean"),
+            "power_mean_w": col(2, "mean"),
+            "memory_used_max_mib": col(3, "max"),
+            "temp_max_c": col(4, "max"),
+        }
 
 
 class Mps:
@@ -566,20 +611,29 @@ class Mps:
     def __init__(self, control: str) -> None:
         self.control = control
         self.root = Path(tempfile.mkdtemp(prefix="collocation-mps-"))
-        self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.root / "pipe"),
-                    "CUDA_MPS_LOG_DIRECTORY": str(self.root / "log")}
+        self.env = {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.root / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.root / "log"),
+        }
         for d in self.env.values():
             Path(d).mkdir()
         self.started = False
         self.record: dict[str, Any] = {"control": control, **self.env}
 
     def command(self, text: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([self.control], input=text + "\n", env={**os.environ, **self.env}, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [self.control],
+            input=text + "\n",
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def start(self) -> None:
-        r = subprocess.run([self.control, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run(
+            [self.control, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True, timeout=30
+        )
         if r.returncode != 0:
             why = (r.stderr or r.stdout).strip()
             raise WorkerError(f"'{self.control} -d' exited with status {r.returncode}: {why}")
@@ -628,8 +682,10 @@ class Mps:
                 logs[name] = p.read_text(errors="replace").splitlines()[-40:]
         self.record["logs"] = logs
         if not gone:
-            log(f"warning: the MPS control daemon did not confirm its exit; stop it with "
-                f"'echo quit | CUDA_MPS_PIPE_DIRECTORY={self.env['CUDA_MPS_PIPE_DIRECTORY']} {self.control}'")
+            log(
+                f"warning: the MPS control daemon did not confirm its exit; stop it with "
+                f"'echo quit | CUDA_MPS_PIPE_DIRECTORY={self.env['CUDA_MPS_PIPE_DIRECTORY']} {self.control}'"
+            )
         else:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -653,12 +709,20 @@ def window_stats(reply: dict[str, Any], t0: float, lo: float, hi: float, batch: 
     ms = [(e - s) * 1e3 for s, e in inside]
     mean = statistics.fmean(ms)
     doc: dict[str, Any] = {
-        "iterations": len(ms), "median_ms": round(statistics.median(ms), 4), "p10_ms": round(quantile(ms, 0.1), 4),
-        "p90_ms": round(quantile(ms, 0.9), 4), "mean_ms": round(mean, 4), "min_ms": round(min(ms), 4),
-        "max_ms": round(max(ms), 4), "iter_per_s": round(1e3 / mean, 4), "samples_per_s": round(batch * 1e3 / mean, 2),
-        "peak_allocated": reply.get("peak_allocated"), "peak_reserved": reply.get("peak_reserved"),
+        "iterations": len(ms),
+        "median_ms": round(statistics.median(ms), 4),
+        "p10_ms": round(quantile(ms, 0.1), 4),
+        "p90_ms": round(quantile(ms, 0.9), 4),
+        "mean_ms": round(mean, 4),
+        "min_ms": round(min(ms), 4),
+        "max_ms": round(max(ms), 4),
+        "iter_per_s": round(1e3 / mean, 4),
+        "samples_per_s": round(batch * 1e3 / mean, 2),
+        "peak_allocated": reply.get("peak_allocated"),
+        "peak_reserved": reply.get("peak_reserved"),
         "iter_ms": [round(x, 3) for x in ms],
-        "ends_s": [round(e - t0, 6) for e in ends], "start_s": round(reply["start"] - t0, 6),
+        "ends_s": [round(e - t0, 6) for e in ends],
+        "start_s": round(reply["start"] - t0, 6),
     }
     if fallback:
         doc["outside_window"] = True
@@ -681,8 +745,9 @@ class Settings:
 
 
 class Runner:
-    def __init__(self, args: argparse.Namespace, jobs: list[JobSpec], groups: list[tuple[JobSpec, ...]],
-                 settings: Settings) -> None:
+    def __init__(
+        self, args: argparse.Namespace, jobs: list[JobSpec], groups: list[tuple[JobSpec, ...]], settings: Settings
+    ) -> None:
         self.args = args
         self.jobs = jobs
         self.groups = groups
@@ -721,8 +786,7 @@ class Runner:
         phase = "prepare"
         try:
             for w, job in zip(workers, members, strict=True):
-                w.send({"cmd": "prepare", "job": asdict(job), "warmup": s.warmup,
-                        "cudnn_benchmark": s.cudnn_benchmark})
+                w.send({"cmd": "prepare", "job": asdict(job), "warmup": s.warmup, "cudnn_benchmark": s.cudnn_benchmark})
             prepared = [w.receive(s.prepare_timeout) for w in workers]
             phase = "run"
             t0 = time.monotonic() + s.lead
@@ -747,14 +811,23 @@ class Runner:
             self.failures += 1
             return {"status": "oom" if oom else "error", "phase": phase, "error": str(e)}
         self.mps_unproven = False
-        result: dict[str, Any] = {"status": "ok", "window_s": [round(lo - t0, 3), round(hi - t0, 3)],
-                                  "members": [], "gpu": gpu}
+        result: dict[str, Any] = {
+            "status": "ok",
+            "window_s": [round(lo - t0, 3), round(hi - t0, 3)],
+            "members": [],
+            "gpu": gpu,
+        }
         for job, prep, run in zip(members, prepared, runs, strict=True):
-            self.job_info.setdefault(job.id, {k: prep[k] for k in ("parameters", "input", "batch_used", "optimizer",
-                                                                   "precision")})
+            self.job_info.setdefault(
+                job.id, {k: prep[k] for k in ("parameters", "input", "batch_used", "optimizer", "precision")}
+            )
             stats = window_stats(run, t0, lo, hi, prep["batch_used"])
-            stats = {"job": job.id, "build_s": round(prep["build_s"], 3), "warmup_s": round(prep["warmup_s"], 3),
-                     **stats}
+            stats = {
+                "job": job.id,
+                "build_s": round(prep["build_s"], 3),
+                "warmup_s": round(prep["warmup_s"], 3),
+                **stats,
+            }
             result["members"].append(stats)
         return result
 
@@ -771,10 +844,12 @@ class Runner:
                 m = r["members"][0]
                 entry = {"status": "ok", **{k: v for k, v in m.items() if k != "job"}, "gpu": r["gpu"]}
                 util = r["gpu"]["util_mean_pct"] if r["gpu"] else None
-                log(f"{key} {job.id}: median {m['median_ms']:.2f} ms, p90 {m['p90_ms']:.2f} ms, "
+                log(
+                    f"{key} {job.id}: median {m['median_ms']:.2f} ms, p90 {m['p90_ms']:.2f} ms, "
                     f"{m['iterations']} iterations"
                     + (f", peak {m['peak_allocated'] / 2**30:.2f} GiB" if m["peak_allocated"] else "")
-                    + (f", GPU util {util:.0f}%" if util is not None else ""))
+                    + (f", GPU util {util:.0f}%" if util is not None else "")
+                )
             else:
                 entry = r
                 log(f"{key} {job.id}: {r['status']}: {r['error']}")
@@ -856,7 +931,7 @@ class Runner:
                     except MpsBroken as e:
                         log(f"{name}: {e}; skipping the MPS phase")
                         modes[name].update(status="failed", reason=str(e))
-                        for n in names[names.index(name) + 1:]:
+                        for n in names[names.index(name) + 1 :]:
                             modes[n] = {"status": "skipped", "reason": f"{name} failed"}
                         break
                     modes[name]["mps_servers"] = self.mps.servers()  # workers still attached: a server must exist
@@ -889,27 +964,39 @@ class Runner:
             if info.get("torch_emugpu_imported"):
                 raise UsageError("torch_emugpu was imported into a worker; this script must measure plain PyTorch")
             if s.device == "cuda" and not info.get("cuda_available"):
-                raise UsageError(f"CUDA is not available to PyTorch {info['torch']} (CUDA build {info['torch_cuda']}); "
-                                 "this script measures a real GPU. Use --device cpu for a dry run of the flow.")
+                raise UsageError(
+                    f"CUDA is not available to PyTorch {info['torch']} (CUDA build {info['torch_cuda']}); "
+                    "this script measures a real GPU. Use --device cpu for a dry run of the flow."
+                )
             unknown = sorted({j.model for j in self.jobs if j.model != "gpt" and j.model not in info["models"]})
             if unknown:
-                raise UsageError(f"unknown model(s) {', '.join(unknown)}: use gpt or a torchvision classification "
-                                 f"model ({', '.join(info['models'])})")
+                raise UsageError(
+                    f"unknown model(s) {', '.join(unknown)}: use gpt or a torchvision classification "
+                    f"model ({', '.join(info['models'])})"
+                )
             self.doc = {
-                "schema": SCHEMA, "tool": "benchmarks/collocation.py",
+                "schema": SCHEMA,
+                "tool": "benchmarks/collocation.py",
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "host": socket.gethostname(), "argv": sys.argv[1:], "device": s.device,
+                "host": socket.gethostname(),
+                "argv": sys.argv[1:],
+                "device": s.device,
                 "gpu": {**info.get("device", {}), "nvidia_smi": nvidia_smi_info(s.smi_index)},
                 "software": {k: info.get(k) for k in ("torch", "torchvision", "torch_cuda", "cudnn", "python")},
-                "cpu_count": os.cpu_count(), "root": os.geteuid() == 0,
+                "cpu_count": os.cpu_count(),
+                "root": os.geteuid() == 0,
                 "method": method(s),
-                "jobs": [], "groups": [[j.id for j in g] for g in self.groups],
-                "solo": {}, "modes": {"time_slicing": {"status": "running"}},
+                "jobs": [],
+                "groups": [[j.id for j in g] for g in self.groups],
+                "solo": {},
+                "modes": {"time_slicing": {"status": "running"}},
             }
             if s.device == "cuda":
                 dev = info["device"]
-                log(f"GPU {dev['name']} ({dev['sm_count']} SMs, {dev['total_memory'] / 2**30:.0f} GiB), "
-                    f"torch {info['torch']}, driver {self.doc['gpu']['nvidia_smi'].get('driver_version', '?')}")
+                log(
+                    f"GPU {dev['name']} ({dev['sm_count']} SMs, {dev['total_memory'] / 2**30:.0f} GiB), "
+                    f"torch {info['torch']}, driver {self.doc['gpu']['nvidia_smi'].get('driver_version', '?')}"
+                )
             self.save()
 
             self.solo_phase(pool, "solo")
@@ -940,8 +1027,12 @@ def nvidia_smi_info(index: str | None) -> dict[str, Any]:
 
     def query(fields: tuple[str, ...]) -> list[str] | None:
         try:
-            r = subprocess.run(["nvidia-smi", "-i", index, f"--query-gpu={','.join(fields)}",
-                                "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+            r = subprocess.run(
+                ["nvidia-smi", "-i", index, f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         if r.returncode != 0:
@@ -962,35 +1053,38 @@ def nvidia_smi_info(index: str | None) -> dict[str, Any]:
 def method(s: Settings) -> dict[str, Any]:
     return {
         "iteration": "zero_grad(set_to_none), forward (under autocast for bf16/fp16) and loss, backward, optimizer "
-                     "step (GradScaler for fp16), then torch.cuda.synchronize(); one fixed synthetic batch resident "
-                     "on the device, no data loading",
+        "step (GradScaler for fp16), then torch.cuda.synchronize(); one fixed synthetic batch resident "
+        "on the device, no data loading",
         "timing": "host time.monotonic() (CLOCK_MONOTONIC, common to all processes) after each synchronize; an "
-                  "iteration's time is the difference of consecutive stamps, so it includes launch overhead and the "
-                  "short idle gap each synchronize leaves",
+        "iteration's time is the difference of consecutive stamps, so it includes launch overhead and the "
+        "short idle gap each synchronize leaves",
         "window": f"every member of a run is built and warmed up ({s.warmup} iterations + synchronize) in its own "
-                  f"process, then all start at one common time t0 (barrier), iterate until the first iteration "
-                  f"ending after t0+{s.settle}+{s.window} s, and only iterations lying entirely inside "
-                  f"[t0+{s.settle}, t0+{s.settle}+{s.window}] s count: every counted iteration ran while all the "
-                  f"other members were busy",
+        f"process, then all start at one common time t0 (barrier), iterate until the first iteration "
+        f"ending after t0+{s.settle}+{s.window} s, and only iterations lying entirely inside "
+        f"[t0+{s.settle}, t0+{s.settle}+{s.window}] s count: every counted iteration ran while all the "
+        f"other members were busy",
         "solo": "each job alone in one worker process (jobs one after another: built, warmed up, measured, freed "
-                "with empty_cache); solo_mps is the same under the MPS daemon",
+        "with empty_cache); solo_mps is the same under the MPS daemon",
         "slowdown_median": "paired median / solo median (solo measured without MPS); slowdown_mean likewise with means",
         "normalized_throughput": "solo mean / paired mean: the member's throughput as a fraction of its solo "
-                                 "throughput",
+        "throughput",
         "aggregate_throughput": "sum of the members' normalized throughputs: 1.0 means no gain over running the jobs "
-                                "one after another, N means each ran as fast as alone",
+        "one after another, N means each ran as fast as alone",
         "processes": "one Python process per member (this script in --worker mode), commands over pipes; the "
-                     "time-slicing workers have CUDA_MPS_PIPE_DIRECTORY set to an empty directory so that they never "
-                     "join an MPS daemon; MPS workers are new processes started after the private daemon",
+        "time-slicing workers have CUDA_MPS_PIPE_DIRECTORY set to an empty directory so that they never "
+        "join an MPS daemon; MPS workers are new processes started after the private daemon",
         "mps": "nvidia-cuda-mps-control -d with CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY in a temporary "
-               "folder, exported to the workers; stopped with 'quit' in a finally block; mps_capN sets "
-               "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=N for every client",
+        "folder, exported to the workers; stopped with 'quit' in a finally block; mps_capN sets "
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=N for every client",
         "gpu": "nvidia-smi polled every 200 ms during the window (mean utilization.gpu: NVML's share of each sample "
-               "period in which some kernel ran, coarse; mean SM clock and power; max memory used)",
+        "period in which some kernel ran, coarse; mean SM clock and power; max memory used)",
         "memory": "peak_allocated / peak_reserved: torch.cuda.max_memory_allocated / max_memory_reserved over the "
-                  "measured run (statistics reset after warm-up; the cache then holds the warm-up's blocks)",
+        "measured run (statistics reset after warm-up; the cache then holds the warm-up's blocks)",
         "cudnn_benchmark": s.cudnn_benchmark,
-        "seconds": s.window, "settle_s": s.settle, "warmup_iterations": s.warmup, "min_iterations": s.min_iters,
+        "seconds": s.window,
+        "settle_s": s.settle,
+        "warmup_iterations": s.warmup,
+        "min_iterations": s.min_iters,
         "gpt": asdict(GPT_CUDA if s.device == "cuda" else GPT_CPU),
         "dry_run": s.device == "cpu",
         "notes": s.notes,
@@ -1006,10 +1100,13 @@ def print_table(doc: dict[str, Any]) -> None:
                 print(f"{job:26} {label:5} {e.get('status')}: {str(e.get('error'))[:60]}")
                 continue
             peak = f"{e['peak_allocated'] / 2**30:.2f}" if e.get("peak_allocated") else "-"
-            util = f"{e['gpu']['util_mean_pct']:.0f}%" if e.get("gpu") and e["gpu"]["util_mean_pct"] is not None \
-                else "-"
-            print(f"{job:26} {label:5} {e['median_ms']:8.2f} {e['p90_ms']:8.2f} {e['samples_per_s']:10.1f} "
-                  f"{peak:>8} {util:>8}")
+            util = (
+                f"{e['gpu']['util_mean_pct']:.0f}%" if e.get("gpu") and e["gpu"]["util_mean_pct"] is not None else "-"
+            )
+            print(
+                f"{job:26} {label:5} {e['median_ms']:8.2f} {e['p90_ms']:8.2f} {e['samples_per_s']:10.1f} "
+                f"{peak:>8} {util:>8}"
+            )
     rows = [(mode, p) for mode, m in doc["modes"].items() for p in m.get("pairs", [])]
     if rows:
         print("\ncollocated (slowdown = paired median / solo median; aggregate = sum of throughput / solo throughput)")
@@ -1021,8 +1118,9 @@ def print_table(doc: dict[str, Any]) -> None:
                 continue
             slow = "/".join(f"{m['slowdown_median']:.2f}" if "slowdown_median" in m else "?" for m in p["members"])
             agg = f"{p['aggregate_throughput']:.2f}" if p.get("aggregate_throughput") is not None else "-"
-            util = f"{p['gpu']['util_mean_pct']:.0f}%" if p.get("gpu") and p["gpu"]["util_mean_pct"] is not None \
-                else "-"
+            util = (
+                f"{p['gpu']['util_mean_pct']:.0f}%" if p.get("gpu") and p["gpu"]["util_mean_pct"] is not None else "-"
+            )
             print(f"{mode:13} {jobs:48} {slow:>16} {agg:>9} {util:>8}")
     for mode, m in doc["modes"].items():
         if m.get("status") not in ("ok", None):
@@ -1041,8 +1139,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="collocation.py",
         description="Measure how training jobs slow each other down when they share one GPU: each job alone, then "
-                    "pairs of jobs as separate processes under the driver's default time slicing, then the same "
-                    "pairs under MPS. Plain PyTorch + torchvision; writes one JSON file and prints a table.",
+        "pairs of jobs as separate processes under the driver's default time slicing, then the same "
+        "pairs under MPS. Plain PyTorch + torchvision; writes one JSON file and prints a table.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="""\
 jobs:
@@ -1065,30 +1163,73 @@ examples:
 MPS runs when the script is root and nvidia-cuda-mps-control is on PATH (--mps
 auto); the daemon is private to the run and is always stopped at the end.
 Exit status: 0 all runs measured, 1 some run failed (recorded in the JSON),
-2 bad arguments or no usable CUDA device.""")
-    p.add_argument("--jobs", default=None, metavar="SPEC[,SPEC...]",
-                   help=f"jobs to measure (default: {', '.join(DEFAULT_JOBS)}; --quick: {', '.join(QUICK_JOBS)})")
-    p.add_argument("--pairs", default=None, metavar="A+B[,A+B...]",
-                   help=f"groups to collocate (default: {', '.join(DEFAULT_PAIRS)}; --quick: {', '.join(QUICK_PAIRS)})")
-    p.add_argument("--seconds", type=float, default=None, metavar="S",
-                   help="measured window of every run in seconds (default 8; --quick 2; --device cpu 0.5)")
-    p.add_argument("--warmup", type=int, default=None, metavar="N",
-                   help="warm-up iterations before each run (default 5; --quick 3; --device cpu 1)")
-    p.add_argument("--quick", action="store_true",
-                   help="about one minute: two jobs, two pairs, 2 s windows, no solo runs under MPS")
-    p.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
-                   help="auto: run the MPS phase when root and nvidia-cuda-mps-control exists; on: try it even when "
-                        "not root (and with --device cpu, to test the flow); off: skip it (default auto)")
-    p.add_argument("--mps-caps", default="", metavar="PCT[,PCT...]",
-                   help="also run the pairs under MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=PCT for every client, "
-                        "once per value (default: none)")
-    p.add_argument("--no-mps-solo", dest="mps_solo", action="store_false", default=None,
-                   help="skip the solo runs under MPS (default: run them, except with --quick)")
+2 bad arguments or no usable CUDA device.""",
+    )
+    p.add_argument(
+        "--jobs",
+        default=None,
+        metavar="SPEC[,SPEC...]",
+        help=f"jobs to measure (default: {', '.join(DEFAULT_JOBS)}; --quick: {', '.join(QUICK_JOBS)})",
+    )
+    p.add_argument(
+        "--pairs",
+        default=None,
+        metavar="A+B[,A+B...]",
+        help=f"groups to collocate (default: {', '.join(DEFAULT_PAIRS)}; --quick: {', '.join(QUICK_PAIRS)})",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="measured window of every run in seconds (default 8; --quick 2; --device cpu 0.5)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        metavar="N",
+        help="warm-up iterations before each run (default 5; --quick 3; --device cpu 1)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="about one minute: two jobs, two pairs, 2 s windows, no solo runs under MPS",
+    )
+    p.add_argument(
+        "--mps",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto: run the MPS phase when root and nvidia-cuda-mps-control exists; on: try it even when "
+        "not root (and with --device cpu, to test the flow); off: skip it (default auto)",
+    )
+    p.add_argument(
+        "--mps-caps",
+        default="",
+        metavar="PCT[,PCT...]",
+        help="also run the pairs under MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=PCT for every client, "
+        "once per value (default: none)",
+    )
+    p.add_argument(
+        "--no-mps-solo",
+        dest="mps_solo",
+        action="store_false",
+        default=None,
+        help="skip the solo runs under MPS (default: run them, except with --quick)",
+    )
     p.add_argument("--cudnn-benchmark", action="store_true", help="set torch.backends.cudnn.benchmark (default off)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cuda (default) or cpu: a dry run of the whole flow with tiny inputs and ~2 iterations")
-    p.add_argument("--out", default="collocation.json", metavar="PATH",
-                   help="JSON output, rewritten after every run (default collocation.json)")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cuda (default) or cpu: a dry run of the whole flow with tiny inputs and ~2 iterations",
+    )
+    p.add_argument(
+        "--out",
+        default="collocation.json",
+        metavar="PATH",
+        help="JSON output, rewritten after every run (default collocation.json)",
+    )
     p.add_argument("--worker", choices=("cuda", "cpu"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
@@ -1127,18 +1268,27 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else (1 if cpu else 3 if args.quick else 5)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
     smi = None if cpu or shutil.which("nvidia-smi") is None else (visible if visible.isdigit() else "0")
-    settings = Settings(device=args.device, window=window, settle=0.0 if cpu else min(0.5, window / 4),
-                        warmup=warmup, min_iters=2 if cpu else 1, cudnn_benchmark=args.cudnn_benchmark,
-                        smi_index=smi)
+    settings = Settings(
+        device=args.device,
+        window=window,
+        settle=0.0 if cpu else min(0.5, window / 4),
+        warmup=warmup,
+        min_iters=2 if cpu else 1,
+        cudnn_benchmark=args.cudnn_benchmark,
+        smi_index=smi,
+    )
     if not cpu and smi is None:
         settings.notes.append("nvidia-smi not found: no GPU utilisation, clock or driver figures")
     if args.mps_solo is None:
         args.mps_solo = not args.quick
-    will_mps = args.mps == "on" or (args.mps == "auto" and not cpu and os.geteuid() == 0
-                                    and shutil.which("nvidia-cuda-mps-control") is not None)
+    will_mps = args.mps == "on" or (
+        args.mps == "auto" and not cpu and os.geteuid() == 0 and shutil.which("nvidia-cuda-mps-control") is not None
+    )
     est = estimate_s(len(jobs), len(groups), settings, will_mps and bool(groups), args.mps_solo, len(args.mps_caps))
-    log(f"{len(jobs)} jobs, {len(groups)} groups, {window:g} s windows on {args.device}"
-        f"{', MPS phase' if will_mps and groups else ''}: about {est / 60:.1f} min")
+    log(
+        f"{len(jobs)} jobs, {len(groups)} groups, {window:g} s windows on {args.device}"
+        f"{', MPS phase' if will_mps and groups else ''}: about {est / 60:.1f} min"
+    )
     runner = Runner(args, jobs, groups, settings)
     try:
         return runner.run()

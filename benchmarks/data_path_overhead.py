@@ -55,8 +55,15 @@ def run_config(gpu: str, model: str, batch: int, data: CachedImages, workers: in
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
     std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
-    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers,
-                                         pin_memory=True, drop_last=True, persistent_workers=workers > 0)
+    loader = torch.utils.data.DataLoader(
+        data,
+        batch_size=batch,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=True,
+        drop_last=True,
+        persistent_workers=workers > 0,
+    )
 
     def epoch() -> tuple[float, float, float, int]:
         it = iter(loader)
@@ -89,15 +96,22 @@ def run_config(gpu: str, model: str, batch: int, data: CachedImages, workers: in
         walls.append(wall)
         implied_s.append(implied)
     name = torch.emugpu.get_device_name()
-    return {"gpu": name, "model": model, "batch": batch, "iterations": iterations,
-            "ratio": statistics.median(ratios), "wall_s": statistics.median(walls),
-            "implied_s": statistics.median(implied_s)}
+    return {
+        "gpu": name,
+        "model": model,
+        "batch": batch,
+        "iterations": iterations,
+        "ratio": statistics.median(ratios),
+        "wall_s": statistics.median(walls),
+        "implied_s": statistics.median(implied_s),
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", default=DEFAULT_CONFIGS,
-                   help=f"gpu:model:batch, comma-separated (default {DEFAULT_CONFIGS})")
+    p.add_argument(
+        "--configs", default=DEFAULT_CONFIGS, help=f"gpu:model:batch, comma-separated (default {DEFAULT_CONFIGS})"
+    )
     p.add_argument("--images", type=int, default=1024, help="images in the cached dataset (default 1024)")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per configuration (default 3)")
@@ -114,8 +128,10 @@ def main() -> None:
         gpu, model, batch = spec.split(":")
         r = run_config(gpu, model, int(batch), data, args.workers, args.epochs)
         worst = max(worst, r["ratio"])
-        print(f"{r['gpu']:<24} {r['model']:<10} {r['batch']:>5} {r['iterations']:>5} {r['wall_s']:>8.2f} "
-              f"{r['implied_s']:>9.2f} {r['ratio']:>7.3f}")
+        print(
+            f"{r['gpu']:<24} {r['model']:<10} {r['batch']:>5} {r['iterations']:>5} {r['wall_s']:>8.2f} "
+            f"{r['implied_s']:>9.2f} {r['ratio']:>7.3f}"
+        )
     print(f"worst ratio {worst:.3f} (target <= 1.02: epoch wall time over the emulated GPU's compute + copies)")
 
 

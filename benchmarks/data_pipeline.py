@@ -33,8 +33,17 @@ from torch_emugpu.data.preprocessing import MEAN, STD, train_batch_on_device
 from torch_emugpu.measure.models import torchvision_model, write_json_atomic
 
 
-def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: int, workers: int, pin: bool,
-          preprocessing: str, cold: bool, limit: int | None = None) -> dict[str, Any]:
+def epoch(
+    found: datasets.Scan,
+    model_name: str,
+    device: torch.device,
+    batch: int,
+    workers: int,
+    pin: bool,
+    preprocessing: str,
+    cold: bool,
+    limit: int | None = None,
+) -> dict[str, Any]:
     from torchvision.transforms import v2 as T
 
     backend = getattr(torch, device.type)
@@ -50,8 +59,15 @@ def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: in
     backend.synchronize(device)
     gpu_time = _synthetic_iteration(model, opt, device, batch)
     if preprocessing == "cpu":
-        tf = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor(),
-                        T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)])
+        tf = T.Compose(
+            [
+                T.RandomResizedCrop(224, antialias=True),
+                T.RandomHorizontalFlip(),
+                T.PILToTensor(),
+                T.ToDtype(torch.float32, scale=True),
+                T.Normalize(MEAN, STD),
+            ]
+        )
         ds: torch.utils.data.Dataset = datasets.ImageFiles(found, transform=tf)
         collate = None
     elif preprocessing == "gpu":
@@ -63,10 +79,17 @@ def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: in
     if limit and preprocessing != "none":
         ds = torch.utils.data.Subset(ds, range(min(limit, len(ds))))
     cache_note = datasets.set_page_cache([path for path, _ in found.files], 0.0)[1] if cold else None
-    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
-                                         pin_memory=pin and preprocessing != "gpu", drop_last=True,
-                                         collate_fn=collate, persistent_workers=False,
-                                         prefetch_factor=2 if workers else None)
+    loader = torch.utils.data.DataLoader(
+        ds,
+        batch_size=batch,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=pin and preprocessing != "gpu",
+        drop_last=True,
+        collate_fn=collate,
+        persistent_workers=False,
+        prefetch_factor=2 if workers else None,
+    )
     gen = torch.Generator().manual_seed(0)
     waited = 0.0
     images = 0
@@ -92,11 +115,22 @@ def epoch(found: datasets.Scan, model_name: str, device: torch.device, batch: in
         images += len(yb)
     backend.synchronize(device)
     wall = time.perf_counter() - start
-    return {"model": model_name, "batch": batch, "workers": workers, "pin_memory": pin,
-            "preprocessing": preprocessing, "cold": cold, "cache_note": cache_note, "images": images,
-            "epoch_s": wall, "images_per_s": images / wall, "data_wait_s": waited,
-            "gpu_only_iteration_s": gpu_time, "gpu_only_images_per_s": batch / gpu_time,
-            "peak_bytes": backend.max_memory_allocated(device)}
+    return {
+        "model": model_name,
+        "batch": batch,
+        "workers": workers,
+        "pin_memory": pin,
+        "preprocessing": preprocessing,
+        "cold": cold,
+        "cache_note": cache_note,
+        "images": images,
+        "epoch_s": wall,
+        "images_per_s": images / wall,
+        "data_wait_s": waited,
+        "gpu_only_iteration_s": gpu_time,
+        "gpu_only_images_per_s": batch / gpu_time,
+        "peak_bytes": backend.max_memory_allocated(device),
+    }
 
 
 class _Decoded(torch.utils.data.Dataset):
@@ -115,8 +149,9 @@ class _Decoded(torch.utils.data.Dataset):
         return self.pool[i % 16], i % 1000
 
 
-def _synthetic_iteration(model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
-                         batch: int, n: int = 10) -> float:
+def _synthetic_iteration(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, batch: int, n: int = 10
+) -> float:
     """Seconds per iteration with the batch already on the device: what the GPU alone allows."""
     backend = getattr(torch, device.type)
     x = torch.randn(batch, 3, 224, 224, device=device)
@@ -139,22 +174,39 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=128, help="batch size (default 128)")
     p.add_argument("--workers", default="4", help="comma-separated DataLoader worker counts (default 4)")
     p.add_argument("--pin", choices=["on", "off", "both"], default="on", help="pin_memory (default on)")
-    p.add_argument("--preprocessing", default="cpu",
-                   help="comma-separated: cpu (PIL in the workers), gpu (decode and augment on the device) "
-                        "or none (decoded tensors from memory) (default cpu)")
+    p.add_argument(
+        "--preprocessing",
+        default="cpu",
+        help="comma-separated: cpu (PIL in the workers), gpu (decode and augment on the device) "
+        "or none (decoded tensors from memory) (default cpu)",
+    )
     p.add_argument("--cold", action="store_true", help="drop the files from the page cache before each epoch")
-    p.add_argument("--limit", type=int, default=None,
-                   help="use at most this many images (with none: this many, reusing decoded ones)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="use at most this many images (with none: this many, reusing decoded ones)",
+    )
     p.add_argument("--out", required=True, help="JSON file the epochs are appended to")
     args = p.parse_args()
     device = torch.device(args.device)
     found = datasets.scan(args.data)
     label = torch.cuda.get_device_name(device) if device.type == "cuda" else f"emulated {device}"
     out = Path(args.out)
-    doc = json.loads(out.read_text()) if out.is_file() else {
-        "schema": "torch-emugpu data pipeline v1", "device": label, "host": socket.gethostname(),
-        "cpus": os.cpu_count(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-        "dataset": {"images": len(found.files), "bytes": found.total_bytes}, "epochs": []}
+    doc = (
+        json.loads(out.read_text())
+        if out.is_file()
+        else {
+            "schema": "torch-emugpu data pipeline v1",
+            "device": label,
+            "host": socket.gethostname(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "date": datetime.date.today().isoformat(),
+            "dataset": {"images": len(found.files), "bytes": found.total_bytes},
+            "epochs": [],
+        }
+    )
     pins = {"on": [True], "off": [False], "both": [True, False]}[args.pin]
     for model in args.models.split(","):
         for prep in args.preprocessing.split(","):
@@ -163,9 +215,12 @@ def main() -> int:
                     r = epoch(found, model, device, args.batch, workers, pin, prep, args.cold, args.limit)
                     doc["epochs"].append(r)
                     write_json_atomic(out, doc)
-                    print(f"{model:12} {prep} workers={workers:2d} pin={pin!s:5} cold={args.cold!s:5} "
-                          f"{r['epoch_s']:7.2f} s {r['images_per_s']:8.1f} img/s  waited {r['data_wait_s']:6.2f} s"
-                          f"  (GPU alone {r['gpu_only_images_per_s']:8.1f} img/s)", flush=True)
+                    print(
+                        f"{model:12} {prep} workers={workers:2d} pin={pin!s:5} cold={args.cold!s:5} "
+                        f"{r['epoch_s']:7.2f} s {r['images_per_s']:8.1f} img/s  waited {r['data_wait_s']:6.2f} s"
+                        f"  (GPU alone {r['gpu_only_images_per_s']:8.1f} img/s)",
+                        flush=True,
+                    )
     return 0
 
 

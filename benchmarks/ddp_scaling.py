@@ -213,29 +213,47 @@ def worker(args: argparse.Namespace) -> None:
     iterations = []
     for i in range(args.warmup, len(records)):
         start, backward_end, end, its_buckets = records[i]
-        iterations.append({
-            # From this iteration's start to the next one's (to its own end for the last): idle gaps the
-            # host leaves between iterations count, as they cost throughput.
-            "iteration_ms": start.elapsed_time(records[i + 1][0] if i + 1 < len(records) else end),
-            "end_ms": start.elapsed_time(end),
-            "backward_end_ms": start.elapsed_time(backward_end),
-            "buckets": [{"index": index, "bytes": nbytes, "ready_ms": start.elapsed_time(ready),
-                         "done_ms": start.elapsed_time(done), "copy_back_ms": copy_ms.get(index, 0.0)}
-                        for index, nbytes, ready, done in its_buckets],
-        })
+        iterations.append(
+            {
+                # From this iteration's start to the next one's (to its own end for the last): idle gaps the
+                # host leaves between iterations count, as they cost throughput.
+                "iteration_ms": start.elapsed_time(records[i + 1][0] if i + 1 < len(records) else end),
+                "end_ms": start.elapsed_time(end),
+                "backward_end_ms": start.elapsed_time(backward_end),
+                "buckets": [
+                    {
+                        "index": index,
+                        "bytes": nbytes,
+                        "ready_ms": start.elapsed_time(ready),
+                        "done_ms": start.elapsed_time(done),
+                        "copy_back_ms": copy_ms.get(index, 0.0),
+                    }
+                    for index, nbytes, ready, done in its_buckets
+                ],
+            }
+        )
     buffers: dict[str, int] = {}
     for b in model.buffers():
         buffers[str(b.dtype)] = buffers.get(str(b.dtype), 0) + b.numel() * b.element_size()
     result = {
-        "rank": rank, "world": world, "ranks_per_node": per_node, "node": int(os.environ.get("GROUP_RANK", "0")),
-        "gpu": torch.emugpu.get_device_name(device), "model": args.model, "batch_size": args.batch_size,
-        "iterations": iterations, "buffers": buffers, "wall_ms": wall * 1e3,
-        "host_bound": report, "host_bound_windows_timed": report["host_bound_windows"] - warm_report.get(
-            "host_bound_windows", 0), "windows_timed": report["windows"] - warm_report.get("windows", 0),
+        "rank": rank,
+        "world": world,
+        "ranks_per_node": per_node,
+        "node": int(os.environ.get("GROUP_RANK", "0")),
+        "gpu": torch.emugpu.get_device_name(device),
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "iterations": iterations,
+        "buffers": buffers,
+        "wall_ms": wall * 1e3,
+        "host_bound": report,
+        "host_bound_windows_timed": report["host_bound_windows"] - warm_report.get("host_bound_windows", 0),
+        "windows_timed": report["windows"] - warm_report.get("windows", 0),
         # The device's idle time before late launches over the timed iterations (the report's windows need
         # half a second each; short runs close none).
-        "idle_fraction_timed": (report["idle_ns"] - warm_report.get("idle_ns", 0)) / 1e6 / max(
-            1e-9, records[args.warmup][0].elapsed_time(records[-1][2])),
+        "idle_fraction_timed": (report["idle_ns"] - warm_report.get("idle_ns", 0))
+        / 1e6
+        / max(1e-9, records[args.warmup][0].elapsed_time(records[-1][2])),
         "peak_memory_bytes": torch.emugpu.max_memory_allocated(device),
         "vm_hwm_kib": max(_vm_kib("VmHWM"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss),
         "vm_rss_kib": _vm_kib("VmRSS"),
@@ -289,9 +307,22 @@ def free_port() -> int:
 
 
 def _worker_args(args: argparse.Namespace, out: Path) -> list[str]:
-    return [str(Path(__file__).resolve()), "--worker", "--out", str(out), "--model", args.model,
-            "--batch-size", str(args.batch_size), "--iterations", str(args.iterations), "--warmup", str(args.warmup),
-            "--pg-timeout", str(args.pg_timeout)]
+    return [
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--out",
+        str(out),
+        "--model",
+        args.model,
+        "--batch-size",
+        str(args.batch_size),
+        "--iterations",
+        str(args.iterations),
+        "--warmup",
+        str(args.warmup),
+        "--pg-timeout",
+        str(args.pg_timeout),
+    ]
 
 
 def _commands(cfg: Config, args: argparse.Namespace, out: Path) -> list[list[str]]:
@@ -299,10 +330,25 @@ def _commands(cfg: Config, args: argparse.Namespace, out: Path) -> list[list[str
     if not cfg.multi_node:
         return [run + ["--standalone", "--nproc-per-node", str(cfg.ranks_per_node)] + _worker_args(args, out)]
     endpoint = f"127.0.0.1:{free_port()}"
-    return [run + ["--nnodes", str(cfg.nodes), "--node-rank", str(i), "--nproc-per-node", str(cfg.ranks_per_node),
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                   "--rdzv-conf", f"is_host={int(i == 0)}"] + _worker_args(args, out)
-            for i in range(cfg.nodes)]
+    return [
+        run
+        + [
+            "--nnodes",
+            str(cfg.nodes),
+            "--node-rank",
+            str(i),
+            "--nproc-per-node",
+            str(cfg.ranks_per_node),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-conf",
+            f"is_host={int(i == 0)}",
+        ]
+        + _worker_args(args, out)
+        for i in range(cfg.nodes)
+    ]
 
 
 def _child_env(args: argparse.Namespace) -> dict[str, str]:
@@ -407,26 +453,30 @@ def run_config(cfg: Config, args: argparse.Namespace, workdir: Path) -> Row:
     return row
 
 
-def collective_seconds(kind: str, nbytes: float, gpu: str, ranks_per_node: int, nodes: int,
-                       args: argparse.Namespace) -> float:
+def collective_seconds(
+    kind: str, nbytes: float, gpu: str, ranks_per_node: int, nodes: int, args: argparse.Namespace
+) -> float:
     """The cost model's duration (0 for one rank, as backend `emu` charges none)."""
     if ranks_per_node * nodes == 1:
         return 0.0
     from torch_emugpu import _C
 
-    return _C._collective_time(kind, float(nbytes), gpu, ranks_per_node, nodes, args.net_gbps,
-                               args.net_latency_us)["seconds"]
+    return _C._collective_time(kind, float(nbytes), gpu, ranks_per_node, nodes, args.net_gbps, args.net_latency_us)[
+        "seconds"
+    ]
 
 
 def predict_ms(baseline: dict[str, Any], ranks_per_node: int, nodes: int, args: argparse.Namespace) -> float:
     """Predicted iteration time for G x K ranks from the 1-rank run's records: the median over its
     iterations of predict_iteration()."""
-    return statistics.median(predict_iteration(baseline, it, ranks_per_node, nodes, args)[0]
-                             for it in baseline["iterations"])
+    return statistics.median(
+        predict_iteration(baseline, it, ranks_per_node, nodes, args)[0] for it in baseline["iterations"]
+    )
 
 
-def predict_iteration(baseline: dict[str, Any], it: dict[str, Any], ranks_per_node: int, nodes: int,
-                      args: argparse.Namespace) -> tuple[float, list[float]]:
+def predict_iteration(
+    baseline: dict[str, Any], it: dict[str, Any], ranks_per_node: int, nodes: int, args: argparse.Namespace
+) -> tuple[float, list[float]]:
     """One recorded 1-rank iteration replayed for G x K ranks; returns the iteration time and each bucket's
     predicted all-reduce end (ms from the iteration's start).
 
@@ -440,13 +490,16 @@ def predict_iteration(baseline: dict[str, Any], it: dict[str, Any], ranks_per_no
     - The optimizer (iteration end - backward end) follows unchanged; the next iteration starts at its end
       (the 1-rank run must not be host-bound)."""
     gpu = baseline["gpu"]
-    broadcast = sum(collective_seconds("broadcast", n, gpu, ranks_per_node, nodes, args) * 1e3
-                    for n in baseline["buffers"].values())
+    broadcast = sum(
+        collective_seconds("broadcast", n, gpu, ranks_per_node, nodes, args) * 1e3 for n in baseline["buffers"].values()
+    )
     ends: list[float] = []
     end = -math.inf
     for b in it["buckets"]:
-        end = max(b["ready_ms"] + broadcast, end) + collective_seconds(
-            "all_reduce", b["bytes"], gpu, ranks_per_node, nodes, args) * 1e3
+        end = (
+            max(b["ready_ms"] + broadcast, end)
+            + collective_seconds("all_reduce", b["bytes"], gpu, ranks_per_node, nodes, args) * 1e3
+        )
         ends.append(end)
     t = it["backward_end_ms"] + broadcast - sum(b["copy_back_ms"] for b in it["buckets"])
     for b, e in zip(it["buckets"], ends, strict=True):
@@ -465,8 +518,10 @@ def fmt(value: float, spec: str) -> str:
 
 
 def table(rows: list[Row], baseline: Row | None, args: argparse.Namespace) -> str:
-    head = ("| configuration | ranks | nodes | iteration (ms) | samples/s | efficiency | predicted (ms) | "
-            "predicted eff. | error | host-bound (device idle) | peak memory (GiB) | RSS/rank (MiB) | PSS/rank (MiB) |")
+    head = (
+        "| configuration | ranks | nodes | iteration (ms) | samples/s | efficiency | predicted (ms) | "
+        "predicted eff. | error | host-bound (device idle) | peak memory (GiB) | RSS/rank (MiB) | PSS/rank (MiB) |"
+    )
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     base = baseline.iteration_ms if baseline is not None and baseline.ok else math.nan
     for row in rows:
@@ -483,7 +538,8 @@ def table(rows: list[Row], baseline: Row | None, args: argparse.Namespace) -> st
             f"| {cfg.label} | {cfg.ranks} | {cfg.nodes} | {row.iteration_ms:.2f} | "
             f"{row.samples_per_s(args.batch_size, row.iteration_ms):.1f} | {fmt(base / row.iteration_ms * 100, '.1f')}%"
             f" | {fmt(row.predicted_ms, '.2f')} | {fmt(base / row.predicted_ms * 100, '.1f')}% | "
-            f"{fmt(error, '+.3f')}% | {verdict} | {peak:.2f} | {rss:.0f} | {pss:.0f} |")
+            f"{fmt(error, '+.3f')}% | {verdict} | {peak:.2f} | {rss:.0f} | {pss:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -493,21 +549,29 @@ def accuracy_summary(rows: list[Row]) -> list[str]:
     lines = []
     if judged:
         errors = [abs(r.iteration_ms - r.predicted_ms) / r.predicted_ms * 100 for r in judged]
-        lines.append(f"prediction error over {len(judged)} multi-rank configurations that were not host-bound: "
-                     f"median {statistics.median(errors):.3f}%, worst {max(errors):.3f}% (target: within 2%)")
+        lines.append(
+            f"prediction error over {len(judged)} multi-rank configurations that were not host-bound: "
+            f"median {statistics.median(errors):.3f}%, worst {max(errors):.3f}% (target: within 2%)"
+        )
     else:
-        lines.append("prediction error: no multi-rank configuration that was not host-bound (and predicted: the "
-                     "prediction needs the 1-rank run)")
+        lines.append(
+            "prediction error: no multi-rank configuration that was not host-bound (and predicted: the "
+            "prediction needs the 1-rank run)"
+        )
     if excluded:
-        lines.append("left out of that summary as HOST-BOUND (their times measure this host, not the GPU): "
-                     + ", ".join(excluded))
+        lines.append(
+            "left out of that summary as HOST-BOUND (their times measure this host, not the GPU): "
+            + ", ".join(excluded)
+        )
     done = [r for r in rows if r.ok]
     if done:
         big = max(done, key=lambda r: (r.config.ranks, not r.config.multi_node))
         rss = max(r["vm_hwm_kib"] for r in big.ranks) / 1024
         pss = sum(r["pss_kib"] for r in big.ranks) / 2**20
-        lines.append(f"host memory, {big.config.label} ({big.config.ranks} ranks): peak RSS {rss:.0f} MiB per rank "
-                     f"(target: under 1 GB), the ranks together {pss:.2f} GiB (sum of PSS at the end)")
+        lines.append(
+            f"host memory, {big.config.label} ({big.config.ranks} ranks): peak RSS {rss:.0f} MiB per rank "
+            f"(target: under 1 GB), the ranks together {pss:.2f} GiB (sum of PSS at the end)"
+        )
     failed = [r.config.label for r in rows if not r.ok]
     if failed:
         lines.append("FAILED: " + ", ".join(failed))
@@ -528,21 +592,36 @@ def plot(rows: list[Row], baseline: Row | None, args: argparse.Namespace, path: 
         if not rs:
             continue
         x = [r.config.ranks for r in rs]
-        for ax, f in ((ax_tp, lambda r, ms: r.samples_per_s(args.batch_size, ms)),
-                      (ax_eff, lambda r, ms: base / ms * 100)):
+        for ax, f in (
+            (ax_tp, lambda r, ms: r.samples_per_s(args.batch_size, ms)),
+            (ax_eff, lambda r, ms: base / ms * 100),
+        ):
             ax.plot(x, [f(r, r.iteration_ms) for r in rs], "o-", color=color, label=f"{name}: emulated")
-            ax.plot(x, [f(r, r.predicted_ms) for r in rs], "s--", color=color, alpha=0.6, mfc="none",
-                    label=f"{name}: predicted")
+            ax.plot(
+                x,
+                [f(r, r.predicted_ms) for r in rs],
+                "s--",
+                color=color,
+                alpha=0.6,
+                mfc="none",
+                label=f"{name}: predicted",
+            )
             bound = [r for r in rs if r.host_bound]
             if bound:
-                ax.plot([r.config.ranks for r in bound], [f(r, r.iteration_ms) for r in bound], "x", color="red",
-                        ms=12, label=f"{name}: HOST-BOUND")
+                ax.plot(
+                    [r.config.ranks for r in bound],
+                    [f(r, r.iteration_ms) for r in bound],
+                    "x",
+                    color="red",
+                    ms=12,
+                    label=f"{name}: HOST-BOUND",
+                )
     ranks = sorted({r.config.ranks for r in rows})
     if not math.isnan(base):
-        ax_tp.plot(ranks, [n * args.batch_size / (base / 1e3) for n in ranks], ":", color="grey",
-                   label="linear from 1 GPU")
-        effs = [base / ms * 100 for r in rows if r.ok for ms in (r.iteration_ms, r.predicted_ms)
-                if not math.isnan(ms)]
+        ax_tp.plot(
+            ranks, [n * args.batch_size / (base / 1e3) for n in ranks], ":", color="grey", label="linear from 1 GPU"
+        )
+        effs = [base / ms * 100 for r in rows if r.ok for ms in (r.iteration_ms, r.predicted_ms) if not math.isnan(ms)]
         ax_eff.set_ylim(min([90.0] + [e - 5 for e in effs]), 102)
     ax_tp.set_yscale("log")  # log-log: linear scaling is a straight line
     for ax, title, unit in ((ax_tp, "throughput", "samples/s"), (ax_eff, "scaling efficiency vs 1 GPU", "%")):
@@ -554,8 +633,9 @@ def plot(rows: list[Row], baseline: Row | None, args: argparse.Namespace, path: 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     gpu = baseline.ranks[0]["gpu"] if baseline is not None and baseline.ok else args.gpu
-    fig.suptitle(f"DDP {args.model}, batch {args.batch_size} per GPU, {gpu} (emugpu); network {network(args)}",
-                 fontsize=10)
+    fig.suptitle(
+        f"DDP {args.model}, batch {args.batch_size} per GPU, {gpu} (emugpu); network {network(args)}", fontsize=10
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
@@ -579,51 +659,104 @@ def _int_list(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="ddp_scaling.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="ddp_scaling.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     job = parser.add_argument_group("the job (the same on every configuration)")
-    job.add_argument("--model", metavar="NAME",
-                     help=f"torchvision classifier (default: {DEFAULT_MODEL}; --quick: resnet18)")
-    job.add_argument("--batch-size", type=int, metavar="N",
-                     help=f"samples per GPU per iteration (default: {DEFAULT_BATCH}; --quick: 16)")
-    job.add_argument("--gpu", metavar="NAME", default=os.environ.get("EMUGPU_GPU", DEFAULT_GPU),
-                     help=f"emulated GPU, given to the ranks as EMUGPU_GPU (default: $EMUGPU_GPU, else {DEFAULT_GPU})")
-    job.add_argument("--iterations", type=int, metavar="N",
-                     help="timed iterations per rank (default: 10; --quick: 3)")
-    job.add_argument("--warmup", type=int, metavar="N",
-                     help="untimed iterations first, at least 2: DDP rebuilds its buckets after the first "
-                     "(default: 3; --quick: 2)")
+    job.add_argument(
+        "--model", metavar="NAME", help=f"torchvision classifier (default: {DEFAULT_MODEL}; --quick: resnet18)"
+    )
+    job.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help=f"samples per GPU per iteration (default: {DEFAULT_BATCH}; --quick: 16)",
+    )
+    job.add_argument(
+        "--gpu",
+        metavar="NAME",
+        default=os.environ.get("EMUGPU_GPU", DEFAULT_GPU),
+        help=f"emulated GPU, given to the ranks as EMUGPU_GPU (default: $EMUGPU_GPU, else {DEFAULT_GPU})",
+    )
+    job.add_argument("--iterations", type=int, metavar="N", help="timed iterations per rank (default: 10; --quick: 3)")
+    job.add_argument(
+        "--warmup",
+        type=int,
+        metavar="N",
+        help="untimed iterations first, at least 2: DDP rebuilds its buckets after the first (default: 3; --quick: 2)",
+    )
     where = parser.add_argument_group("configurations")
-    where.add_argument("--gpus", type=_int_list, metavar="LIST",
-                       help="GPU counts of one node (default: 1,2,4,8; --quick: 1,2); 1 always runs, as the baseline")
-    where.add_argument("--nodes", type=_int_list, metavar="LIST",
-                       help="node counts (default: 1,2,4; --quick: 1,2); '' for none")
-    where.add_argument("--gpus-per-node", type=int, metavar="G",
-                       help="GPUs per node of the multi-node runs (default: 2; --quick: 1)")
-    where.add_argument("--quick", action="store_true",
-                       help="smoke test: resnet18, batch 16, 1 and 2 GPUs, 1 and 2 nodes of 1, 2+3 iterations "
-                       "(options given explicitly still win)")
-    net = parser.add_argument_group("network between nodes (default: $EMUGPU_NET_GBPS and $EMUGPU_NET_LATENCY_US, "
-                                    "else 100 GB/s and 3 us)")
+    where.add_argument(
+        "--gpus",
+        type=_int_list,
+        metavar="LIST",
+        help="GPU counts of one node (default: 1,2,4,8; --quick: 1,2); 1 always runs, as the baseline",
+    )
+    where.add_argument(
+        "--nodes", type=_int_list, metavar="LIST", help="node counts (default: 1,2,4; --quick: 1,2); '' for none"
+    )
+    where.add_argument(
+        "--gpus-per-node", type=int, metavar="G", help="GPUs per node of the multi-node runs (default: 2; --quick: 1)"
+    )
+    where.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: resnet18, batch 16, 1 and 2 GPUs, 1 and 2 nodes of 1, 2+3 iterations "
+        "(options given explicitly still win)",
+    )
+    net = parser.add_argument_group(
+        "network between nodes (default: $EMUGPU_NET_GBPS and $EMUGPU_NET_LATENCY_US, else 100 GB/s and 3 us)"
+    )
     net.add_argument("--net-gbps", type=float, metavar="GBPS", help="GB/s per direction per node")
     net.add_argument("--net-latency-us", type=float, metavar="US", help="one network hop, microseconds")
     out = parser.add_argument_group("output and limits")
-    out.add_argument("--plot", type=_optional_path, metavar="PNG", default=RESULTS / "ddp_scaling.png",
-                     help="throughput and efficiency vs ranks (default: benchmarks/results/ddp_scaling.png; "
-                     "'' for none)")
+    out.add_argument(
+        "--plot",
+        type=_optional_path,
+        metavar="PNG",
+        default=RESULTS / "ddp_scaling.png",
+        help="throughput and efficiency vs ranks (default: benchmarks/results/ddp_scaling.png; '' for none)",
+    )
     out.add_argument("--json", type=Path, metavar="PATH", help="also write every rank's raw results here")
-    out.add_argument("--timeout", type=float, metavar="S", default=900,
-                     help="seconds per configuration before its processes are killed (default: 900)")
-    out.add_argument("--pg-timeout", type=float, metavar="S", default=300,
-                     help="the ranks' process-group timeout, seconds (default: 300)")
-    out.add_argument("--verbose", action="store_true",
-                     help="also print, per configuration, each bucket's all-reduce: emulated vs predicted")
+    out.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        default=900,
+        help="seconds per configuration before its processes are killed (default: 900)",
+    )
+    out.add_argument(
+        "--pg-timeout",
+        type=float,
+        metavar="S",
+        default=300,
+        help="the ranks' process-group timeout, seconds (default: 300)",
+    )
+    out.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print, per configuration, each bucket's all-reduce: emulated vs predicted",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one rank, under torchrun
     parser.add_argument("--out", help=argparse.SUPPRESS)  # the worker's results directory
     args = parser.parse_args(argv)
-    quick = {"model": "resnet18", "batch_size": 16, "iterations": 3, "warmup": 2, "gpus": [1, 2], "nodes": [1, 2],
-             "gpus_per_node": 1}
-    full = {"model": DEFAULT_MODEL, "batch_size": DEFAULT_BATCH, "iterations": 10, "warmup": 3, "gpus": [1, 2, 4, 8],
-            "nodes": [1, 2, 4], "gpus_per_node": 2}
+    quick = {
+        "model": "resnet18",
+        "batch_size": 16,
+        "iterations": 3,
+        "warmup": 2,
+        "gpus": [1, 2],
+        "nodes": [1, 2],
+        "gpus_per_node": 1,
+    }
+    full = {
+        "model": DEFAULT_MODEL,
+        "batch_size": DEFAULT_BATCH,
+        "iterations": 10,
+        "warmup": 3,
+        "gpus": [1, 2, 4, 8],
+        "nodes": [1, 2, 4],
+        "gpus_per_node": 2,
+    }
     for name, value in (quick if args.quick else full).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -631,13 +764,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} expected an integer >= 1, got {getattr(args, name)}")
     if args.warmup < 2:
-        parser.error(f"--warmup expected an integer >= 2 (DDP rebuilds its buckets after the first), got "
-                     f"{args.warmup}")
+        parser.error(f"--warmup expected an integer >= 2 (DDP rebuilds its buckets after the first), got {args.warmup}")
     return args
 
 
 def _bucket_detail(row: Row, baseline: Row, args: argparse.Namespace) -> list[str]:
     """Per bucket of rank 0's median iteration: emulated vs predicted (from the 1-rank median iteration)."""
+
     def median_iteration(rank: dict[str, Any]) -> dict[str, Any]:
         its = sorted(rank["iterations"], key=lambda it: it["iteration_ms"])
         return its[len(its) // 2]
@@ -646,12 +779,16 @@ def _bucket_detail(row: Row, baseline: Row, args: argparse.Namespace) -> list[st
     base = median_iteration(baseline.ranks[0])
     cfg = row.config
     predicted, ends = predict_iteration(baseline.ranks[0], base, cfg.ranks_per_node, cfg.nodes, args)
-    lines = [f"  {cfg.label}: iteration {it['iteration_ms']:.3f} ms (predicted {predicted:.3f}), backward end "
-             f"{it['backward_end_ms']:.3f} (1 rank: {base['backward_end_ms']:.3f})"]
+    lines = [
+        f"  {cfg.label}: iteration {it['iteration_ms']:.3f} ms (predicted {predicted:.3f}), backward end "
+        f"{it['backward_end_ms']:.3f} (1 rank: {base['backward_end_ms']:.3f})"
+    ]
     for b, b1, e in zip(it["buckets"], base["buckets"], ends, strict=False):
-        lines.append(f"    bucket {b['index']}: {b['bytes'] / 2**20:7.2f} MiB, ready {b['ready_ms']:9.3f} "
-                     f"(1 rank {b1['ready_ms']:9.3f}), all-reduce ends {b['done_ms']:9.3f} (predicted {e:9.3f}), "
-                     f"copy back {b1['copy_back_ms']:.3f}")
+        lines.append(
+            f"    bucket {b['index']}: {b['bytes'] / 2**20:7.2f} MiB, ready {b['ready_ms']:9.3f} "
+            f"(1 rank {b1['ready_ms']:9.3f}), all-reduce ends {b['done_ms']:9.3f} (predicted {e:9.3f}), "
+            f"copy back {b1['copy_back_ms']:.3f}"
+        )
     return lines
 
 
@@ -676,8 +813,11 @@ def main(argv: list[str] | None = None) -> int:
             row = run_config(cfg, args, Path(tmp))
             rows.append(row)
             if row.ok:
-                bar.write(f"{cfg.label}: {row.iteration_ms:.2f} ms per iteration"
-                          + (" (HOST-BOUND)" if row.host_bound else ""), file=sys.stderr)
+                bar.write(
+                    f"{cfg.label}: {row.iteration_ms:.2f} ms per iteration"
+                    + (" (HOST-BOUND)" if row.host_bound else ""),
+                    file=sys.stderr,
+                )
             else:
                 bar.write(f"FAILED {row.error}", file=sys.stderr)
         bar.close()
@@ -688,16 +828,20 @@ def main(argv: list[str] | None = None) -> int:
             if row.ok:
                 row.predicted_ms = predict_ms(baseline.ranks[0], row.config.ranks_per_node, row.config.nodes, args)
     gpu = baseline.ranks[0]["gpu"] if baseline is not None and baseline.ok else args.gpu
-    print(f"\nDDP {args.model}, batch {args.batch_size} per GPU, {gpu}, timing mode; {args.iterations} timed "
-          f"iterations after {args.warmup}; network {network(args)}; host: {os.cpu_count()} cores, "
-          f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after\n")
+    print(
+        f"\nDDP {args.model}, batch {args.batch_size} per GPU, {gpu}, timing mode; {args.iterations} timed "
+        f"iterations after {args.warmup}; network {network(args)}; host: {os.cpu_count()} cores, "
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after\n"
+    )
     print(table(rows, baseline, args))
     print()
     for line in accuracy_summary(rows):
         print(line)
     if baseline is not None and baseline.ok and baseline.host_bound:
-        print("WARNING: the 1-rank baseline itself was host-bound: its bucket times, and so every prediction, "
-              "measure this host")
+        print(
+            "WARNING: the 1-rank baseline itself was host-bound: its bucket times, and so every prediction, "
+            "measure this host"
+        )
     if args.verbose and baseline is not None and baseline.ok:
         print("\nbuckets (rank 0, median iteration; ms from the iteration's start):")
         for row in rows:
@@ -711,10 +855,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot: {args.plot}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([{"configuration": r.config.label, "ranks_per_node": r.config.ranks_per_node,
-                                          "nodes": r.config.nodes, "ok": r.ok, "iteration_ms": r.iteration_ms,
-                                          "predicted_ms": r.predicted_ms, "host_bound": r.host_bound,
-                                          "per_rank": r.ranks} for r in rows], indent=1))
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "configuration": r.config.label,
+                        "ranks_per_node": r.config.ranks_per_node,
+                        "nodes": r.config.nodes,
+                        "ok": r.ok,
+                        "iteration_ms": r.iteration_ms,
+                        "predicted_ms": r.predicted_ms,
+                        "host_bound": r.host_bound,
+                        "per_rank": r.ranks,
+                    }
+                    for r in rows
+                ],
+                indent=1,
+            )
+        )
     return 0 if all(r.ok for r in rows) else 1
 
 

@@ -39,8 +39,7 @@ def rank_main(rank: int, world: int, port: int, iters: int, results: mp.Queue) -
 
     torch.emugpu.set_device(rank)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
-    dist.init_process_group("emu", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("emu", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("emugpu", rank))
 
     # Baseline: the exchange's all-gather of six int64 words, with nothing else.
@@ -65,8 +64,16 @@ def rank_main(rank: int, world: int, port: int, iters: int, results: mp.Queue) -
         seconds = time.perf_counter() - start
         torch.emugpu.synchronize()  # the runner has exchanged and placed every deferred call by then
         placed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-        results.put((mode, nbytes, seconds / iters * 1e6, cpu_seconds / iters * 1e6,
-                     (backend.payload_bytes_moved - moved) / iters, placed / iters * 1e6))
+        results.put(
+            (
+                mode,
+                nbytes,
+                seconds / iters * 1e6,
+                cpu_seconds / iters * 1e6,
+                (backend.payload_bytes_moved - moved) / iters,
+                placed / iters * 1e6,
+            )
+        )
         dist.barrier()
     dist.destroy_process_group()
 
@@ -75,8 +82,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=8, help="ranks, one emulated GPU each (default: 8)")
     parser.add_argument("--iters", type=int, default=100, help="timed calls per case (default: 100)")
-    parser.add_argument("--transport", choices=["auto", "tcp", "shm"], default="auto",
-                        help="the exchange's transport (EMUGPU_EXCHANGE; default: auto, shared memory here)")
+    parser.add_argument(
+        "--transport",
+        choices=["auto", "tcp", "shm"],
+        default="auto",
+        help="the exchange's transport (EMUGPU_EXCHANGE; default: auto, shared memory here)",
+    )
     args = parser.parse_args()
     world = args.world
     transport = args.transport
@@ -103,17 +114,22 @@ def main() -> None:
         p.join(60)
     base = rows.pop(("baseline", 48))
     baseline = statistics.median(v[0] for v in base)
-    print(f"{world} ranks on loopback, transport {transport}; baseline (exchange all-gather of 6 words): "
-          f"{baseline:.1f} us wall, {statistics.median(v[1] for v in base):.1f} us CPU")
-    print(f"{'mode':8} {'bytes':>10} {'us/all_reduce':>14} {'x baseline':>11} {'until placed':>13} "
-          f"{'CPU us/call':>12} {'payload bytes moved/call':>25}")
+    print(
+        f"{world} ranks on loopback, transport {transport}; baseline (exchange all-gather of 6 words): "
+        f"{baseline:.1f} us wall, {statistics.median(v[1] for v in base):.1f} us CPU"
+    )
+    print(
+        f"{'mode':8} {'bytes':>10} {'us/all_reduce':>14} {'x baseline':>11} {'until placed':>13} "
+        f"{'CPU us/call':>12} {'payload bytes moved/call':>25}"
+    )
     for (mode, nbytes), values in rows.items():
         us = statistics.median(v[0] for v in values)
         cpu_us = statistics.median(v[1] for v in values)
         moved = statistics.median(v[2] for v in values)
         placed = statistics.median(v[3] for v in values)
-        print(f"{mode:8} {nbytes:>10} {us:>14.1f} {us / baseline:>11.2f} {placed:>13.1f} {cpu_us:>12.1f} "
-              f"{moved:>25.0f}")
+        print(
+            f"{mode:8} {nbytes:>10} {us:>14.1f} {us / baseline:>11.2f} {placed:>13.1f} {cpu_us:>12.1f} {moved:>25.0f}"
+        )
 
 
 if __name__ == "__main__":

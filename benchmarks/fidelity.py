@@ -49,8 +49,7 @@ HOST_BOUND = 0.25
 # GPEmu's machines' host time per op launched from Python (EMUGPU_HOST_OP_US), fitted to
 # its published per-batch times by `benchmarks/fit_cost_model.py --host-pace` (forward ops
 # paced, autograd's backward at the GPU's time): a property of each reference *host*.
-REFERENCE_HOST_OP_US = {"Tesla_K80": 105, "Tesla_M40": 117, "Tesla_P100-PCIE-16GB": 53,
-                        "Tesla_V100-PCIE-32GB": 68}
+REFERENCE_HOST_OP_US = {"Tesla_K80": 105, "Tesla_M40": 117, "Tesla_P100-PCIE-16GB": 53, "Tesla_V100-PCIE-32GB": 68}
 
 
 def read_csv(path: Path) -> dict[int, list[float]]:
@@ -113,9 +112,15 @@ def worker(task: tuple[str, str, str, list[int], str | None, int, int]) -> list[
             # Larger batches do not fit either.
             out.extend({"gpu": gpu, "model": model, "bs": b, "oom": True} for b in batches if b >= bs)
             break
-        row = {"gpu": gpu, "model": model, "bs": bs, "wall": statistics.median(times),
-               "busy": statistics.median(busy), "peak": torch.emugpu.max_memory_allocated(),
-               "persistent": torch.emugpu.memory_allocated()}
+        row = {
+            "gpu": gpu,
+            "model": model,
+            "bs": bs,
+            "wall": statistics.median(times),
+            "busy": statistics.median(busy),
+            "peak": torch.emugpu.max_memory_allocated(),
+            "persistent": torch.emugpu.memory_allocated(),
+        }
         if phase != "roofline":
             entry = torch_emugpu.timing.profiles.lookup(model, bs)
             row["profile"] = entry["forward_s"] + entry["backward_s"] if entry else None
@@ -186,6 +191,7 @@ def shapes_worker(task: tuple[str, str, str, str, int]) -> list[dict]:
         "eval-between": (evaluate_then_step, fwd(model) + profiled(model)),
         "two-models": (lambda: (step(net, opt), step(other, opt2)), profiled(model) + profiled(partner)),
     }
+
     def host_bound() -> int:
         # Occurrences the host launched too late for (region_report's
         # 'host_bound'): those may take longer than their profile, by contract.
@@ -203,18 +209,34 @@ def shapes_worker(task: tuple[str, str, str, str, int]) -> list[dict]:
                 events.append((start, end, host_bound() > before))
             torch.emugpu.synchronize()
             for start, end, late in events[1:]:
-                out.append({"shape": shape, "gpu": gpu, "model": model, "host_bound": late,
-                            "error": start.elapsed_time(end) / 1e3 / expected - 1})
-        for shape, wait in (("synchronize", lambda loss: torch.emugpu.synchronize()),
-                            ("item", lambda loss: loss.item())):
+                out.append(
+                    {
+                        "shape": shape,
+                        "gpu": gpu,
+                        "model": model,
+                        "host_bound": late,
+                        "error": start.elapsed_time(end) / 1e3 / expected - 1,
+                    }
+                )
+        for shape, wait in (
+            ("synchronize", lambda loss: torch.emugpu.synchronize()),
+            ("item", lambda loss: loss.item()),
+        ):
             wait(step(net, opt))
             for _ in range(iterations):
                 before = host_bound()
                 t0 = time.perf_counter()
                 wait(step(net, opt))
                 elapsed = time.perf_counter() - t0
-                out.append({"shape": shape, "gpu": gpu, "model": model, "host_bound": host_bound() > before,
-                            "error": elapsed / profiled(model) - 1})
+                out.append(
+                    {
+                        "shape": shape,
+                        "gpu": gpu,
+                        "model": model,
+                        "host_bound": host_bound() > before,
+                        "error": elapsed / profiled(model) - 1,
+                    }
+                )
     except torch.OutOfMemoryError:
         pass
     return out
@@ -234,9 +256,13 @@ def main() -> None:
     parser.add_argument("--models", default=None, help="comma-separated models (default: all)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=2)
-    parser.add_argument("--host-op-us", default=None, metavar="GPU=US,...",
-                        help="the reference hosts' time per op for the roofline phase (default: "
-                             "REFERENCE_HOST_OP_US; 'none': this host's own pace)")
+    parser.add_argument(
+        "--host-op-us",
+        default=None,
+        metavar="GPU=US,...",
+        help="the reference hosts' time per op for the roofline phase (default: "
+        "REFERENCE_HOST_OP_US; 'none': this host's own pace)",
+    )
     args = parser.parse_args()
     ref = Path(args.reference)
     if not (ref / "time" / "compute" / "forward").is_dir():
@@ -248,33 +274,47 @@ def main() -> None:
     profile_dir = tempfile.mkdtemp(prefix="emugpu-fidelity-")
     import_gpemu(ref, profile_dir, progress=False)
     gpus = args.gpus.split(",") if args.gpus else sorted(p.name for p in (ref / "time/compute/forward").iterdir())
-    models = args.models.split(",") if args.models else sorted(
-        p.name for p in (ref / "time/compute/forward" / gpus[0]).iterdir())
+    models = (
+        args.models.split(",")
+        if args.models
+        else sorted(p.name for p in (ref / "time/compute/forward" / gpus[0]).iterdir())
+    )
     phases = args.phases.split(",")
     ctx = mp.get_context("spawn")
     with ctx.Pool(args.workers, maxtasksperchild=1) as pool:
         if "time" in phases:
-            tasks = [("time", g, m, [*BATCHES, *INTERPOLATED], profile_dir, args.warmup, args.iterations, 0)
-                     for g in gpus for m in models]
-            rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="time")
-                    for r in rs]
+            tasks = [
+                ("time", g, m, [*BATCHES, *INTERPOLATED], profile_dir, args.warmup, args.iterations, 0)
+                for g in gpus
+                for m in models
+            ]
+            rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="time") for r in rs]
             exact = [abs(r["wall"] / r["profile"] - 1) for r in rows if not r.get("oom") and r["bs"] in BATCHES]
-            inter = [abs(r["wall"] / r["profile"] - 1) for r in rows
-                     if not r.get("oom") and r["bs"] in INTERPOLATED]
+            inter = [abs(r["wall"] / r["profile"] - 1) for r in rows if not r.get("oom") and r["bs"] in INTERPOLATED]
             ooms = sum(1 for r in rows if r.get("oom"))
-            print(f"time (profiles): {len(exact)} configs, median error {statistics.median(exact):.3%}, "
-                  f"p95 {pct(exact, 0.95):.3%}, max {max(exact):.3%}; {ooms} did not fit in memory")
-            print(f"time (interpolated batch sizes {INTERPOLATED}): {len(inter)} configs, median error "
-                  f"{statistics.median(inter):.3%}, p95 {pct(inter, 0.95):.3%}")
+            print(
+                f"time (profiles): {len(exact)} configs, median error {statistics.median(exact):.3%}, "
+                f"p95 {pct(exact, 0.95):.3%}, max {max(exact):.3%}; {ooms} did not fit in memory"
+            )
+            print(
+                f"time (interpolated batch sizes {INTERPOLATED}): {len(inter)} configs, median error "
+                f"{statistics.median(inter):.3%}, p95 {pct(inter, 0.95):.3%}"
+            )
             worst = sorted((r for r in rows if not r.get("oom")), key=lambda r: -abs(r["wall"] / r["profile"] - 1))[:5]
             for r in worst:
-                print(f"   worst: {r['gpu']} {r['model']} bs {r['bs']}: wall {r['wall'] * 1e3:.2f} ms vs "
-                      f"profile {r['profile'] * 1e3:.2f} ms (emulated busy {r['busy'] * 1e3:.2f} ms)")
+                print(
+                    f"   worst: {r['gpu']} {r['model']} bs {r['bs']}: wall {r['wall'] * 1e3:.2f} ms vs "
+                    f"profile {r['profile'] * 1e3:.2f} ms (emulated busy {r['busy'] * 1e3:.2f} ms)"
+                )
         if "memory" in phases:
             gpu = "Tesla_V100-PCIE-32GB" if "Tesla_V100-PCIE-32GB" in gpus else gpus[0]
             tasks = [("memory", gpu, m, [32, 128], profile_dir, 1, 1, 0) for m in models]
-            rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="memory")
-                    for r in rs if not r.get("oom")]
+            rows = [
+                r
+                for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="memory")
+                for r in rs
+                if not r.get("oom")
+            ]
             peak_err, pers_err = [], []
             for r in rows:
                 mem = read_csv(ref / "memory" / gpu / r["model"] / "memory.csv").get(r["bs"])
@@ -282,19 +322,28 @@ def main() -> None:
                     continue
                 peak_err.append(abs(r["peak"] / (mem[0] * 2**20) - 1))
                 pers_err.append(abs(r["persistent"] / (mem[1] * 2**20) - 1))
-            print(f"memory on {gpu} (batch 32, 128): {len(peak_err)} configs; peak: median error "
-                  f"{statistics.median(peak_err):.2%}, p95 {pct(peak_err, 0.95):.2%}; persistent: median "
-                  f"{statistics.median(pers_err):.2%}, p95 {pct(pers_err, 0.95):.2%}")
+            print(
+                f"memory on {gpu} (batch 32, 128): {len(peak_err)} configs; peak: median error "
+                f"{statistics.median(peak_err):.2%}, p95 {pct(peak_err, 0.95):.2%}; persistent: median "
+                f"{statistics.median(pers_err):.2%}, p95 {pct(pers_err, 0.95):.2%}"
+            )
         if "shapes" in phases:
             shape_gpus = [g for g in ("Tesla_V100-PCIE-32GB", "Tesla_P100-PCIE-16GB") if g in gpus] or gpus[:1]
-            shape_models = [m for m in ("mobilenet_v2", "resnet50", "densenet121", "vgg16", "squeezenet1_1")
-                            if m in models] or models[:4]
-            tasks = [(g, m, shape_models[(i + 1) % len(shape_models)], profile_dir, args.iterations + 2)
-                     for g in shape_gpus for i, m in enumerate(shape_models)]
-            rows = [r for rs in tqdm(pool.imap_unordered(shapes_worker, tasks), total=len(tasks), desc="shapes")
-                    for r in rs]
-            print(f"loop shapes at batch {SHAPE_BATCH} on {', '.join(shape_gpus)} ({', '.join(shape_models)}), "
-                  "each iteration from the second on:")
+            shape_models = [
+                m for m in ("mobilenet_v2", "resnet50", "densenet121", "vgg16", "squeezenet1_1") if m in models
+            ] or models[:4]
+            tasks = [
+                (g, m, shape_models[(i + 1) % len(shape_models)], profile_dir, args.iterations + 2)
+                for g in shape_gpus
+                for i, m in enumerate(shape_models)
+            ]
+            rows = [
+                r for rs in tqdm(pool.imap_unordered(shapes_worker, tasks), total=len(tasks), desc="shapes") for r in rs
+            ]
+            print(
+                f"loop shapes at batch {SHAPE_BATCH} on {', '.join(shape_gpus)} ({', '.join(shape_models)}), "
+                "each iteration from the second on:"
+            )
             for shape in SHAPES:
                 every = [r for r in rows if r["shape"] == shape]
                 mine = [r for r in every if not r["host_bound"]]
@@ -302,9 +351,11 @@ def main() -> None:
                 if mine:
                     errs = [abs(r["error"]) for r in mine]
                     worst = max(mine, key=lambda r: abs(r["error"]))
-                    print(f"   {shape:13s} {len(errs):3d} iterations: median error {statistics.median(errs):.3%}, "
-                          f"worst {max(errs):.3%} ({worst['gpu']} {worst['model']}); {late} host-bound "
-                          f"(reported, excluded; all: worst {max(abs(r['error']) for r in every):.3%})")
+                    print(
+                        f"   {shape:13s} {len(errs):3d} iterations: median error {statistics.median(errs):.3%}, "
+                        f"worst {max(errs):.3%} ({worst['gpu']} {worst['model']}); {late} host-bound "
+                        f"(reported, excluded; all: worst {max(abs(r['error']) for r in every):.3%})"
+                    )
         if "roofline" in phases:
             if args.host_op_us == "none":
                 host_op_us = {}
@@ -313,8 +364,12 @@ def main() -> None:
             else:
                 host_op_us = REFERENCE_HOST_OP_US
             tasks = [("roofline", g, m, list(BATCHES), None, 1, 1, host_op_us.get(g, 0)) for g in gpus for m in models]
-            rows = [r for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="roofline")
-                    for r in rs if not r.get("oom")]
+            rows = [
+                r
+                for rs in tqdm(pool.imap_unordered(worker, tasks), total=len(tasks), desc="roofline")
+                for r in rs
+                if not r.get("oom")
+            ]
             for g in gpus:
                 device, host, wall, host_wall = [], [], [], []
                 for r in rows:
@@ -331,15 +386,21 @@ def main() -> None:
                         if host_bound:
                             host_wall.append(r["wall"] / t - 1)
                 pace = f"EMUGPU_HOST_OP_US={host_op_us.get(g, 0):g}"
-                for label, errs in (("device-bound", device), ("host-bound in the reference", host),
-                                    ("all", device + host),
-                                    (f"host-bound in the reference, as run here with {pace} (wall time)", host_wall),
-                                    (f"all, as run here with {pace} (wall time)", wall)):
+                for label, errs in (
+                    ("device-bound", device),
+                    ("host-bound in the reference", host),
+                    ("all", device + host),
+                    (f"host-bound in the reference, as run here with {pace} (wall time)", host_wall),
+                    (f"all, as run here with {pace} (wall time)", wall),
+                ):
                     if errs:
                         mag = [abs(e) for e in errs]
-                        print(f"cost model only, {g}, {label}: {len(errs)} configs, median |error| "
-                              f"{statistics.median(mag):.1%}, p95 {pct(mag, 0.95):.1%}, median signed "
-                              f"{statistics.median(errs):+.1%}")
+                        print(
+                            f"cost model only, {g}, {label}: {len(errs)} configs, median |error| "
+                            f"{statistics.median(mag):.1%}, p95 {pct(mag, 0.95):.1%}, median signed "
+                            f"{statistics.median(errs):+.1%}"
+                        )
+
 
 if __name__ == "__main__":
     main()

@@ -144,8 +144,8 @@ class Evaluator:
         times = self._C._kernel_times(self.gpu, params, self.ops)
         out = []
         for (model, bs, _ops, seconds, hb, forward_ops), (a, b) in zip(self.cases, self.bounds, strict=True):
-            forward = max(sum(times[a:a + forward_ops]) * 1e-9, forward_ops * host_op_s)
-            predicted = forward + sum(times[a + forward_ops:b]) * 1e-9
+            forward = max(sum(times[a : a + forward_ops]) * 1e-9, forward_ops * host_op_s)
+            predicted = forward + sum(times[a + forward_ops : b]) * 1e-9
             out.append((model, bs, predicted / seconds - 1, hb))
         return out
 
@@ -155,13 +155,16 @@ def summary(errs: list[tuple[str, int, float, bool]]) -> str:
         if not rows:
             return "none"
         mag = [abs(e) for e in rows]
-        return (f"{len(rows)} configs: median |error| {statistics.median(mag):.1%}, p95 {pct(mag, 0.95):.1%}, "
-                f"median signed {statistics.median(rows):+.1%}")
+        return (
+            f"{len(rows)} configs: median |error| {statistics.median(mag):.1%}, p95 {pct(mag, 0.95):.1%}, "
+            f"median signed {statistics.median(rows):+.1%}"
+        )
 
     device = [e for _m, _b, e, hb in errs if not hb]
     host = [e for _m, _b, e, hb in errs if hb]
-    return (f"device-bound {line(device)}\n      host-bound in the reference {line(host)}\n"
-            f"      all {line(device + host)}")
+    return (
+        f"device-bound {line(device)}\n      host-bound in the reference {line(host)}\n      all {line(device + host)}"
+    )
 
 
 def fit(ev: Evaluator, start: dict[str, float], names: list[str]) -> dict[str, float]:
@@ -175,6 +178,7 @@ def fit(ev: Evaluator, start: dict[str, float], names: list[str]) -> dict[str, f
 def fit_host_pace(ev: Evaluator, params: dict[str, float]) -> float:
     """The reference host's seconds per op (EMUGPU_HOST_OP_US) minimising the mean |log error| over all
     configs: a golden-section search over 1 us .. 1 ms on a log scale."""
+
     def loss(log_s: float) -> float:
         errs = ev.errors(params, math.exp(log_s))
         return statistics.fmean(abs(math.log1p(e)) for _m, _b, e, _hb in errs)
@@ -193,31 +197,56 @@ def fit_host_pace(ev: Evaluator, params: dict[str, float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference", default=str(REPO.parent / "shared" / "reference" / "gpemu-profiled-data"))
-    parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "emugpu-cost-traces.json"),
-                        help="traces of the models' iterations (GPU-independent), made once")
+    parser.add_argument(
+        "--cache",
+        default=str(Path(tempfile.gettempdir()) / "emugpu-cost-traces.json"),
+        help="traces of the models' iterations (GPU-independent), made once",
+    )
     parser.add_argument("--gpus", default=None, help="comma-separated GPU directory names (default: all)")
     parser.add_argument("--models", default=None, help="comma-separated models (default: all)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--host-bound", type=float, default=0.25,
-                        help="a config within this fraction of batch 1's time counts as host-bound")
+    parser.add_argument(
+        "--host-bound",
+        type=float,
+        default=0.25,
+        help="a config within this fraction of batch 1's time counts as host-bound",
+    )
     parser.add_argument("--fit", action="store_true", help="fit the parameters per GPU")
-    parser.add_argument("--params", default="simt_efficiency,memory_efficiency,batch_norm_efficiency,"
-                        "batch_norm_channels_per_sm,winograd_gain,launch_ns,depthwise_efficiency,gemm_k_half",
-                        help="the parameters to fit (the others keep the table's values)")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="evaluate with this value instead of the table's (repeatable)")
-    parser.add_argument("--row-from", default=None, metavar="GPU",
-                        help="evaluate with this catalog GPU's table row (how a row carries to another GPU)")
-    parser.add_argument("--host-pace", action="store_true",
-                        help="also fit the reference host's time per op (EMUGPU_HOST_OP_US) over all configs")
+    parser.add_argument(
+        "--params",
+        default="simt_efficiency,memory_efficiency,batch_norm_efficiency,"
+        "batch_norm_channels_per_sm,winograd_gain,launch_ns,depthwise_efficiency,gemm_k_half",
+        help="the parameters to fit (the others keep the table's values)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="evaluate with this value instead of the table's (repeatable)",
+    )
+    parser.add_argument(
+        "--row-from",
+        default=None,
+        metavar="GPU",
+        help="evaluate with this catalog GPU's table row (how a row carries to another GPU)",
+    )
+    parser.add_argument(
+        "--host-pace",
+        action="store_true",
+        help="also fit the reference host's time per op (EMUGPU_HOST_OP_US) over all configs",
+    )
     parser.add_argument("--worst", type=int, default=8, help="print the worst configs")
     args = parser.parse_args()
     ref = Path(args.reference)
     if not (ref / "time" / "compute" / "forward").is_dir():
         raise SystemExit(f"no GPEmu reference data at {ref}")
     gpus = args.gpus.split(",") if args.gpus else sorted(p.name for p in (ref / "time/compute/forward").iterdir())
-    models = args.models.split(",") if args.models else sorted(
-        p.name for p in (ref / "time/compute/forward" / gpus[0]).iterdir())
+    models = (
+        args.models.split(",")
+        if args.models
+        else sorted(p.name for p in (ref / "time/compute/forward" / gpus[0]).iterdir())
+    )
     cache = Path(args.cache)
     traces: dict = json.loads(cache.read_text()) if cache.exists() else {}
     missing = [m for m in models if m not in traces]
@@ -227,8 +256,12 @@ def main() -> None:
         from tqdm import tqdm
 
         with mp.get_context("spawn").Pool(args.workers, maxtasksperchild=1) as pool:
-            for model, t in tqdm(pool.imap_unordered(_trace_worker, [(m, BATCHES) for m in missing]),
-                                 total=len(missing), desc="tracing", file=sys.stderr):
+            for model, t in tqdm(
+                pool.imap_unordered(_trace_worker, [(m, BATCHES) for m in missing]),
+                total=len(missing),
+                desc="tracing",
+                file=sys.stderr,
+            ):
                 traces[model] = t
                 cache.write_text(json.dumps(traces))
     traces = {m: traces[m] for m in models}
@@ -253,7 +286,7 @@ def main() -> None:
             pace = fit_host_pace(ev, params)
             errs = ev.errors(params, pace)
             print(f"   with the reference host's pace, EMUGPU_HOST_OP_US={pace * 1e6:.0f}:\n      {summary(errs)}")
-        for model, bs, e, hb in sorted(errs, key=lambda r: -abs(r[2]))[:args.worst]:
+        for model, bs, e, hb in sorted(errs, key=lambda r: -abs(r[2]))[: args.worst]:
             print(f"   worst: {model} bs {bs}: {e:+.1%}{' (host-bound)' if hb else ''}")
 
 

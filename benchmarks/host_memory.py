@@ -39,9 +39,11 @@ def main() -> None:
     held = torch.emugpu.memory_allocated() - weights
     rss, hwm = vm("VmRSS"), vm("VmHWM")
     print(f"emulated activations held: {held / 1e9:6.2f} GB (batch {args.batch_size})")
-    print(f"host RSS growth / activations = {(rss - before_rss) / held:.5f}   "
-          f"(RSS {rss / 1e9:.3f} GB, of which {(rss - before_rss) / 1e6:.1f} MB since the model ran; "
-          f"peak VmHWM {hwm / 1e9:.3f} GB; target RSS < 1 GB)")
+    print(
+        f"host RSS growth / activations = {(rss - before_rss) / held:.5f}   "
+        f"(RSS {rss / 1e9:.3f} GB, of which {(rss - before_rss) / 1e6:.1f} MB since the model ran; "
+        f"peak VmHWM {hwm / 1e9:.3f} GB; target RSS < 1 GB)"
+    )
     loss.backward()
 
 

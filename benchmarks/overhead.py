@@ -24,8 +24,11 @@ from torch_emugpu.measure.models import GPT
 
 
 def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, opt_name: str) -> Callable[[], None]:
-    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_name == "sgd"
-           else torch.optim.AdamW(model.parameters(), lr=1e-4))
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if opt_name == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=1e-4)
+    )
 
     def step() -> None:
         out = model(x)
@@ -57,17 +60,20 @@ def measure(step: Callable[[], None], steps: int, emu: bool) -> tuple[float, int
     return statistics.median(samples), ops
 
 
-def case(name: str, build: Callable[[str], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]],
-         opt: str, steps: int) -> None:
+def case(
+    name: str, build: Callable[[str], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]], opt: str, steps: int
+) -> None:
     results = {}
     for device in ("meta", "emugpu"):
         model, x, y = build(device)
         results[device] = measure(make_step(model, x, y, opt), steps, device == "emugpu")
         del model, x, y
     (meta_s, _), (emu_s, ops) = results["meta"], results["emugpu"]
-    print(f"{name:10s} overhead ratio emugpu/meta = {emu_s / meta_s:5.3f}x   "
-          f"(emugpu {emu_s * 1e3:7.2f} ms/step = {emu_s / ops * 1e6:5.2f} us/op over {ops} ops; "
-          f"meta {meta_s * 1e3:7.2f} ms/step)")
+    print(
+        f"{name:10s} overhead ratio emugpu/meta = {emu_s / meta_s:5.3f}x   "
+        f"(emugpu {emu_s * 1e3:7.2f} ms/step = {emu_s / ops * 1e6:5.2f} us/op over {ops} ops; "
+        f"meta {meta_s * 1e3:7.2f} ms/step)"
+    )
 
 
 def resnet50(device: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:

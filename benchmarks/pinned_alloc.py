@@ -41,8 +41,10 @@ def main() -> int:
         plain = statistics.median(per_call(False, nbytes, calls) for _ in range(args.repeats))
         print(f"{nbytes:>10} {pinned * 1e6:10.2f} {plain * 1e6:10.2f} {pinned / plain:6.2f}x")
     stats = torch.emugpu.host_memory_stats()
-    print(f"pinned requests {stats['requests']}, cache hits {stats['cache_hits']}, "
-          f"blocks mapped {stats['num_host_alloc']}, locked {stats['locked_bytes'] / 2**20:.1f} MiB")
+    print(
+        f"pinned requests {stats['requests']}, cache hits {stats['cache_hits']}, "
+        f"blocks mapped {stats['num_host_alloc']}, locked {stats['locked_bytes'] / 2**20:.1f} MiB"
+    )
     return 0
 
 

@@ -49,8 +49,9 @@ CASES = [Case(m, b, p) for m, sizes in MODELS.items() for b in sizes for p in ("
 SEQ = 1024
 
 
-def build(case: Case, device: torch.device) -> tuple[torch.nn.Module, Callable[[], torch.Tensor],
-                                                        torch.optim.Optimizer, str]:
+def build(
+    case: Case, device: torch.device
+) -> tuple[torch.nn.Module, Callable[[], torch.Tensor], torch.optim.Optimizer, str]:
     """The model on `device`, a loss closure over one fixed batch, the optimizer and its description."""
     if case.model.startswith("gpt"):
         model = GPT(GPT_1B if case.model == "gpt-1b" else GPTConfig()).to(device)
@@ -108,11 +109,19 @@ def measure(case: Case, device: torch.device, warmup: int, iterations: int) -> d
             bwd.append(t2 - t1)
             if emulated:
                 busy.append(torch.emugpu.engine_stats(device)["compute_busy_s"])
-    entry = {"id": case.id, "model": case.model, "batch": case.batch, "precision": case.precision,
-             "parameters": sum(p.numel() for p in model.parameters()), "optimizer": opt_desc,
-             "forward_s": robust_median(fwd), "backward_step_s": robust_median(bwd),
-             "iteration_s": robust_median([a + b for a, b in zip(fwd, bwd, strict=True)]),
-             "peak_bytes": backend.max_memory_allocated(device), "samples": iterations}
+    entry = {
+        "id": case.id,
+        "model": case.model,
+        "batch": case.batch,
+        "precision": case.precision,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "optimizer": opt_desc,
+        "forward_s": robust_median(fwd),
+        "backward_step_s": robust_median(bwd),
+        "iteration_s": robust_median([a + b for a, b in zip(fwd, bwd, strict=True)]),
+        "peak_bytes": backend.max_memory_allocated(device),
+        "samples": iterations,
+    }
     if case.model.startswith("gpt"):
         entry["sequence"] = SEQ
     if emulated:
@@ -131,21 +140,27 @@ def device_label(device: torch.device) -> str:
     return "cpu"
 
 
-def run(out: Path, device: torch.device, cases: list[Case], warmup: int, iterations: int,
-        progress: bool = True) -> dict[str, Any]:
+def run(
+    out: Path, device: torch.device, cases: list[Case], warmup: int, iterations: int, progress: bool = True
+) -> dict[str, Any]:
     from tqdm import tqdm
 
     label = device_label(device)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
     if doc and doc.get("device") != label:
         raise ValueError(f"{out} holds results for {doc.get('device')!r}, not {label!r}; use another --out")
-    doc = doc or {"schema": "torch-emugpu training validation v1", "device": label, "cases": [],
-                  "provenance": {"torch": torch.__version__, "date": datetime.date.today().isoformat(),
-                                 "host": socket.gethostname(),
-                                 "aggregation": f"median of {iterations} iterations after {warmup} warm-up, "
-                                                "outliers beyond 3 MAD dropped",
-                                 "defaults": "torch defaults: fp32 matmuls without TF32, cuDNN convolutions "
-                                             "with TF32, cudnn.benchmark off"}}
+    doc = doc or {
+        "schema": "torch-emugpu training validation v1",
+        "device": label,
+        "cases": [],
+        "provenance": {
+            "torch": torch.__version__,
+            "date": datetime.date.today().isoformat(),
+            "host": socket.gethostname(),
+            "aggregation": f"median of {iterations} iterations after {warmup} warm-up, outliers beyond 3 MAD dropped",
+            "defaults": "torch defaults: fp32 matmuls without TF32, cuDNN convolutions with TF32, cudnn.benchmark off",
+        },
+    }
     done = {c["id"] for c in doc["cases"]}
     bar = tqdm(cases, desc=f"training on {label}", unit="case", disable=not progress)
     for case in bar:
@@ -155,8 +170,13 @@ def run(out: Path, device: torch.device, cases: list[Case], warmup: int, iterati
         try:
             entry = measure(case, device, warmup, iterations)
         except torch.OutOfMemoryError:
-            entry = {"id": case.id, "model": case.model, "batch": case.batch, "precision": case.precision,
-                     "out_of_memory": True}
+            entry = {
+                "id": case.id,
+                "model": case.model,
+                "batch": case.batch,
+                "precision": case.precision,
+                "out_of_memory": True,
+            }
         doc["cases"].append(entry)
         write_json_atomic(out, doc)
     return doc
@@ -170,8 +190,12 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5, help="warm-up iterations per case (default 5)")
     p.add_argument("--iterations", type=int, default=10, help="measured iterations per case (default 10)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--compare", default=None, metavar="JSON",
-                   help="print this run beside another device's results (e.g. benchmarks/data/h100/validation.json)")
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="JSON",
+        help="print this run beside another device's results (e.g. benchmarks/data/h100/validation.json)",
+    )
     args = p.parse_args()
     cases = CASES
     if args.cases:
@@ -180,8 +204,9 @@ def main() -> int:
         if unknown:
             p.error(f"unknown case(s) {sorted(unknown)}; known: {', '.join(c.id for c in CASES)}")
         cases = [c for c in CASES if c.id in wanted]
-    doc = run(Path(args.out), torch.device(args.device), cases, args.warmup, args.iterations,
-              progress=not args.no_progress)
+    doc = run(
+        Path(args.out), torch.device(args.device), cases, args.warmup, args.iterations, progress=not args.no_progress
+    )
     if args.compare:
         compare(json.loads(Path(args.compare).read_text()), doc)
         return 0
@@ -190,8 +215,10 @@ def main() -> int:
         if c.get("out_of_memory"):
             print(f"{c['id']:28} {'out of memory':>13}")
         else:
-            print(f"{c['id']:28} {c['iteration_s'] * 1e3:13.2f} {c['forward_s'] * 1e3:11.2f} "
-                  f"{c['peak_bytes'] / 2**30:9.2f}")
+            print(
+                f"{c['id']:28} {c['iteration_s'] * 1e3:13.2f} {c['forward_s'] * 1e3:11.2f} "
+                f"{c['peak_bytes'] / 2**30:9.2f}"
+            )
     return 0
 
 
@@ -201,8 +228,10 @@ def compare(reference: dict[str, Any], doc: dict[str, Any]) -> None:
 
     ref = {c["id"]: c for c in reference["cases"] if not c.get("out_of_memory")}
     print(f"{doc['device']} against {reference['device']}")
-    print(f"{'case':28} {'ref ms':>9} {'this ms':>9} {'error':>8} {'GPU busy':>9} {'error':>8} {'ref GiB':>8} "
-          f"{'this GiB':>9} {'error':>8}")
+    print(
+        f"{'case':28} {'ref ms':>9} {'this ms':>9} {'error':>8} {'GPU busy':>9} {'error':>8} {'ref GiB':>8} "
+        f"{'this GiB':>9} {'error':>8}"
+    )
     errors: dict[str, list[float]] = {}
     busy_errors: dict[str, list[float]] = {}
     for c in doc["cases"]:
@@ -216,13 +245,18 @@ def compare(reference: dict[str, Any], doc: dict[str, Any]) -> None:
         if busy is not None:
             busy_errors.setdefault(c["precision"], []).append(busy / r["iteration_s"] - 1)
         busy_text = f"{busy * 1e3:9.2f} {busy / r['iteration_s'] - 1:+8.1%}" if busy is not None else " " * 18
-        print(f"{c['id']:28} {r['iteration_s'] * 1e3:9.2f} {c['iteration_s'] * 1e3:9.2f} {e:+8.1%} {busy_text} "
-              f"{r['peak_bytes'] / 2**30:8.2f} {c['peak_bytes'] / 2**30:9.2f} {m:+8.1%}")
+        print(
+            f"{c['id']:28} {r['iteration_s'] * 1e3:9.2f} {c['iteration_s'] * 1e3:9.2f} {e:+8.1%} {busy_text} "
+            f"{r['peak_bytes'] / 2**30:8.2f} {c['peak_bytes'] / 2**30:9.2f} {m:+8.1%}"
+        )
     for label, table in (("iteration (wall)", errors), ("emulated GPU busy", busy_errors)):
         every = [e for es in table.values() for e in es]
         for precision, es in [*table.items(), ("all", every)]:
-            print(f"{label}, {precision}: median |error| {statistics.median(abs(e) for e in es):.1%}, "
-                  f"median signed {statistics.median(es):+.1%} over {len(es)} cases")
+            print(
+                f"{label}, {precision}: median |error| {statistics.median(abs(e) for e in es):.1%}, "
+                f"median signed {statistics.median(es):+.1%} over {len(es)} cases"
+            )
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -89,10 +89,23 @@ def worker_supply(data: Path, batches: int, batch_size: int = 32) -> tuple[float
     found = datasets.scan(data)
     paths = [p for p, _ in found.files]
     datasets.set_page_cache(paths, 1.0)
-    tf = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor(),
-                    T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)])
-    loader = torch.utils.data.DataLoader(datasets.ImageFiles(found, transform=tf), batch_size=batch_size,
-                                         shuffle=True, num_workers=1, prefetch_factor=2, drop_last=True)
+    tf = T.Compose(
+        [
+            T.RandomResizedCrop(224, antialias=True),
+            T.RandomHorizontalFlip(),
+            T.PILToTensor(),
+            T.ToDtype(torch.float32, scale=True),
+            T.Normalize(MEAN, STD),
+        ]
+    )
+    loader = torch.utils.data.DataLoader(
+        datasets.ImageFiles(found, transform=tf),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=1,
+        prefetch_factor=2,
+        drop_last=True,
+    )
     it = iter(loader)
     next(it)  # the worker's start-up is not its rate
     n, t0 = 0, time.perf_counter()
@@ -175,16 +188,21 @@ def plot(result: dict, path: Path) -> None:
 
 def table(result: dict) -> str:
     fractions = list(next(iter(next(iter(result["gpus"].values())).values()))["fetch_stall"])
-    head = ("| GPU | model | GPU demand, images/s | cores/GPU needed | prep stall at "
-            f"{result['cores_per_gpu']:g} cores/GPU | " + " | ".join(f"fetch stall, {f} cached" for f in fractions)
-            + " |")
+    head = (
+        "| GPU | model | GPU demand, images/s | cores/GPU needed | prep stall at "
+        f"{result['cores_per_gpu']:g} cores/GPU | " + " | ".join(f"fetch stall, {f} cached" for f in fractions) + " |"
+    )
     lines = [head, "|" + " --- |" * (5 + len(fractions))]
     for gpu, per_model in result["gpus"].items():
         for m, r in per_model.items():
-            fetch = " | ".join(f"{100 * v:.0f}% ({100 * w:.0f}%)"
-                               for v, w in zip(r["fetch_stall"].values(), r["fetch_stall_lru"].values(), strict=True))
-            lines.append(f"| {gpu} | {m} | {r['demand_images_s']:.0f} | {r['cores_needed']} | "
-                         f"{100 * r['prep_stall']:.0f}% | {fetch} |")
+            fetch = " | ".join(
+                f"{100 * v:.0f}% ({100 * w:.0f}%)"
+                for v, w in zip(r["fetch_stall"].values(), r["fetch_stall_lru"].values(), strict=True)
+            )
+            lines.append(
+                f"| {gpu} | {m} | {r['demand_images_s']:.0f} | {r['cores_needed']} | "
+                f"{100 * r['prep_stall']:.0f}% | {fetch} |"
+            )
     return "\n".join(lines)
 
 
@@ -192,21 +210,34 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="an image folder (default: make --images imagenet-like JPEGs)")
     p.add_argument("--images", type=int, default=512, help="images to make when --data is not given (default 512)")
-    p.add_argument("--gpus", default="v100-32gb,a100", help="emulated GPUs, comma-separated (default v100-32gb,a100: "
-                   "DS-Analyzer's V100s had 32 GB)")
+    p.add_argument(
+        "--gpus",
+        default="v100-32gb,a100",
+        help="emulated GPUs, comma-separated (default v100-32gb,a100: DS-Analyzer's V100s had 32 GB)",
+    )
     p.add_argument("--models", default=",".join(MODELS), help="torchvision models, comma-separated")
     p.add_argument("--batch-size", type=int, default=512, help="per-GPU batch (default 512, as DS-Analyzer's V100s)")
-    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True,
-                   help="fp16 autocast, as DS-Analyzer's Apex mixed precision (default on)")
+    p.add_argument(
+        "--amp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fp16 autocast, as DS-Analyzer's Apex mixed precision (default on)",
+    )
     p.add_argument("--iterations", type=int, default=4, help="timed GPU iterations per model (default 4)")
     p.add_argument("--cores-per-gpu", type=float, default=3, help="CPU cores per GPU (default 3: 24 for 8 GPUs)")
     p.add_argument("--gpus-per-server", type=int, default=8, help="GPUs sharing one server's storage (default 8)")
-    p.add_argument("--storage-mbps", type=float, default=530,
-                   help="storage read rate, MB/s (default 530: a SATA SSD)")
-    p.add_argument("--cache-fractions", default="0.25,0.35,0.5,0.75",
-                   help="page-cache fractions of the dataset for the fetch stall (default 0.25,0.35,0.5,0.75)")
-    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
-                   help="run one emulated epoch to check the prediction (default on)")
+    p.add_argument("--storage-mbps", type=float, default=530, help="storage read rate, MB/s (default 530: a SATA SSD)")
+    p.add_argument(
+        "--cache-fractions",
+        default="0.25,0.35,0.5,0.75",
+        help="page-cache fractions of the dataset for the fetch stall (default 0.25,0.35,0.5,0.75)",
+    )
+    p.add_argument(
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run one emulated epoch to check the prediction (default on)",
+    )
     p.add_argument("--out", type=Path, default=Path("datastall"), help="output folder (default ./datastall)")
     args = p.parse_args()
     if args.batch_size < 1 or args.iterations < 1 or args.cores_per_gpu <= 0 or args.gpus_per_server < 1:
@@ -229,15 +260,23 @@ def main() -> None:
             datasets.make("imagenet-like", data, args.images, progress=False)
         per_core, mean_bytes = worker_supply(data, batches=8)
         print(f"one DataLoader worker here: {per_core:.1f} images/s; mean file {mean_bytes / 1e3:.0f} kB")
-        result: dict = {"per_core_images_s": per_core, "mean_file_bytes": mean_bytes,
-                        "cores_per_gpu": args.cores_per_gpu, "gpus_per_server": args.gpus_per_server,
-                        "storage_mbps": args.storage_mbps, "batch_size": args.batch_size, "amp": args.amp,
-                        "models": models,
-                        "gpus": {}}
+        result: dict = {
+            "per_core_images_s": per_core,
+            "mean_file_bytes": mean_bytes,
+            "cores_per_gpu": args.cores_per_gpu,
+            "gpus_per_server": args.gpus_per_server,
+            "storage_mbps": args.storage_mbps,
+            "batch_size": args.batch_size,
+            "amp": args.amp,
+            "models": models,
+            "gpus": {},
+        }
         lru = {f: lru_hit_rate(f) for f in fractions}
         result["lru_hit_rate"] = {str(f): h for f, h in lru.items()}
-        print("LRU page cache, random order each epoch: " +
-              ", ".join(f"{f:g} cached -> {100 * h:.0f}% hits" for f, h in lru.items()))
+        print(
+            "LRU page cache, random order each epoch: "
+            + ", ".join(f"{f:g} cached -> {100 * h:.0f}% hits" for f, h in lru.items())
+        )
         for gpu in args.gpus.split(","):
             torch_emugpu.configure(gpu=gpu)
             name = torch.emugpu.get_device_name()
@@ -253,16 +292,19 @@ def main() -> None:
                     "cores_needed": math.ceil(demand / per_core),
                     "prep_stall": prep_stall(demand, args.cores_per_gpu, per_core),
                     # With enough cores (prep keeps up), where models differ; and at --cores-per-gpu.
-                    "fetch_stall": {str(f): fetch_stall(server * demand, f, mean_bytes, storage)
-                                    for f in fractions},
-                    "fetch_stall_lru": {str(f): fetch_stall(server * demand, lru[f], mean_bytes, storage)
-                                        for f in fractions},
-                    "fetch_stall_lru_at_cores": {str(f): fetch_stall(server * supplied, lru[f], mean_bytes, storage)
-                                                 for f in fractions},
+                    "fetch_stall": {str(f): fetch_stall(server * demand, f, mean_bytes, storage) for f in fractions},
+                    "fetch_stall_lru": {
+                        str(f): fetch_stall(server * demand, lru[f], mean_bytes, storage) for f in fractions
+                    },
+                    "fetch_stall_lru_at_cores": {
+                        str(f): fetch_stall(server * supplied, lru[f], mean_bytes, storage) for f in fractions
+                    },
                 }
-                print(f"{name:<24} {m:<20} demand {demand:8.0f} images/s, needs "
-                      f"{per_model[m]['cores_needed']:3d} cores/GPU, prep stall at {args.cores_per_gpu:g}: "
-                      f"{100 * per_model[m]['prep_stall']:3.0f}%")
+                print(
+                    f"{name:<24} {m:<20} demand {demand:8.0f} images/s, needs "
+                    f"{per_model[m]['cores_needed']:3d} cores/GPU, prep stall at {args.cores_per_gpu:g}: "
+                    f"{100 * per_model[m]['prep_stall']:3.0f}%"
+                )
             result["gpus"][name] = per_model
         if args.check:
             workers = 1
@@ -275,10 +317,18 @@ def main() -> None:
             measured = epoch.prep_stall_s / epoch.epoch_s
             demand = batch / r.gpu_iteration_s
             predicted = prep_stall(demand, workers, per_core)
-            result["check"] = {"model": model, "gpu": r.gpu, "workers": workers, "batch_size": batch,
-                               "measured_prep_stall": measured, "predicted_prep_stall": predicted}
-            print(f"check: {model} on {r.gpu}, {workers} workers, batch {batch}: prep stall measured "
-                  f"{100 * measured:.0f}% of the epoch, predicted {100 * predicted:.0f}%")
+            result["check"] = {
+                "model": model,
+                "gpu": r.gpu,
+                "workers": workers,
+                "batch_size": batch,
+                "measured_prep_stall": measured,
+                "predicted_prep_stall": predicted,
+            }
+            print(
+                f"check: {model} on {r.gpu}, {workers} workers, batch {batch}: prep stall measured "
+                f"{100 * measured:.0f}% of the epoch, predicted {100 * predicted:.0f}%"
+            )
     (args.out / "datastall.json").write_text(json.dumps(result, indent=1))
     (args.out / "datastall.md").write_text(table(result) + "\n")
     plot(result, args.out / "datastall.png")

@@ -63,8 +63,11 @@ def main() -> None:
 
     # Per rank: peak memory, and whether the host kept the emulated GPU waiting (times then measure this host).
     host = torch_emugpu.host_bound_report(local_rank)
-    mine = torch.tensor([torch.emugpu.max_memory_allocated(device), host["host_bound_windows"],
-                         host["worst_idle_fraction"]], dtype=torch.float64, device=device)
+    mine = torch.tensor(
+        [torch.emugpu.max_memory_allocated(device), host["host_bound_windows"], host["worst_idle_fraction"]],
+        dtype=torch.float64,
+        device=device,
+    )
     every = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
     if rank == 0:
@@ -75,8 +78,10 @@ def main() -> None:
         print("peak memory      " + ", ".join(f"rank {r}: {e[0].item() / 2**30:.2f} GiB" for r, e in enumerate(every)))
         late = [r for r, e in enumerate(every) if e[1].item() > 0]
         worst = max(e[2].item() for e in every)
-        print(f"host-bound       {'ranks ' + str(late) if late else 'no'} (the emulated GPUs sat idle up to "
-              f"{worst:.0%} of a window waiting for their hosts{'; these times measure this host' if late else ''})")
+        print(
+            f"host-bound       {'ranks ' + str(late) if late else 'no'} (the emulated GPUs sat idle up to "
+            f"{worst:.0%} of a window waiting for their hosts{'; these times measure this host' if late else ''})"
+        )
     dist.destroy_process_group()
 
 

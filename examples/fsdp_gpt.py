@@ -77,8 +77,14 @@ class GPT(nn.Module):
 def shard(model: GPT, mesh: DeviceMesh, tp: int) -> None:
     """Tensor parallelism inside each block (over "tp"), then FSDP2 over "dp"."""
     if tp > 1:
-        plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
-                "up": ColwiseParallel(), "down": RowwiseParallel()}
+        plan = {
+            "q": ColwiseParallel(),
+            "k": ColwiseParallel(),
+            "v": ColwiseParallel(),
+            "proj": RowwiseParallel(),
+            "up": ColwiseParallel(),
+            "down": RowwiseParallel(),
+        }
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], plan)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -131,24 +137,31 @@ def main() -> None:
 
     # Per rank: peak memory, and whether the host kept the emulated GPU waiting (times then measure this host).
     host = torch_emugpu.host_bound_report(local_rank)
-    mine = torch.tensor([torch.emugpu.max_memory_allocated(device), host["host_bound_windows"],
-                         host["worst_idle_fraction"]], dtype=torch.float64, device=device)
+    mine = torch.tensor(
+        [torch.emugpu.max_memory_allocated(device), host["host_bound_windows"], host["worst_idle_fraction"]],
+        dtype=torch.float64,
+        device=device,
+    )
     every = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
     if rank == 0:
         it = statistics.median(times)
         params = sum(p.to_local().numel() for p in model.parameters())
-        print(f"GPT ({args.layers} layers, width {args.dim}) FSDP2 on {world} x "
-              f"{torch.emugpu.get_device_name(device)}: mesh dp={world // args.tp} x tp={args.tp}, "
-              f"batch {args.batch_size} x {args.context} tokens per data-parallel rank")
+        print(
+            f"GPT ({args.layers} layers, width {args.dim}) FSDP2 on {world} x "
+            f"{torch.emugpu.get_device_name(device)}: mesh dp={world // args.tp} x tp={args.tp}, "
+            f"batch {args.batch_size} x {args.context} tokens per data-parallel rank"
+        )
         print(f"parameters       {params / 1e6:.1f} M on rank 0 (its shard)")
         print(f"iteration time   {it * 1e3:.2f} ms (median of {len(times)})")
         print(f"throughput       {world // args.tp * args.batch_size * args.context / it:.0f} tokens/s")
         print("peak memory      " + ", ".join(f"rank {r}: {e[0].item() / 2**30:.2f} GiB" for r, e in enumerate(every)))
         late = [r for r, e in enumerate(every) if e[1].item() > 0]
         worst = max(e[2].item() for e in every)
-        print(f"host-bound       {'ranks ' + str(late) if late else 'no'} (the emulated GPUs sat idle up to "
-              f"{worst:.0%} of a window waiting for their hosts{'; these times measure this host' if late else ''})")
+        print(
+            f"host-bound       {'ranks ' + str(late) if late else 'no'} (the emulated GPUs sat idle up to "
+            f"{worst:.0%} of a window waiting for their hosts{'; these times measure this host' if late else ''})"
+        )
     dist.destroy_process_group()
 
 

@@ -19,8 +19,20 @@ from .device._extension import ensure_configured as _ensure_configured
 from .device._extension import require as _require_extension
 from .device.cost_report import cost_report, kernel_params, reset_cost_report
 
-__all__ = ["configure", "config", "gpu_names", "use_profile", "profiled_as", "region_report", "utilization",
-           "host_bound_report", "cost_report", "reset_cost_report", "kernel_params", "__version__"]
+__all__ = [
+    "configure",
+    "config",
+    "gpu_names",
+    "use_profile",
+    "profiled_as",
+    "region_report",
+    "utilization",
+    "host_bound_report",
+    "cost_report",
+    "reset_cost_report",
+    "kernel_params",
+    "__version__",
+]
 
 
 def configure(gpu: str | None = None, device_count: int | None = None, mode: str | None = None) -> None:
@@ -133,5 +145,9 @@ else:
         torch.utils.rename_privateuse1_backend("emugpu")
     import warnings
 
-    warnings.warn(f"torch-emugpu: the compiled extension torch_emugpu._C is missing ({_C_ERROR}), so the emugpu "
-                  f"device is not available; {_BUILD_HINT}", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"torch-emugpu: the compiled extension torch_emugpu._C is missing ({_C_ERROR}), so the emugpu "
+        f"device is not available; {_BUILD_HINT}",
+        RuntimeWarning,
+        stacklevel=2,
+    )

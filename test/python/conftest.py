@@ -39,8 +39,9 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     """Runs `code` in a fresh interpreter (for import-time and environment behaviour)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 @contextlib.contextmanager
@@ -59,8 +60,9 @@ def child_env(**env: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def profile_search_dir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
-                       device_count: int) -> Iterator[pathlib.Path]:
+def profile_search_dir(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, device_count: int
+) -> Iterator[pathlib.Path]:
     """An EMUGPU_PROFILE_PATH directory and an empty user directory, on
     `device_count` T4s; the profile cache is reloaded after."""
     from torch_emugpu.timing import profiles
@@ -74,16 +76,31 @@ def profile_search_dir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
     profiles.reload()
 
 
-def write_synthetic_profile(directory: pathlib.Path, model: str, batches: list[dict], parameters: int | None,
-                  gpu: str = "Tesla T4", name: str | None = None, **extra: object) -> pathlib.Path:
+def write_synthetic_profile(
+    directory: pathlib.Path,
+    model: str,
+    batches: list[dict],
+    parameters: int | None,
+    gpu: str = "Tesla T4",
+    name: str | None = None,
+    **extra: object,
+) -> pathlib.Path:
     """A synthetic profile of `model` (fingerprint: its parameter count, if
     given) for `gpu`; `extra` adds top-level fields (`data_parallel`)."""
     doc = {
-        "schema": "torch-emugpu profile v1", "gpu": gpu, "model": model,
+        "schema": "torch-emugpu profile v1",
+        "gpu": gpu,
+        "model": model,
         "fingerprint": {"parameters": parameters} if parameters else None,
-        "provenance": {"tool": "test", "torch": torch.__version__, "dtype": "float32", "date": "2026-11-22",
-                       "source": "synthetic test profile"},
-        "batches": batches, **extra,
+        "provenance": {
+            "tool": "test",
+            "torch": torch.__version__,
+            "dtype": "float32",
+            "date": "2026-11-22",
+            "source": "synthetic test profile",
+        },
+        "batches": batches,
+        **extra,
     }
     path = directory / (name or f"{model}.json")
     path.write_text(json.dumps(doc))

@@ -63,9 +63,15 @@ def _name(scenario: Scenario) -> str:
     return getattr(func, "__name__", repr(scenario))
 
 
-def run_ranks(scenario: Scenario, world: int = 2, mode: str = "compute", init: str = "emu",
-              dying: tuple[int, ...] = (), timeout: float = PG_TIMEOUT.total_seconds(),
-              env: dict[str, str] | None = None) -> dict[int, Any]:
+def run_ranks(
+    scenario: Scenario,
+    world: int = 2,
+    mode: str = "compute",
+    init: str = "emu",
+    dying: tuple[int, ...] = (),
+    timeout: float = PG_TIMEOUT.total_seconds(),
+    env: dict[str, str] | None = None,
+) -> dict[int, Any]:
     """Runs `scenario` on `world` spawned ranks; returns each rank's result.
     Ranks in `dying` exit on purpose and report nothing. `env` adds to (or
     overrides) the children's environment."""

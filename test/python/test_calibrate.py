@@ -76,8 +76,12 @@ def test_quick_sweep_covers_the_new_families(quick_doc):
     assert {("norm", "rms_norm_forward"), ("norm", "rms_norm_backward")} <= ops
     gqa = by_id["attention/forward_backward/B=1,H=4,Hkv=2,L=64,E=16/float32/causal=1,gqa=1"]
     assert gqa["flops"] == 3.5 * 4 * 4 * 64 * 64 * 16 / 2 and gqa["bytes"] == (6 * 4 + 6 * 2) * 64 * 16 * 4
-    assert {("elementwise", "silu"), ("elementwise", "mul"), ("elementwise", "mul_broadcast"),
-            ("reduction", "mean_hw")} <= ops
+    assert {
+        ("elementwise", "silu"),
+        ("elementwise", "mul"),
+        ("elementwise", "mul_broadcast"),
+        ("reduction", "mean_hw"),
+    } <= ops
     assert "rnn" in calibrate.summary(doc)
 
 
@@ -132,9 +136,13 @@ def test_a_file_for_another_gpu_or_a_malformed_one_is_refused(tmp_path):
         calibrate.run(out, CPU, ["launch"], quick=True, progress=False)
     calibrate.run(out, CPU, ["launch"], quick=True, progress=False, force=True)  # --force replaces it
     assert json.loads(out.read_text())["gpu"] == device_name(CPU)
-    for text, field in (("{not json", "not JSON"), ("[]", "top level"), (json.dumps({**doc, "gpu": 3}), "'gpu'"),
-                        (json.dumps({**doc, "measurements": [{}]}), "'measurements'"),
-                        (json.dumps({**doc, "schema": "other"}), "'schema'")):
+    for text, field in (
+        ("{not json", "not JSON"),
+        ("[]", "top level"),
+        (json.dumps({**doc, "gpu": 3}), "'gpu'"),
+        (json.dumps({**doc, "measurements": [{}]}), "'measurements'"),
+        (json.dumps({**doc, "schema": "other"}), "'schema'"),
+    ):
         out.write_text(text)
         with pytest.raises(ValueError, match=rf"calibration file {out} is malformed: .*{field}"):
             calibrate.run(out, CPU, ["launch"], quick=True, progress=False)
@@ -163,8 +171,12 @@ def test_a_point_that_cannot_run_is_skipped_with_its_reason(tmp_path, monkeypatc
     monkeypatch.setitem(calibrate.GENERATORS, "launch", launch_and_broken)
     doc = calibrate.run(tmp_path / "cpu.json", CPU, ["launch"], quick=True, progress=False)
     assert [m["op"] for m in doc["measurements"]] == ["add"]  # the sweep went on
-    assert doc["skipped"] == [{"id": "launch/broken/numel=1/float32",
-                               "reason": "failed: NotImplementedError: no kernel for this configuration"}]
+    assert doc["skipped"] == [
+        {
+            "id": "launch/broken/numel=1/float32",
+            "reason": "failed: NotImplementedError: no kernel for this configuration",
+        }
+    ]
 
 
 def test_an_unknown_family_is_a_value_error(tmp_path):
@@ -186,13 +198,15 @@ def test_default_out_is_beside_the_gpus_profiles_on_the_search_path(monkeypatch,
 
 def test_calibrate_runs_without_the_compiled_extension(tmp_path):
     out = tmp_path / "cal.json"
-    code = ("import sys; sys.modules['torch_emugpu._C'] = None\n"
-            "import argparse, torch, torch_emugpu\n"
-            "assert torch_emugpu._C is None\n"
-            "from torch_emugpu.measure import calibrate\n"
-            "p = argparse.ArgumentParser(); calibrate.add_arguments(p)\n"
-            f"raise SystemExit(calibrate.main(p.parse_args(['--device', 'cpu', '--quick', '--families',"
-            f" 'launch,gemm', '--out', {str(out)!r}, '--no-progress'])))")
+    code = (
+        "import sys; sys.modules['torch_emugpu._C'] = None\n"
+        "import argparse, torch, torch_emugpu\n"
+        "assert torch_emugpu._C is None\n"
+        "from torch_emugpu.measure import calibrate\n"
+        "p = argparse.ArgumentParser(); calibrate.add_arguments(p)\n"
+        f"raise SystemExit(calibrate.main(p.parse_args(['--device', 'cpu', '--quick', '--families',"
+        f" 'launch,gemm', '--out', {str(out)!r}, '--no-progress'])))"
+    )
     r = run_python(code, env={"EMUGPU_AUTOLOAD": "0"})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()

@@ -22,8 +22,12 @@ def test_help_reads_well():
 
 
 def test_train_prints_a_summary():
-    r = subprocess.run([BIN, "train", "--model", "resnet18", "--gpu", "t4", "--batch-size", "4",
-                        "--iterations", "3", "--warmup", "1"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [BIN, "train", "--model", "resnet18", "--gpu", "t4", "--batch-size", "4", "--iterations", "3", "--warmup", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     for line in ("iteration time", "throughput", "GPU busy", "host overhead", "peak memory", "Tesla T4"):
         assert line in r.stdout
@@ -42,8 +46,17 @@ def test_iteration_time_is_the_emulated_gpu_time_when_gpu_bound():
 
 
 def test_gpt2_job_runs():
-    r = train.run(model="gpt2", gpu="A100-SXM4-40GB", batch_size=1, seq_len=128, iterations=2, warmup=1,
-                  optimizer="adamw", amp="bf16", progress=False)
+    r = train.run(
+        model="gpt2",
+        gpu="A100-SXM4-40GB",
+        batch_size=1,
+        seq_len=128,
+        iterations=2,
+        warmup=1,
+        optimizer="adamw",
+        amp="bf16",
+        progress=False,
+    )
     with torch.device("meta"):  # counts the parameters without allocating them
         params = sum(p.numel() for p in GPT().parameters())
     assert (r.model, r.gpu, r.iterations) == ("gpt2", "NVIDIA A100-SXM4-40GB", 2)
@@ -63,8 +76,25 @@ def test_bad_input_exits_2_with_a_message(capsys):
 
 
 def test_out_of_memory_exits_3():
-    assert cli.main(["train", "--model", "resnet152", "--gpu", "v100", "--batch-size", "512",
-                     "--iterations", "1", "--warmup", "0", "--no-progress"]) == 3
+    assert (
+        cli.main(
+            [
+                "train",
+                "--model",
+                "resnet152",
+                "--gpu",
+                "v100",
+                "--batch-size",
+                "512",
+                "--iterations",
+                "1",
+                "--warmup",
+                "0",
+                "--no-progress",
+            ]
+        )
+        == 3
+    )
 
 
 def test_gpus_lists_the_catalog(capsys):

@@ -62,8 +62,9 @@ def test_matmul_duration_follows_the_tile_model():
     flops = 2 * 8192**3
     # 4096 tiles of 128x128 in waves of 80: 52 waves for 51.2 waves' work; the
     # reduction's pipeline fill; one launch.
-    expected = (flops / (15.7e12 * p["simt_efficiency"]) * 52 / 51.2 * (1 + p["gemm_k_half"] / 8192)
-                + p["launch_ns"] * 1e-9)
+    expected = (
+        flops / (15.7e12 * p["simt_efficiency"]) * 52 / 51.2 * (1 + p["gemm_k_half"] / 8192) + p["launch_ns"] * 1e-9
+    )
     assert abs(busy_s() - expected) / expected < 0.01
 
 

@@ -43,8 +43,10 @@ def test_bad_nccl_algo_is_a_value_error_naming_the_choices() -> None:
 
 
 def test_nccl_algo_comes_from_the_environment() -> None:
-    code = ("import torch_emugpu; r = torch_emugpu._C._collective_time('all_reduce', 1 << 30, 'a100', 8, 2, 100);"
-            "print(r['algorithm'])")
+    code = (
+        "import torch_emugpu; r = torch_emugpu._C._collective_time('all_reduce', 1 << 30, 'a100', 8, 2, 100);"
+        "print(r['algorithm'])"
+    )
     env = dict(os.environ, NCCL_ALGO="Ring", PYTHONPATH=REPO)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -41,7 +41,8 @@ OPS = {
     "layer_norm": lambda a, b: torch.nn.functional.layer_norm(a, (8,)),
     "gelu": lambda a, b: torch.nn.functional.gelu(a),
     "sdpa": lambda a, b: torch.nn.functional.scaled_dot_product_attention(
-        a.view(1, 2, 6, 4), b.view(1, 2, 6, 4), a.view(1, 2, 6, 4), is_causal=True),
+        a.view(1, 2, 6, 4), b.view(1, 2, 6, 4), a.view(1, 2, 6, 4), is_causal=True
+    ),
     "cross_entropy": lambda a, b: torch.nn.functional.cross_entropy(a, torch.arange(6).to(a.device)),
     "item": lambda a, b: torch.tensor(a.sum().item()),
 }

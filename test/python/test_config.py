@@ -8,45 +8,58 @@ import torch_emugpu
 
 
 def test_defaults_work_with_nothing_set():
-    r = run_python("import torch; print(torch.emugpu.device_count(), torch.emugpu.get_device_name(),"
-                   " torch_emugpu_mode())".replace("torch_emugpu_mode()", "__import__('torch_emugpu').config().mode"))
+    r = run_python(
+        "import torch; print(torch.emugpu.device_count(), torch.emugpu.get_device_name(), torch_emugpu_mode())".replace(
+            "torch_emugpu_mode()", "__import__('torch_emugpu').config().mode"
+        )
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split(" ", 1)[0] == "1"
     assert "A100" in r.stdout and r.stdout.strip().endswith("timing")
 
 
 def test_environment_selects_gpu_count_and_mode():
-    r = run_python("import torch; print(torch.emugpu.device_count(), torch.emugpu.get_device_name(1),"
-                   " __import__('torch_emugpu').config().mode)",
-                   env={"EMUGPU_GPU": "Tesla_V100-PCIE-32GB", "EMUGPU_DEVICE_COUNT": "4", "EMUGPU_MODE": "compute"})
+    r = run_python(
+        "import torch; print(torch.emugpu.device_count(), torch.emugpu.get_device_name(1),"
+        " __import__('torch_emugpu').config().mode)",
+        env={"EMUGPU_GPU": "Tesla_V100-PCIE-32GB", "EMUGPU_DEVICE_COUNT": "4", "EMUGPU_MODE": "compute"},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "4 Tesla V100-PCIE-32GB compute"
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"EMUGPU_GPU": "V999"}, "unknown GPU 'V999'"),
-    ({"EMUGPU_DEVICE_COUNT": "0"}, "positive number"),
-    ({"EMUGPU_DEVICE_COUNT": "-2"}, "positive number"),
-    ({"EMUGPU_DEVICE_COUNT": "two"}, "positive integer"),
-    ({"EMUGPU_MODE": "fast"}, "expected one of timing, compute"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"EMUGPU_GPU": "V999"}, "unknown GPU 'V999'"),
+        ({"EMUGPU_DEVICE_COUNT": "0"}, "positive number"),
+        ({"EMUGPU_DEVICE_COUNT": "-2"}, "positive number"),
+        ({"EMUGPU_DEVICE_COUNT": "two"}, "positive integer"),
+        ({"EMUGPU_MODE": "fast"}, "expected one of timing, compute"),
+    ],
+)
 def test_malformed_environment_is_a_value_error(env, message):
-    r = run_python("import torch\ntry:\n    torch.empty(1, device='emugpu')\n"
-                   "except ValueError as e:\n    print('ValueError:', e)", env=env)
+    r = run_python(
+        "import torch\ntry:\n    torch.empty(1, device='emugpu')\nexcept ValueError as e:\n    print('ValueError:', e)",
+        env=env,
+    )
     assert "ValueError:" in r.stdout, r.stdout + r.stderr
     assert message in r.stdout
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("v100", "Tesla V100-SXM2-16GB"),
-    ("V100-PCIE-32GB", "Tesla V100-PCIE-32GB"),
-    ("Tesla V100-PCIE-32GB", "Tesla V100-PCIE-32GB"),
-    ("Tesla_V100-PCIE-32GB", "Tesla V100-PCIE-32GB"),
-    ("NVIDIA_A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"),
-    ("Quadro_RTX_6000", "Quadro RTX 6000"),
-    ("H100-SXM", "NVIDIA H100 80GB HBM3"),
-    ("h200", "NVIDIA H200"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("v100", "Tesla V100-SXM2-16GB"),
+        ("V100-PCIE-32GB", "Tesla V100-PCIE-32GB"),
+        ("Tesla V100-PCIE-32GB", "Tesla V100-PCIE-32GB"),
+        ("Tesla_V100-PCIE-32GB", "Tesla V100-PCIE-32GB"),
+        ("NVIDIA_A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"),
+        ("Quadro_RTX_6000", "Quadro RTX 6000"),
+        ("H100-SXM", "NVIDIA H100 80GB HBM3"),
+        ("h200", "NVIDIA H200"),
+    ],
+)
 def test_gpu_names_match_loosely(name, expected):
     torch_emugpu.configure(gpu=name)
     assert torch.emugpu.get_device_name() == expected
@@ -92,8 +105,20 @@ def test_reconfiguring_with_live_tensors_is_refused_but_mode_can_change():
 
 def test_catalog_has_the_gpus_the_docs_name():
     names = torch_emugpu.gpu_names()
-    for needed in ["Tesla K80", "Tesla M40", "Tesla P100-PCIE-16GB", "Tesla V100-SXM2-16GB",
-                   "Tesla V100-PCIE-32GB", "Tesla T4", "Quadro RTX 6000", "NVIDIA A10",
-                   "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA L4",
-                   "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200"]:
+    for needed in [
+        "Tesla K80",
+        "Tesla M40",
+        "Tesla P100-PCIE-16GB",
+        "Tesla V100-SXM2-16GB",
+        "Tesla V100-PCIE-32GB",
+        "Tesla T4",
+        "Quadro RTX 6000",
+        "NVIDIA A10",
+        "NVIDIA A100-SXM4-40GB",
+        "NVIDIA A100-SXM4-80GB",
+        "NVIDIA L4",
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA H100 PCIe",
+        "NVIDIA H200",
+    ]:
         assert needed in names

@@ -39,9 +39,19 @@ def slow_memory_sweep(gpu: str, bandwidth: float, efficiency: float) -> dict:
     for e in range(16, 30, 2):
         n = 2**e
         nbytes = 12 * n
-        points.append({"family": "elementwise", "op": "add", "shape": {"numel": n}, "dtype": "float32",
-                       "flags": {}, "time_s": 5e-6 + nbytes / (bandwidth * efficiency), "flops": n,
-                       "bytes": nbytes, "kernels": 1})
+        points.append(
+            {
+                "family": "elementwise",
+                "op": "add",
+                "shape": {"numel": n},
+                "dtype": "float32",
+                "flags": {},
+                "time_s": 5e-6 + nbytes / (bandwidth * efficiency),
+                "flops": n,
+                "bytes": nbytes,
+                "kernels": 1,
+            }
+        )
     return {"schema": SCHEMA, "gpu": gpu, "measurements": points}
 
 
@@ -86,26 +96,39 @@ def test_a_malformed_calibration_names_the_file_and_field(calibration_dir: Path)
     path.write_text(json.dumps(sweep))
     with pytest.raises(ValueError, match=r"measurements\[3\]\.time_s"):
         torch_emugpu.timing.profiles.reload()
-    path.write_text("{\"schema\": ")
+    path.write_text('{"schema": ')
     with pytest.raises(ValueError, match="calibration.json"):
         torch_emugpu.timing.profiles.reload()
 
 
 def test_points_of_a_newer_versions_families_are_skipped_with_a_warning(calibration_dir: Path) -> None:
     sweep = slow_memory_sweep(torch.emugpu.get_device_name(), 1e12, 0.5)
-    sweep["measurements"].append({"family": "ssm_scan", "op": "forward", "shape": {"L": 4096}, "dtype": "float32",
-                                  "flags": {}, "time_s": 1e-4, "flops": 1e9, "bytes": 1e7, "kernels": 1})
+    sweep["measurements"].append(
+        {
+            "family": "ssm_scan",
+            "op": "forward",
+            "shape": {"L": 4096},
+            "dtype": "float32",
+            "flags": {},
+            "time_s": 1e-4,
+            "flops": 1e9,
+            "bytes": 1e7,
+            "kernels": 1,
+        }
+    )
     path = gpu_folder(calibration_dir) / "calibration.json"
     path.write_text(json.dumps(sweep))
-    with pytest.warns(UserWarning, match=r"calibration .*calibration.json: 1 point of families or ops this version "
-                                         r"does not know \(ssm_scan\) ignored; the fit uses the other 7"):
+    with pytest.warns(
+        UserWarning,
+        match=r"calibration .*calibration.json: 1 point of families or ops this version "
+        r"does not know \(ssm_scan\) ignored; the fit uses the other 7",
+    ):
         torch_emugpu.timing.profiles.reload()
     assert torch_emugpu.kernel_params()["source"] == f"calibration: {path}"
 
 
 def test_the_shipped_h100_calibration_is_used_unless_switched_off() -> None:
-    code = ("import torch_emugpu; torch_emugpu.configure(gpu='h100-sxm'); "
-            "print(torch_emugpu.kernel_params()['source'])")
+    code = "import torch_emugpu; torch_emugpu.configure(gpu='h100-sxm'); print(torch_emugpu.kernel_params()['source'])"
     on = run_python(code, env={"EMUGPU_PROFILES": "off"})  # profiles off: the calibration still applies
     assert on.returncode == 0, on.stderr[-2000:]
     assert on.stdout.strip().endswith("NVIDIA_H100_80GB_HBM3/calibration.json"), on.stdout
@@ -118,16 +141,17 @@ def test_the_shipped_h100_calibration_is_used_unless_switched_off() -> None:
 
 def test_ops_before_any_model_are_charged_under_the_calibration(tmp_path: Path) -> None:
     # Configured from the environment by a bare op: no configure(), no module.
-    code = ("import torch, torch_emugpu; a = torch.ones(64, 64, device='emugpu'); (a @ a).sum(); "
-            "print(torch_emugpu._C._current_kernel_params(0)['source'])")
+    code = (
+        "import torch, torch_emugpu; a = torch.ones(64, 64, device='emugpu'); (a @ a).sum(); "
+        "print(torch_emugpu._C._current_kernel_params(0)['source'])"
+    )
     run = run_python(code, env={"EMUGPU_GPU": "h100-sxm"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().endswith("NVIDIA_H100_80GB_HBM3/calibration.json"), run.stdout
     # A malformed file surfaces at that first op, as the ValueError reload() raises.
     (tmp_path / "NVIDIA_H100_80GB_HBM3").mkdir()
     (tmp_path / "NVIDIA_H100_80GB_HBM3" / "calibration.json").write_text("{")
-    code = ("import torch\ntry:\n    torch.ones(2, device='emugpu')\n"
-            "except ValueError as e:\n    print('ValueError', e)")
+    code = "import torch\ntry:\n    torch.ones(2, device='emugpu')\nexcept ValueError as e:\n    print('ValueError', e)"
     bad = run_python(code, env={"EMUGPU_GPU": "h100-sxm", "EMUGPU_PROFILE_PATH": str(tmp_path)})
     assert bad.returncode == 0, bad.stderr[-2000:]
     assert bad.stdout.startswith("ValueError") and "calibration.json" in bad.stdout, bad.stdout

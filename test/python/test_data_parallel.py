@@ -163,10 +163,14 @@ def test_scripts_exit_cleanly_after_data_parallel_backward():
 # --- a profile's N-GPU table times the DataParallel step ------------------------------
 
 # Synthetic timings (seconds) at batch sizes 16 and 32: on one GPU, and on two.
-ONE_GPU = [{"batch_size": 16, "forward_s": 0.040, "backward_s": 0.080},
-           {"batch_size": 32, "forward_s": 0.070, "backward_s": 0.140}]
-TWO_GPUS = [{"batch_size": 16, "forward_s": 0.030, "backward_s": 0.060},
-            {"batch_size": 32, "forward_s": 0.045, "backward_s": 0.095}]
+ONE_GPU = [
+    {"batch_size": 16, "forward_s": 0.040, "backward_s": 0.080},
+    {"batch_size": 32, "forward_s": 0.070, "backward_s": 0.140},
+]
+TWO_GPUS = [
+    {"batch_size": 16, "forward_s": 0.030, "backward_s": 0.060},
+    {"batch_size": 32, "forward_s": 0.045, "backward_s": 0.095},
+]
 
 
 def write_profile(directory: Path, model: str, parameters: int | None, data_parallel: bool) -> Path:
@@ -181,8 +185,9 @@ def profile_dir(tmp_path, monkeypatch):
         yield directory
 
 
-def step_times(net: torch.nn.Module, model: torch.nn.Module, batch: int, iterations: int = 6,
-               warmup: int = 2) -> list[float]:
+def step_times(
+    net: torch.nn.Module, model: torch.nn.Module, batch: int, iterations: int = 6, warmup: int = 2
+) -> list[float]:
     """Seconds per training iteration (forward, loss, backward, SGD step) on
     device 0's emulated clock, after `warmup` iterations."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -223,8 +228,7 @@ def test_data_parallel_step_takes_the_n_gpu_tables_time(profile_dir):
         # Only the first iteration may be host-bound: its host work computes the shape rules.
         assert forward["host_bound"] <= 1 and backward["host_bound"] <= 1
     # An interpolated batch size reads the same table; a forward alone takes its forward time.
-    assert statistics.median(step_times(dp, model, batch=24, iterations=3)) == pytest.approx(
-        0.0375 + 0.0775, rel=0.02)
+    assert statistics.median(step_times(dp, model, batch=24, iterations=3)) == pytest.approx(0.0375 + 0.0775, rel=0.02)
     with torch.no_grad():
         assert forward_time(dp, torch.empty(32, 16, device="emugpu")) / 1e3 == pytest.approx(0.045, rel=0.02)
 

@@ -45,8 +45,17 @@ def test_a_data_bound_epoch_reports_the_preprocessing_stall(photos):
 
 def test_a_partly_cached_dataset_gets_a_cached_baseline_and_a_fetch_stall(folder, tmp_path):
     png = tmp_path / "timeline.png"
-    r = data_train.run(folder, model="resnet18", gpu="v100", batch_size=8, workers=1, cache_fraction=0.5,
-                       epochs=2, timeline=str(png), progress=False)
+    r = data_train.run(
+        folder,
+        model="resnet18",
+        gpu="v100",
+        batch_size=8,
+        workers=1,
+        cache_fraction=0.5,
+        epochs=2,
+        timeline=str(png),
+        progress=False,
+    )
     assert r.baseline is not None and r.baseline.cached_fraction == 1.0
     assert len(r.epochs) == 2
     for e in r.epochs:
@@ -58,8 +67,9 @@ def test_a_partly_cached_dataset_gets_a_cached_baseline_and_a_fetch_stall(folder
 
 
 def test_gpu_preprocessing_decodes_on_the_emulated_gpu(folder):
-    r = data_train.run(folder, model="resnet18", gpu="h100", batch_size=8, workers=1, gpu_preprocessing=True,
-                       progress=False)
+    r = data_train.run(
+        folder, model="resnet18", gpu="h100", batch_size=8, workers=1, gpu_preprocessing=True, progress=False
+    )
     (e,) = r.epochs
     assert e.images == 48 and r.failed_files == 0
     assert not r.pin_memory or r.gpu_preprocessing
@@ -73,22 +83,29 @@ def test_the_page_cache_split_keeps_the_asked_fraction(folder):
     assert (cached, note) == (0.25, None) or "not dropped" in note
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"workers": -1}, "--workers: expected 0 or more DataLoader worker processes, got -1"),
-    ({"cache_fraction": 1.5}, "--cache-fraction: expected a fraction of the dataset from 0 to 1, got 1.5"),
-    ({"cache_fraction": -0.1}, "--cache-fraction: expected a fraction"),
-    ({"batch_size": 100}, "fewer than one batch of 100"),
-    ({"model": "gpt2"}, "expected a torchvision classification model \\(e.g. resnet50\\), got 'gpt2'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"workers": -1}, "--workers: expected 0 or more DataLoader worker processes, got -1"),
+        ({"cache_fraction": 1.5}, "--cache-fraction: expected a fraction of the dataset from 0 to 1, got 1.5"),
+        ({"cache_fraction": -0.1}, "--cache-fraction: expected a fraction"),
+        ({"batch_size": 100}, "fewer than one batch of 100"),
+        ({"model": "gpt2"}, "expected a torchvision classification model \\(e.g. resnet50\\), got 'gpt2'"),
+    ],
+)
 def test_bad_arguments_are_value_errors(folder, kwargs, message):
     with pytest.raises(ValueError, match=message):
         data_train.run(folder, **{"model": "resnet18", "progress": False, **kwargs})
 
 
 def test_the_cli_reports_a_missing_folder_and_bad_options(tmp_path):
-    r = run_python("from torch_emugpu import cli\n"
-                   f"raise SystemExit(cli.main(['train', '--data', '{tmp_path / 'nowhere'}', '--no-progress']))")
+    r = run_python(
+        "from torch_emugpu import cli\n"
+        f"raise SystemExit(cli.main(['train', '--data', '{tmp_path / 'nowhere'}', '--no-progress']))"
+    )
     assert r.returncode == 2 and "does not exist" in r.stderr
-    r = run_python("from torch_emugpu import cli\n"
-                   f"raise SystemExit(cli.main(['train', '--data', '{tmp_path}', '--workers', '-2']))")
+    r = run_python(
+        "from torch_emugpu import cli\n"
+        f"raise SystemExit(cli.main(['train', '--data', '{tmp_path}', '--workers', '-2']))"
+    )
     assert r.returncode == 2 and "--workers: expected 0 or more" in r.stderr

@@ -29,7 +29,7 @@ def corrupt_huffman_table(path: Path) -> None:
     data = bytearray(path.read_bytes())
     at = data.find(b"\xff\xc4")
     assert at > 0
-    data[at + 4:at + 24] = b"\xff" * 20
+    data[at + 4 : at + 24] = b"\xff" * 20
     path.write_bytes(bytes(data))
 
 
@@ -38,6 +38,7 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 
 
 # --- make -----------------------------------------------------------------
+
 
 def test_same_seed_same_bytes_whatever_the_jobs(tmp_path):
     datasets.make("imagenet-like", tmp_path / "a", 12, classes=3, seed=7, jobs=1, progress=False)
@@ -91,20 +92,23 @@ def test_fixed_kind_sizes_are_exact_and_files_photo_sized(tmp_path):
     assert datasets.scan(root).manifest["size"] == [256, 192]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(images=0), "--images must be at least 1, got 0"),
-    (dict(classes=0), "--classes must be in 1..--images (4), got 0"),
-    (dict(classes=5), "--classes must be in 1..--images (4), got 5"),
-    (dict(size="12"), "--size must be WIDTHxHEIGHT"),
-    (dict(size="0x5"), "--size must be WIDTHxHEIGHT"),
-    (dict(size=None), "the fixed kind needs --size"),
-    (dict(quality=0), "--quality must be in 1..100"),
-    (dict(quality=101), "--quality must be in 1..100"),
-    (dict(jobs=0), "--jobs must be at least 1"),
-    (dict(seed=-1), "--seed must be a non-negative integer, got -1"),
-    (dict(kind="imagenet"), "unknown dataset kind 'imagenet'"),
-    (dict(kind="imagenet-like"), "--size applies to the fixed kind only"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(images=0), "--images must be at least 1, got 0"),
+        (dict(classes=0), "--classes must be in 1..--images (4), got 0"),
+        (dict(classes=5), "--classes must be in 1..--images (4), got 5"),
+        (dict(size="12"), "--size must be WIDTHxHEIGHT"),
+        (dict(size="0x5"), "--size must be WIDTHxHEIGHT"),
+        (dict(size=None), "the fixed kind needs --size"),
+        (dict(quality=0), "--quality must be in 1..100"),
+        (dict(quality=101), "--quality must be in 1..100"),
+        (dict(jobs=0), "--jobs must be at least 1"),
+        (dict(seed=-1), "--seed must be a non-negative integer, got -1"),
+        (dict(kind="imagenet"), "unknown dataset kind 'imagenet'"),
+        (dict(kind="imagenet-like"), "--size applies to the fixed kind only"),
+    ],
+)
 def test_make_refuses_bad_arguments(tmp_path, kwargs, message):
     args = dict(kind="fixed", root=tmp_path / "d", images=4, size="8x8", jobs=1, progress=False) | kwargs
     with pytest.raises(ValueError, match="^" + re.escape(message)):
@@ -144,6 +148,7 @@ def test_an_interrupted_make_leaves_no_manifest(tmp_path, monkeypatch, capsys):
 
 
 # --- scan and ImageFiles --------------------------------------------------
+
 
 def test_scan_refuses_a_missing_or_empty_root(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"dataset directory {tmp_path / 'nope'} does not exist"):
@@ -206,7 +211,8 @@ def test_scan_reads_the_format_from_the_bytes_not_the_name(tmp_path):
     assert {p.name: r for p, r in found.skipped} == {
         "cut.png": "truncated PNG: does not end with the IEND chunk",
         "stray.jpg": "not in a class directory (expected ROOT/<class name>/<image>.JPEG "
-                     "(one directory per class, as torchvision's ImageFolder reads))"}
+        "(one directory per class, as torchvision's ImageFolder reads))",
+    }
     assert datasets.ImageFiles(found)[1][0].getpixel((0, 0)) == (200, 10, 10)
     assert found.manifest is None and found.manifest_error == "expected a JSON object, found list"
 
@@ -269,10 +275,31 @@ def test_imagefiles_refuses_a_bad_decoder(damaged):
 
 # --- the command ----------------------------------------------------------
 
+
 def test_cli_make_then_check(tmp_path, capsys):
     root = tmp_path / "d"
-    assert cli.main(["dataset", "make", "fixed", str(root), "--images", "6", "--size", "40x30", "--jobs", "2",
-                     "--seed", "3", "--quality", "80", "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "dataset",
+                "make",
+                "fixed",
+                str(root),
+                "--images",
+                "6",
+                "--size",
+                "40x30",
+                "--jobs",
+                "2",
+                "--seed",
+                "3",
+                "--quality",
+                "80",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"wrote 6 images in 6 classes to {root}" in out and "mean 40x30 pixels" in out
     manifest = json.loads((root / "dataset.json").read_text())

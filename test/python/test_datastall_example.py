@@ -45,9 +45,30 @@ def test_stalls_follow_supply_and_demand() -> None:
 def test_the_example_runs_and_its_check_agrees(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=REPO)
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--images", "96", "--models", "alexnet", "--gpus", "v100",
-                        "--batch-size", "32", "--iterations", "1", "--cache-fractions", "0.5", "--out", str(out)],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--images",
+            "96",
+            "--models",
+            "alexnet",
+            "--gpus",
+            "v100",
+            "--batch-size",
+            "32",
+            "--iterations",
+            "1",
+            "--cache-fractions",
+            "0.5",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads((out / "datastall.json").read_text())
     row = result["gpus"]["Tesla V100-SXM2-16GB"]["alexnet"]
@@ -61,7 +82,12 @@ def test_the_example_runs_and_its_check_agrees(tmp_path: pathlib.Path) -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--cache-fractions", "1.5"], capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--cache-fractions", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     assert r.returncode == 2
     assert "--cache-fractions must lie in 0..1" in r.stderr

@@ -96,7 +96,8 @@ def _counting_collectives() -> Iterator[Mapping[str, int]]:
     """Counts the collectives c10d hands backend `emu`, by method name (the
     backend's own tally of its calls, read live)."""
     backend = dist.distributed_c10d._get_default_group()._get_backend(
-        torch.device("emugpu", torch.emugpu.current_device()))
+        torch.device("emugpu", torch.emugpu.current_device())
+    )
     before = collections.Counter(backend.calls())
 
     class Since(Mapping[str, int]):
@@ -128,8 +129,13 @@ def _train(config: str, rank: int, world: int) -> dict[str, Any]:
     net = _Net().to(dev)
     ddp = DDP(net, device_ids=[rank], **CONFIGS[config])
     _register_hook(ddp, config)
-    out: dict[str, Any] = {"initial": _params(net) if compute else None, "grads": [], "in_no_sync": [],
-                           "launches_per_step": [], "all_reduces_per_step": []}
+    out: dict[str, Any] = {
+        "initial": _params(net) if compute else None,
+        "grads": [],
+        "in_no_sync": [],
+        "launches_per_step": [],
+        "all_reduces_per_step": [],
+    }
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     torch.emugpu.synchronize()
@@ -172,8 +178,12 @@ def _train(config: str, rank: int, world: int) -> dict[str, Any]:
     end.record()
     end.synchronize()
     stats = torch.emugpu.engine_stats()
-    out.update(params=_params(net) if compute else None, elapsed_s=start.elapsed_time(end) / 1e3,
-               collective_launches=stats["collective_launches"], collective_busy_s=stats["collective_busy_s"])
+    out.update(
+        params=_params(net) if compute else None,
+        elapsed_s=start.elapsed_time(end) / 1e3,
+        collective_launches=stats["collective_launches"],
+        collective_busy_s=stats["collective_busy_s"],
+    )
     return out
 
 
@@ -197,8 +207,9 @@ def _assert_close(got: list[list[float] | None], want: list[list[float] | None],
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert (g is None) == (w is None), f"{what}, parameter {i}: gradient {g} but the reference has {w}"
         if g is not None:
-            torch.testing.assert_close(torch.tensor(g), torch.tensor(w),
-                                       msg=lambda m, i=i: f"{what}, parameter {i}: {m}", **tol)
+            torch.testing.assert_close(
+                torch.tensor(g), torch.tensor(w), msg=lambda m, i=i: f"{what}, parameter {i}: {m}", **tol
+            )
 
 
 # fp16/bf16 hooks reduce gradients rounded to 11/8 significant bits.
@@ -215,8 +226,7 @@ def test_ddp_matches_one_process_in_compute_mode(config: str) -> None:
     ref = _reference(config)
     tol = TOLERANCE.get(config, {"rtol": 1e-5, "atol": 1e-6})
     for rank in (0, 1):
-        _assert_close(out[rank]["initial"], ref["initial"], f"rank {rank} after DDP's broadcast",
-                      rtol=0, atol=0)
+        _assert_close(out[rank]["initial"], ref["initial"], f"rank {rank} after DDP's broadcast", rtol=0, atol=0)
         for step in range(STEPS):
             _assert_close(out[rank]["grads"][step], ref["grads"][step], f"rank {rank} step {step}", **tol)
         _assert_close(out[rank]["params"], ref["params"], f"rank {rank} after {STEPS} steps", **tol)
@@ -330,8 +340,9 @@ def _profiled_iterations(rank: int, world: int, hook: str | None = None) -> dict
     dev = torch.device("emugpu", rank)
     ddp = torch.nn.parallel.DistributedDataParallel(_profiled_net().to(dev), device_ids=[rank])
     if hook is not None:
-        ddp.register_comm_hook(None, {"python": default_hooks.allreduce_hook,
-                                      "fp16": default_hooks.fp16_compress_hook}[hook])
+        ddp.register_comm_hook(
+            None, {"python": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook}[hook]
+        )
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     x = torch.randn(4, 1024).to(dev)
     events = []
@@ -347,10 +358,13 @@ def _profiled_iterations(rank: int, world: int, hook: str | None = None) -> dict
     nbytes = sum(p.numel() * (2 if hook == "fp16" else p.element_size()) for p in ddp.parameters())
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     report = {r["key"]: r for r in torch_emugpu.region_report(rank)}
-    return {"iteration_s": [a.elapsed_time(b) / 1e3 for a, b in zip(events[2:], events[3:], strict=False)],
-            "backward": report["net@4:backward"],
-            "all_reduce_s": _C._collective_time("all_reduce", float(nbytes), torch.emugpu.get_device_name(dev),
-                                                per_node, world // per_node, None, None)["seconds"]}
+    return {
+        "iteration_s": [a.elapsed_time(b) / 1e3 for a, b in zip(events[2:], events[3:], strict=False)],
+        "backward": report["net@4:backward"],
+        "all_reduce_s": _C._collective_time(
+            "all_reduce", float(nbytes), torch.emugpu.get_device_name(dev), per_node, world // per_node, None, None
+        )["seconds"],
+    }
 
 
 @pytest.mark.parametrize("network", ["nvlink", "slow", "slow_python_hook", "slow_fp16_hook"])

@@ -32,6 +32,7 @@ def run_ranks(scenario: str, **kwargs: Any) -> dict[int, Any]:
 
 # --- scenarios (module level, so spawned children can import them) ----------
 
+
 # Handshakes through the group's store put the ranks in an order that host
 # load cannot change: a rank that arrives only after its peer signalled proves
 # the peer went on without it (had the peer waited, both would hang until the
@@ -65,8 +66,11 @@ def _values(rank: int, world: int) -> None:
         dist.all_reduce(x, op=op)
         assert torch.equal(x.cpu(), want), (op, x.cpu(), want)
     bits = torch.tensor([0b1100, 0b1010], dtype=torch.int32)
-    for op, want in ((dist.ReduceOp.BAND, bits & (bits + 1)), (dist.ReduceOp.BOR, bits | (bits + 1)),
-                     (dist.ReduceOp.BXOR, bits ^ (bits + 1))):
+    for op, want in (
+        (dist.ReduceOp.BAND, bits & (bits + 1)),
+        (dist.ReduceOp.BOR, bits | (bits + 1)),
+        (dist.ReduceOp.BXOR, bits ^ (bits + 1)),
+    ):
         x = t(bits + rank)
         dist.all_reduce(x, op=op)
         assert torch.equal(x.cpu(), want), (op, x.cpu(), want)
@@ -95,7 +99,7 @@ def _values(rank: int, world: int) -> None:
 
     got = torch.zeros(2, device=dev)
     dist.reduce_scatter_tensor(got, t(base * (rank + 1)), op=dist.ReduceOp.AVG)
-    assert torch.equal(got.cpu(), (base[2 * rank:2 * rank + 2] * 3) / 2)
+    assert torch.equal(got.cpu(), (base[2 * rank : 2 * rank + 2] * 3) / 2)
 
     gathered = [torch.zeros(4, device=dev) for _ in range(world)] if rank == 0 else None
     dist.gather(t(base * (rank + 1)), gathered, dst=0)
@@ -109,8 +113,12 @@ def _values(rank: int, world: int) -> None:
     # all_to_all_single with uneven splits: rank r sends r + j + 1 values 100 r + j to rank j
     send = torch.cat([torch.full((rank + j + 1,), 100.0 * rank + j) for j in range(world)])
     recv = torch.zeros(sum(s + rank + 1 for s in range(world)), device=dev)
-    dist.all_to_all_single(recv, t(send), output_split_sizes=[s + rank + 1 for s in range(world)],
-                           input_split_sizes=[rank + j + 1 for j in range(world)])
+    dist.all_to_all_single(
+        recv,
+        t(send),
+        output_split_sizes=[s + rank + 1 for s in range(world)],
+        input_split_sizes=[rank + j + 1 for j in range(world)],
+    )
     assert torch.equal(recv.cpu(), torch.cat([torch.full((s + rank + 1,), 100.0 * s + rank) for s in range(world)]))
 
     outs = [torch.zeros(2, device=dev) for _ in range(world)]
@@ -140,8 +148,8 @@ def _values(rank: int, world: int) -> None:
     with _coalescing_manager():
         dist.reduce_scatter_tensor(outs[0], t(base * (rank + 1)))
         dist.reduce_scatter_tensor(outs[1], t(base[:2] * (rank + 1)))
-    assert torch.equal(outs[0].cpu(), base[2 * rank:2 * rank + 2] * 3)
-    assert torch.equal(outs[1].cpu(), base[rank:rank + 1] * 3)
+    assert torch.equal(outs[0].cpu(), base[2 * rank : 2 * rank + 2] * 3)
+    assert torch.equal(outs[1].cpu(), base[rank : rank + 1] * 3)
 
     # send / recv, and batch_isend_irecv swapping tensors with the peer
     peer = 1 - rank
@@ -187,8 +195,10 @@ def _three_ranks(rank: int, world: int) -> str:
     x = torch.tensor([1.5, -2.0, 4.0]).mul(rank + 1).to(dev)
     dist.all_reduce(x)
     assert torch.equal(x.cpu(), torch.tensor([1.5, -2.0, 4.0]) * 6)
-    for dtype, op, want in ((torch.int64, dist.ReduceOp.MAX, [2, 3, 4]), (torch.bool, dist.ReduceOp.SUM,
-                                                                          [True, True, True])):
+    for dtype, op, want in (
+        (torch.int64, dist.ReduceOp.MAX, [2, 3, 4]),
+        (torch.bool, dist.ReduceOp.SUM, [True, True, True]),
+    ):
         x = (torch.arange(3) + rank).to(dtype).to(dev)
         dist.all_reduce(x, op=op)
         assert x.cpu().tolist() == want, (dtype, x.cpu())
@@ -254,10 +264,16 @@ def _timeline(rank: int, world: int) -> dict[str, int]:
     torch.emugpu.synchronize()
     host_after_sync = _C._host_now_ns()
     assert x.cpu().tolist() == [2.0] * 256
-    return {"kernel_end": kernel_end, "end": end, "host_before": host_before, "host_recorded": host_recorded,
-            "host_after_call": host_after_call, "host_after_sync": host_after_sync,
-            "elapsed_us": before.elapsed_time(after) * 1000,
-            "collective_busy_ns": int(torch.emugpu.engine_stats()["collective_busy_s"] * 1e9)}
+    return {
+        "kernel_end": kernel_end,
+        "end": end,
+        "host_before": host_before,
+        "host_recorded": host_recorded,
+        "host_after_call": host_after_call,
+        "host_after_sync": host_after_sync,
+        "elapsed_us": before.elapsed_time(after) * 1000,
+        "collective_busy_ns": int(torch.emugpu.engine_stats()["collective_busy_s"] * 1e9),
+    }
 
 
 def _work_wait(rank: int, world: int) -> dict[str, float]:
@@ -292,8 +308,14 @@ def _work_wait(rank: int, world: int) -> dict[str, float]:
     end = _C._device_ready_ns(rank)  # the collective's end (before the copy below adds to the timeline)
     value = work.get_future().value()
     assert value[0].cpu().tolist() == [2.0] * 256
-    return {"launched_ms": before.elapsed_time(launched), "waited_ms": before.elapsed_time(waited),
-            "host_before": host_before, "host_recorded": host_recorded, "host_launched": host_launched, "end": end}
+    return {
+        "launched_ms": before.elapsed_time(launched),
+        "waited_ms": before.elapsed_time(waited),
+        "host_before": host_before,
+        "host_recorded": host_recorded,
+        "host_launched": host_launched,
+        "end": end,
+    }
 
 
 def _overlap(rank: int, world: int) -> dict[str, float]:
@@ -321,8 +343,12 @@ def _overlap(rank: int, world: int) -> dict[str, float]:
     after = torch.emugpu.Event(enable_timing=True)
     after.record()
     after.synchronize()
-    return {"elapsed_ms": before.elapsed_time(after), "host_before": host_before,
-            "host_collective": host_collective, "host_kernel": host_kernel}
+    return {
+        "elapsed_ms": before.elapsed_time(after),
+        "host_before": host_before,
+        "host_collective": host_collective,
+        "host_kernel": host_kernel,
+    }
 
 
 def _large_placeholder(rank: int, world: int) -> dict[str, Any]:
@@ -338,8 +364,12 @@ def _large_placeholder(rank: int, world: int) -> dict[str, Any]:
     dist.all_reduce(big)
     dist.all_reduce(small)
     torch.emugpu.synchronize()
-    return {"big_real": _C._is_materialized(big), "small_real": _C._is_materialized(small),
-            "small": small[:2].cpu().tolist(), "busy_ns": int(torch.emugpu.engine_stats()["collective_busy_s"] * 1e9)}
+    return {
+        "big_real": _C._is_materialized(big),
+        "small_real": _C._is_materialized(small),
+        "small": small[:2].cpu().tolist(),
+        "busy_ns": int(torch.emugpu.engine_stats()["collective_busy_s"] * 1e9),
+    }
 
 
 def _mismatch(rank: int, world: int) -> str:
@@ -500,8 +530,16 @@ def _bytes_host_goes_on(rank: int, world: int) -> dict[str, Any]:
     if rank == 0:
         _signal("rank 0 launched the broadcast")
     broadcast = b.cpu().tolist()
-    return {"arrived": arrived, "read": read, "value": value, "after": after, "python_arrived": python_arrived,
-            "broadcast": broadcast, "gathered": gathered.cpu().tolist(), "python_read": _C._host_now_ns()}
+    return {
+        "arrived": arrived,
+        "read": read,
+        "value": value,
+        "after": after,
+        "python_arrived": python_arrived,
+        "broadcast": broadcast,
+        "gathered": gathered.cpu().tolist(),
+        "python_read": _C._host_now_ns(),
+    }
 
 
 def _p2p_host_goes_on(rank: int, world: int) -> dict[str, Any]:
@@ -558,8 +596,12 @@ def _p2p_behind_held_work(rank: int, world: int) -> dict[str, Any]:
         if work is not None:
             work.wait()
     mine.mul_(10)  # after the sends' bytes are out
-    return {"x": x.cpu().tolist(), "first": first.cpu().tolist(), "second": second.cpu().tolist(),
-            "mine": mine.cpu().tolist()}
+    return {
+        "x": x.cpu().tolist(),
+        "first": first.cpu().tolist(),
+        "second": second.cpu().tolist(),
+        "mine": mine.cpu().tolist(),
+    }
 
 
 def _accelerator_synchronize(rank: int, world: int) -> dict[str, float]:
@@ -648,21 +690,36 @@ def _coalesced_all_reduces(rank: int, world: int) -> list[list[float]]:
 
 
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
-    "ring": _ring, "batch_overlap": _batch_overlap, "coalesced_all_reduces": _coalesced_all_reduces,
-    "host_goes_on": _host_goes_on, "accelerator_synchronize": _accelerator_synchronize,
-    "bytes_host_goes_on": _bytes_host_goes_on, "p2p_host_goes_on": _p2p_host_goes_on,
+    "ring": _ring,
+    "batch_overlap": _batch_overlap,
+    "coalesced_all_reduces": _coalesced_all_reduces,
+    "host_goes_on": _host_goes_on,
+    "accelerator_synchronize": _accelerator_synchronize,
+    "bytes_host_goes_on": _bytes_host_goes_on,
+    "p2p_host_goes_on": _p2p_host_goes_on,
     "p2p_behind_held_work": _p2p_behind_held_work,
-    "values": _values, "backend_chosen": _backend_chosen, "timeline": _timeline,
-    "large_placeholder": _large_placeholder, "work_wait": _work_wait, "overlap": _overlap, "mismatch": _mismatch,
-    "dtype_mismatch": _dtype_mismatch, "path_mismatch": _path_mismatch,
-    "bad_input": _bad_input, "rank_dies": _rank_dies, "rank_hangs": _rank_hangs, "three_ranks": _three_ranks,
+    "values": _values,
+    "backend_chosen": _backend_chosen,
+    "timeline": _timeline,
+    "large_placeholder": _large_placeholder,
+    "work_wait": _work_wait,
+    "overlap": _overlap,
+    "mismatch": _mismatch,
+    "dtype_mismatch": _dtype_mismatch,
+    "path_mismatch": _path_mismatch,
+    "bad_input": _bad_input,
+    "rank_dies": _rank_dies,
+    "rank_hangs": _rank_hangs,
+    "three_ranks": _three_ranks,
 }
 
 
 # --- tests ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode,transport", [("compute", "auto"), ("timing", "auto"), ("compute", "tcp"),
-                                            ("timing", "tcp")])
+
+@pytest.mark.parametrize(
+    "mode,transport", [("compute", "auto"), ("timing", "auto"), ("compute", "tcp"), ("timing", "tcp")]
+)
 def test_collective_values(mode: str, transport: str) -> None:
     run_ranks("values", mode=mode, env={"EMUGPU_EXCHANGE": transport})
 
@@ -674,8 +731,9 @@ def test_three_ranks_reduce_in_rank_order_on_either_transport(transport: str) ->
     assert set(out.values()) == {"shm" if transport == "auto" else "tcp"}
 
 
-@pytest.mark.parametrize("init,backend", [("emu", "emu"), ("default", "emu"), ("device_id", "emu"),
-                                          ("mixed", "cpu:gloo,emugpu:emu")])
+@pytest.mark.parametrize(
+    "init,backend", [("emu", "emu"), ("default", "emu"), ("device_id", "emu"), ("mixed", "cpu:gloo,emugpu:emu")]
+)
 def test_backend_chosen(init: str, backend: str) -> None:
     out = run_ranks("backend_chosen", init=init)
     assert out[0] == out[1] == backend
@@ -692,8 +750,9 @@ def test_completion_is_latest_start_plus_modelled_duration() -> None:
     import torch_emugpu
 
     out = run_ranks("timeline", mode="timing")
-    duration = round(torch_emugpu._C._collective_time("all_reduce", 1024, torch_emugpu._C.DEFAULT_GPU, 2, 1)
-                     ["seconds"] * 1e9)
+    duration = round(
+        torch_emugpu._C._collective_time("all_reduce", 1024, torch_emugpu._C.DEFAULT_GPU, 2, 1)["seconds"] * 1e9
+    )
     assert out[0]["end"] == out[1]["end"], "the collective must end at the same time on every rank"
     assert out[1]["end"] - out[1]["kernel_end"] == pytest.approx(duration, abs=2)
     assert out[0]["collective_busy_ns"] == pytest.approx(duration, abs=2)
@@ -711,18 +770,23 @@ def test_work_wait_orders_the_current_stream() -> None:
     r0 = out[0]
     # Emulated times against the host's: `launched` is stamped with the host's time (the current stream
     # did not wait), `waited` with the collective's end, which rank 1's 0.1 s kernel put after both.
-    assert r0["launched_ms"] * 1e6 <= r0["host_launched"] - r0["host_before"] + 1e3, \
+    assert r0["launched_ms"] * 1e6 <= r0["host_launched"] - r0["host_before"] + 1e3, (
         "the current stream must not wait before work.wait()"
+    )
     assert r0["end"] >= r0["host_launched"] + 100_000_000, r0
-    assert (r0["end"] - r0["host_recorded"]) / 1e6 - 1e-3 <= r0["waited_ms"] <= \
-        (r0["end"] - r0["host_before"]) / 1e6 + 1e-3, "work.wait() must make the current stream wait for the collective"
+    assert (
+        (r0["end"] - r0["host_recorded"]) / 1e6 - 1e-3
+        <= r0["waited_ms"]
+        <= (r0["end"] - r0["host_before"]) / 1e6 + 1e-3
+    ), "work.wait() must make the current stream wait for the collective"
 
 
 def test_compute_overlaps_an_async_collective() -> None:
     import torch_emugpu
 
-    collective_ms = torch_emugpu._C._collective_time("all_reduce", 4 << 30, torch_emugpu._C.DEFAULT_GPU, 2, 1)[
-        "seconds"] * 1e3
+    collective_ms = (
+        torch_emugpu._C._collective_time("all_reduce", 4 << 30, torch_emugpu._C.DEFAULT_GPU, 2, 1)["seconds"] * 1e3
+    )
     assert collective_ms > 10  # comparable to the 50 ms kernel, so serializing them would show
     out = run_ranks("overlap", mode="timing")
     # Rank 0 launched last, so its launch started the collective; overlapped, each rank's iteration ends at
@@ -856,17 +920,27 @@ def test_bad_input_errors() -> None:
 
 # A torchrun layout that does not fit the emulated devices: every rank raises
 # at construction, before the rendezvous (a hang here means it came after).
-@pytest.mark.parametrize("env,size,message", [
-    ({"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"}, 4,
-     "expected an emulated GPU per rank of the node (LOCAL_WORLD_SIZE=4), got 2 emulated device(s); "
-     "set EMUGPU_DEVICE_COUNT"),
-    ({"LOCAL_RANK": "2"}, 2, "LOCAL_RANK=2 expected an emulated device emugpu:2, got 2 emulated device(s)"),
-    ({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "3"}, 3,
-     "expected whole nodes of LOCAL_WORLD_SIZE=2 ranks (torchrun's --nproc-per-node), got a world of 3"),
-    ({"LOCAL_WORLD_SIZE": "two"}, 2, "LOCAL_WORLD_SIZE (set by torchrun) expected an integer >= 1, got 'two'"),
-])
-def test_layout_that_does_not_fit_the_emulated_devices(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
-                                                       size: int, message: str) -> None:
+@pytest.mark.parametrize(
+    "env,size,message",
+    [
+        (
+            {"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"},
+            4,
+            "expected an emulated GPU per rank of the node (LOCAL_WORLD_SIZE=4), got 2 emulated device(s); "
+            "set EMUGPU_DEVICE_COUNT",
+        ),
+        ({"LOCAL_RANK": "2"}, 2, "LOCAL_RANK=2 expected an emulated device emugpu:2, got 2 emulated device(s)"),
+        (
+            {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "3"},
+            3,
+            "expected whole nodes of LOCAL_WORLD_SIZE=2 ranks (torchrun's --nproc-per-node), got a world of 3",
+        ),
+        ({"LOCAL_WORLD_SIZE": "two"}, 2, "LOCAL_WORLD_SIZE (set by torchrun) expected an integer >= 1, got 'two'"),
+    ],
+)
+def test_layout_that_does_not_fit_the_emulated_devices(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], size: int, message: str
+) -> None:
     from torch_emugpu.distributed import create_backend
 
     assert torch.emugpu.device_count() == 2
@@ -888,8 +962,13 @@ def test_torchrun_with_too_few_emulated_devices_fails_at_init(tmp_path: pathlib.
     assert r.returncode != 0
     # Each rank raises at init, not at the process group's timeout; the first to fail has torchrun
     # stop the other, which may not get to print its own error.
-    assert r.stderr.count("ValueError: emu backend: expected an emulated GPU per rank of the node "
-                          "(LOCAL_WORLD_SIZE=2), got 1 emulated device(s)") >= 1, r.stderr[-3000:]
+    assert (
+        r.stderr.count(
+            "ValueError: emu backend: expected an emulated GPU per rank of the node "
+            "(LOCAL_WORLD_SIZE=2), got 1 emulated device(s)"
+        )
+        >= 1
+    ), r.stderr[-3000:]
     assert time.monotonic() - start < 120
 
 

@@ -112,8 +112,7 @@ def test_16_bit_batch_norms_take_cudnns_time_where_pytorch_would_use_cudnn() -> 
     # PyTorch runs float16 batch norms with float32 weights (autocast) on cuDNN, as float32 ones;
     # bfloat16 ones and half models on its own, slower kernels (the H100 sweep).
     env = dict(os.environ, PYTHONPATH=REPO, EMUGPU_GPU="h100", EMUGPU_PROFILES="off")
-    r = subprocess.run([sys.executable, "-c", _BATCH_NORM_TIMES], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", _BATCH_NORM_TIMES], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     fp32, fp16, bf16, half = (float(v) for v in r.stdout.split())
     assert fp16 == pytest.approx(fp32, rel=1e-4)
@@ -123,15 +122,37 @@ def test_16_bit_batch_norms_take_cudnns_time_where_pytorch_would_use_cudnn() -> 
 
 def test_explain_prints_the_families_of_a_training_iteration() -> None:
     env = dict(os.environ, PYTHONPATH=REPO)
-    r = subprocess.run([sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--gpu", "a100",
-                        "--batch-size", "4", "--iterations", "1"], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch_emugpu",
+            "explain",
+            "--model",
+            "resnet18",
+            "--gpu",
+            "a100",
+            "--batch-size",
+            "4",
+            "--iterations",
+            "1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "A100" in r.stdout and "cost model only" in r.stdout
     for family in ("convolution backward", "convolution forward", "batch normalization", "total"):
         assert family in r.stdout, r.stdout
-    bad = subprocess.run([sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--batch-size",
-                          "0"], env=env, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--batch-size", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "--batch-size" in bad.stderr
 
 

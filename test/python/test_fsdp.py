@@ -80,7 +80,7 @@ def _train(rank: int, world: int, tp: int, bf16: bool, steps: int = 3) -> tuple[
     me = mesh["dp"].get_local_rank()
     losses = []
     for batch in _batches(dp, steps):
-        loss = _loss(model, batch[me * BATCH:(me + 1) * BATCH].to("emugpu"))
+        loss = _loss(model, batch[me * BATCH : (me + 1) * BATCH].to("emugpu"))
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -170,15 +170,20 @@ def _overlap(rank: int, world: int) -> dict[str, float]:
     step()
     torch.emugpu.synchronize()
     stats = _C._engine_stats(dev)
-    return {"iteration": (_C._device_ready_ns(dev) - start) / 1e9, "compute": stats["compute"][1] / 1e9,
-            "collective": stats["collective"][1] / 1e9, "launches": stats["collective"][0]}
+    return {
+        "iteration": (_C._device_ready_ns(dev) - start) / 1e9,
+        "compute": stats["compute"][1] / 1e9,
+        "collective": stats["collective"][1] / 1e9,
+        "launches": stats["collective"][0],
+    }
 
 
 def test_all_gathers_and_reduce_scatters_overlap_compute() -> None:
     # A V100 PCIe (slow compute) and 0.5 GB/s between the two nodes: a second of each per iteration,
     # far above what the host takes to launch it.
-    out = run_ranks(_overlap, world=2, mode="timing", init="device_id",
-                    env={"EMUGPU_GPU": "v100-pcie", "EMUGPU_NET_GBPS": "0.5"})
+    out = run_ranks(
+        _overlap, world=2, mode="timing", init="device_id", env={"EMUGPU_GPU": "v100-pcie", "EMUGPU_NET_GBPS": "0.5"}
+    )
     for rank, t in out.items():
         # Forward all-gathers of the blocks and the root, backward ones of the blocks, a reduce-scatter each.
         assert t["launches"] >= 7 + 6 + 7, (rank, t)

@@ -60,8 +60,9 @@ def test_backward_ops_launched_by_autograd_keep_this_hosts_pace() -> None:
 
 
 def test_a_bad_time_per_op_names_the_variable() -> None:
-    proc = run_python("import torch, torch_emugpu; torch.ones(1, device='emugpu')",
-                      env={"EMUGPU_HOST_OP_US": "slow"}, timeout=120)
+    proc = run_python(
+        "import torch, torch_emugpu; torch.ones(1, device='emugpu')", env={"EMUGPU_HOST_OP_US": "slow"}, timeout=120
+    )
     assert proc.returncode != 0
     assert "EMUGPU_HOST_OP_US" in proc.stderr and "microseconds per op" in proc.stderr
 

@@ -22,7 +22,8 @@ def test_a_cpu_backward_before_the_first_emugpu_use_leaves_emugpu_backward_worki
         "w = torch.ones(3, requires_grad=True); (w * 2).sum().backward()\n"  # autograd sizes its queues here
         "x = torch.ones(3, device='emugpu', requires_grad=True); (x * 2).sum().backward()\n"
         "print('grad', tuple(x.grad.shape), torch.emugpu.device_count())",
-        env={"EMUGPU_DEVICE_COUNT": "3"})
+        env={"EMUGPU_DEVICE_COUNT": "3"},
+    )
     assert r.returncode == 0, r.stderr
     assert "grad (3,) 3" in r.stdout
 
@@ -39,7 +40,8 @@ def test_a_forked_child_of_a_process_that_used_emugpu_is_refused_like_cuda():
         "    except RuntimeError as e:\n"
         "        os._exit(0 if 'forked subprocess' in str(e) and torch.emugpu._is_in_bad_fork() else 4)\n"
         "_, status = os.waitpid(pid, 0)\n"
-        "print('child', os.waitstatus_to_exitcode(status))")
+        "print('child', os.waitstatus_to_exitcode(status))"
+    )
     assert r.returncode == 0, r.stderr
     assert "child 0" in r.stdout
 
@@ -54,7 +56,9 @@ def test_dataloader_workers_forked_before_first_use_and_pin_memory_still_work():
         "total = 0.0\n"
         "for (b,) in dl:\n"
         "    total += b.to('emugpu', non_blocking=True).cpu().sum().item()\n"
-        "print('sum', total)", timeout=120)
+        "print('sum', total)",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "sum 2016.0" in r.stdout
 
@@ -71,10 +75,12 @@ def test_ctrl_c_interrupts_a_host_wait(wait):
         "try:\n"
         f"    {wait}\n"
         "except KeyboardInterrupt:\n"
-        "    print('interrupted after', round(time.monotonic() - t, 1), flush=True)\n")
+        "    print('interrupted after', round(time.monotonic() - t, 1), flush=True)\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "waiting"
@@ -88,18 +94,27 @@ def test_ctrl_c_interrupts_a_host_wait(wait):
 
 def test_an_unbuilt_source_tree_says_what_is_missing():
     # What a checkout without the compiled module looks like to the package.
-    r = subprocess.run([sys.executable, "-W", "always", "-c",
-                        "import sys; sys.modules['torch_emugpu._C'] = None\n"
-                        "import torch_emugpu, torch\n"
-                        "torch.device('emugpu')\n"
-                        "print('parses')\n"
-                        "try:\n"
-                        "    torch_emugpu.configure()\n"
-                        "except RuntimeError as e:\n"
-                        "    print('error:', e)"],
-                       env={**{k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")},
-                            "EMUGPU_AUTOLOAD": "0"},
-                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "always",
+            "-c",
+            "import sys; sys.modules['torch_emugpu._C'] = None\n"
+            "import torch_emugpu, torch\n"
+            "torch.device('emugpu')\n"
+            "print('parses')\n"
+            "try:\n"
+            "    torch_emugpu.configure()\n"
+            "except RuntimeError as e:\n"
+            "    print('error:', e)",
+        ],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}, "EMUGPU_AUTOLOAD": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert "compiled extension torch_emugpu._C is missing" in r.stderr
     assert "pip install --no-build-isolation" in r.stderr
     assert "parses" in r.stdout and "error: torch-emugpu's compiled extension" in r.stdout
@@ -113,7 +128,8 @@ def test_reading_back_computed_values_in_timing_mode_warns_once_naming_compute_m
         "print('copied', x.cpu().tolist())\n"  # real bytes: no warning
         "loss = (x * 2).sum()\n"
         "print('loss', loss.item(), (x + 1).cpu().tolist())\n"
-        f"torch.save({{'w': x * 3}}, r'{tmp_path / 'ckpt.pt'}')\n")
+        f"torch.save({{'w': x * 3}}, r'{tmp_path / 'ckpt.pt'}')\n"
+    )
     assert r.returncode == 0, r.stderr
     assert "copied [1.0, 1.0, 1.0, 1.0]" in r.stdout and "loss 0.0" in r.stdout
     assert r.stderr.count("placeholders") == 1 and "EMUGPU_MODE=compute" in r.stderr

@@ -7,9 +7,25 @@ import torchvision
 from torch_emugpu import _C
 from torch_emugpu.measure.models import GPT, GPTConfig, gpt_loss
 
-TORCHVISION = ["resnet18", "resnet50", "resnet152", "alexnet", "vgg16", "densenet121", "mobilenet_v2",
-               "mobilenet_v3_large", "efficientnet_b0", "googlenet", "inception_v3", "squeezenet1_0",
-               "shufflenet_v2_x1_0", "regnet_y_400mf", "vit_b_16", "swin_t", "convnext_tiny"]
+TORCHVISION = [
+    "resnet18",
+    "resnet50",
+    "resnet152",
+    "alexnet",
+    "vgg16",
+    "densenet121",
+    "mobilenet_v2",
+    "mobilenet_v3_large",
+    "efficientnet_b0",
+    "googlenet",
+    "inception_v3",
+    "squeezenet1_0",
+    "shufflenet_v2_x1_0",
+    "regnet_y_400mf",
+    "vit_b_16",
+    "swin_t",
+    "convnext_tiny",
+]
 
 
 def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, iterations: int = 3) -> float:

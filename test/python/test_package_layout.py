@@ -56,11 +56,13 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     base = ".".join([*anchor, base] if base else anchor)
                 # `from pkg import name`: the submodule pkg.name if there is one, else pkg itself
-                targets = [_target(f"{base}.{alias.name}", known) if f"{base}.{alias.name}" in known
-                           else _target(base, known) for alias in node.names]
+                targets = [
+                    _target(f"{base}.{alias.name}", known) if f"{base}.{alias.name}" in known else _target(base, known)
+                    for alias in node.names
+                ]
             else:
                 continue
             graph[name].update(t for t in targets if t is not None and t != name)
@@ -77,7 +79,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)) is not None:
                 return cycle
         path.pop()

@@ -44,13 +44,27 @@ MIB = 4
 
 
 def run_jobs(device_sets: list[str], shared_by: int, run_id: str | None = None) -> dict[int, dict[str, float]]:
-    env = dict(os.environ, PYTHONPATH=REPO, EMUGPU_DEVICE_COUNT="2", EMUGPU_PCIE_SHARED_BY=str(shared_by),
-               EMUGPU_PCIE_UPLINK_GBPS="0.005", EMUGPU_GPU="a100")
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO,
+        EMUGPU_DEVICE_COUNT="2",
+        EMUGPU_PCIE_SHARED_BY=str(shared_by),
+        EMUGPU_PCIE_UPLINK_GBPS="0.005",
+        EMUGPU_GPU="a100",
+    )
     if run_id:
         env.update(TORCHELASTIC_RUN_ID=run_id, GROUP_RANK="0", LOCAL_WORLD_SIZE="2")
     start_at = f"{time.time() + 6:.3f}"  # after every process has imported torch
-    procs = [subprocess.Popen([sys.executable, "-c", JOB, devices, start_at, str(MIB)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for devices in device_sets]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", JOB, devices, start_at, str(MIB)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for devices in device_sets
+    ]
     out: dict[int, dict[str, float]] = {}
     for p in procs:
         stdout, stderr = p.communicate(timeout=120)
@@ -92,11 +106,18 @@ def test_the_processes_of_a_torchrun_node_share_uplinks() -> None:
 
 
 def test_bad_settings_name_the_variable() -> None:
-    for var, value, want in (("EMUGPU_PCIE_SHARED_BY", "0", "whole number of GPUs per PCIe uplink"),
-                             ("EMUGPU_PCIE_SHARED_BY", "2.5", "whole number of GPUs per PCIe uplink"),
-                             ("EMUGPU_PCIE_UPLINK_GBPS", "-1", "EMUGPU_PCIE_UPLINK_GBPS")):
+    for var, value, want in (
+        ("EMUGPU_PCIE_SHARED_BY", "0", "whole number of GPUs per PCIe uplink"),
+        ("EMUGPU_PCIE_SHARED_BY", "2.5", "whole number of GPUs per PCIe uplink"),
+        ("EMUGPU_PCIE_UPLINK_GBPS", "-1", "EMUGPU_PCIE_UPLINK_GBPS"),
+    ):
         env = dict(os.environ, PYTHONPATH=REPO, **{var: value})
-        r = subprocess.run([sys.executable, "-c", "import torch, torch_emugpu; torch.empty(1, device='emugpu')"],
-                           env=env, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", "import torch, torch_emugpu; torch.empty(1, device='emugpu')"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode != 0
         assert "ValueError" in r.stderr and want in r.stderr, r.stderr[-1000:]

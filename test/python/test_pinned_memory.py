@@ -71,17 +71,26 @@ def test_host_memory_stats_count_pinned_blocks_like_torch_cuda():
     assert s["cached_bytes"] >= 2 << 20
 
 
-@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None,
-                    reason="root locks any amount of memory; dropping CAP_IPC_LOCK needs setpriv (util-linux)")
+@pytest.mark.skipif(
+    os.geteuid() == 0 and shutil.which("setpriv") is None,
+    reason="root locks any amount of memory; dropping CAP_IPC_LOCK needs setpriv (util-linux)",
+)
 def test_beyond_the_lockable_limit_pinned_memory_falls_back_with_one_warning():
-    code = ("import torch, torch_emugpu\n"
-            "a = torch.empty(1 << 20).pin_memory()\n"
-            "b = torch.empty(1 << 20).pin_memory()\n"
-            "print(a.is_pinned(), b.is_pinned(), torch.emugpu.host_memory_stats()['locked'])\n")
+    code = (
+        "import torch, torch_emugpu\n"
+        "a = torch.empty(1 << 20).pin_memory()\n"
+        "b = torch.empty(1 << 20).pin_memory()\n"
+        "print(a.is_pinned(), b.is_pinned(), torch.emugpu.host_memory_stats()['locked'])\n"
+    )
     drop = "setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock " if os.geteuid() == 0 else ""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
-    r = subprocess.run(["bash", "-c", f"ulimit -l 64 && {drop}{sys.executable} -W always -c \"$CODE\""],
-                       env={**env, "CODE": code}, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["bash", "-c", f'ulimit -l 64 && {drop}{sys.executable} -W always -c "$CODE"'],
+        env={**env, "CODE": code},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True", "False"]  # still pinned tensors (copies time as pinned), not locked
     assert r.stderr.count("could not lock pinned host memory") == 1

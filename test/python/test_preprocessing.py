@@ -73,8 +73,9 @@ def test_compute_mode_decodes_the_real_pixels():
 
 
 def test_bad_inputs_are_value_errors():
-    with pytest.raises(ValueError, match="expected 1-D uint8 CPU tensors of JPEG bytes, got input 0 as Tensor "
-                                         "torch.float32"):
+    with pytest.raises(
+        ValueError, match="expected 1-D uint8 CPU tensors of JPEG bytes, got input 0 as Tensor torch.float32"
+    ):
         preprocessing.decode_jpeg(torch.zeros(10))
     with pytest.raises(ValueError, match="expected mode UNCHANGED, GRAY or RGB, got 'CMYK'"):
         preprocessing.decode_jpeg(jpeg(8, 8), mode="CMYK")
@@ -93,8 +94,9 @@ def _v2_ops():
         "vertical_flip": F.vertical_flip,
         "rotate": lambda x: F.rotate(x, 15.0),
         "affine": lambda x: F.affine(x, angle=10.0, translate=[2, 2], scale=1.1, shear=[0.0]),
-        "perspective": lambda x: F.perspective(x, [[0, 0], [47, 0], [47, 47], [0, 47]],
-                                               [[2, 2], [45, 0], [47, 45], [0, 47]]),
+        "perspective": lambda x: F.perspective(
+            x, [[0, 0], [47, 0], [47, 47], [0, 47]], [[2, 2], [45, 0], [47, 45], [0, 47]]
+        ),
         "elastic": lambda x: F.elastic(x, torch.zeros(1, 48, 48, 2, device=x.device)),
         "normalize": lambda x: F.normalize(F.to_dtype(x, torch.float32, scale=True), [0.5] * 3, [0.2] * 3),
         "adjust_hue": lambda x: F.adjust_hue(x, 0.1),

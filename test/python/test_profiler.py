@@ -43,13 +43,15 @@ def test_bad_arguments_are_value_errors(tmp_path):
 
 
 def test_profiler_runs_without_the_compiled_extension(tmp_path):
-    code = ("import sys; sys.modules['torch_emugpu._C'] = None\n"
-            "import torch, torch_emugpu\n"
-            "assert torch_emugpu._C is None\n"
-            "from torch_emugpu import cli\n"
-            f"raise SystemExit(cli.main(['profile', '--models', 'squeezenet1_1', '--batch-sizes', '1',"
-            f" '--device', 'cpu', '--warmup', '0', '--iterations', '1', '--out', {str(tmp_path)!r},"
-            " '--no-progress']))")
+    code = (
+        "import sys; sys.modules['torch_emugpu._C'] = None\n"
+        "import torch, torch_emugpu\n"
+        "assert torch_emugpu._C is None\n"
+        "from torch_emugpu import cli\n"
+        f"raise SystemExit(cli.main(['profile', '--models', 'squeezenet1_1', '--batch-sizes', '1',"
+        f" '--device', 'cpu', '--warmup', '0', '--iterations', '1', '--out', {str(tmp_path)!r},"
+        " '--no-progress']))"
+    )
     r = run_python(code, env={"EMUGPU_AUTOLOAD": "0"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("squeezenet1_1.json")

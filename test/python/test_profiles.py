@@ -19,8 +19,14 @@ REFERENCE = Path(REPO).parent / "shared" / "reference" / "gpemu-profiled-data"
 RESNET18_PARAMS = 11689512
 
 
-def write_profile(directory: Path, gpu: str = "Tesla T4", model: str = "resnet18", batches=None,
-                  parameters: int | None = RESNET18_PARAMS, name: str | None = None) -> Path:
+def write_profile(
+    directory: Path,
+    gpu: str = "Tesla T4",
+    model: str = "resnet18",
+    batches=None,
+    parameters: int | None = RESNET18_PARAMS,
+    name: str | None = None,
+) -> Path:
     batches = batches or [
         {"batch_size": 2, "forward_s": 0.020, "backward_s": 0.040, "transfer_pageable_s": 0.004},
         {"batch_size": 4, "forward_s": 0.030, "backward_s": 0.060, "transfer_pageable_s": 0.008},
@@ -176,8 +182,11 @@ def test_a_profile_times_only_the_precision_it_was_measured_in(profile_dir):
     profiles.reload()
     model = torchvision.models.resnet18().to("emugpu")
     x = torch.empty(4, 3, 64, 64, device="emugpu")
-    with pytest.warns(UserWarning, match=r"measured in float32, but ResNet\(11689512 parameters\) runs under "
-                      r"bfloat16 autocast; its time comes from the cost model"):
+    with pytest.warns(
+        UserWarning,
+        match=r"measured in float32, but ResNet\(11689512 parameters\) runs under "
+        r"bfloat16 autocast; its time comes from the cost model",
+    ):
         with torch.autocast("emugpu", dtype=torch.bfloat16):
             model(x)
     assert not any(r["key"].startswith("resnet18@4") for r in torch_emugpu.region_report())
@@ -197,16 +206,19 @@ def test_input_copies_take_the_profiled_transfer_time(profile_dir):
     assert torch_emugpu._C._engine_stats(0)["h2d"][1] / 1e9 == pytest.approx(0.008, rel=0.01)
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda d: d.pop("model"), "field 'model': missing"),
-    (lambda d: d["batches"][0].update(forward_s="fast"), "batches[0].forward_s"),
-    (lambda d: d.update(batches=[]), "at least one batch entry"),
-    (lambda d: d["batches"].reverse(), "increase strictly"),
-    (lambda d: d["batches"][0].update(batch_size=0), "integer >= 1"),
-    (lambda d: d["provenance"].pop("torch"), "provenance.torch"),
-    (lambda d: d["provenance"].pop("dtype"), "provenance.dtype"),
-    (lambda d: d["provenance"].update(amp="yes"), "provenance.amp"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda d: d.pop("model"), "field 'model': missing"),
+        (lambda d: d["batches"][0].update(forward_s="fast"), "batches[0].forward_s"),
+        (lambda d: d.update(batches=[]), "at least one batch entry"),
+        (lambda d: d["batches"].reverse(), "increase strictly"),
+        (lambda d: d["batches"][0].update(batch_size=0), "integer >= 1"),
+        (lambda d: d["provenance"].pop("torch"), "provenance.torch"),
+        (lambda d: d["provenance"].pop("dtype"), "provenance.dtype"),
+        (lambda d: d["provenance"].update(amp="yes"), "provenance.amp"),
+    ],
+)
 def test_malformed_profiles_name_the_file_and_field(profile_dir, edit, field):
     path = write_profile(profile_dir)
     doc = json.loads(path.read_text())
@@ -256,10 +268,12 @@ def test_import_list_and_show_commands(tmp_path):
     out = tmp_path / "imported"
     env = {"EMUGPU_PROFILE_PATH": str(out), "XDG_DATA_HOME": str(tmp_path / "xdg")}
     exe = os.path.join(os.path.dirname(os.sys.executable), "torch-emugpu")
-    code = (f"import subprocess, sys; exe = {exe!r}\n"
-            f"for args in (['import', 'gpemu', {str(tmp_path)!r}, '--out', {str(out)!r}, '--no-progress'],"
-            f" ['profiles'], ['show', 't4', 'resnet18', '--plot', {str(tmp_path / 'p.png')!r}]):\n"
-            "    r = subprocess.run([exe, *args], capture_output=True, text=True); print(r.returncode, r.stdout)")
+    code = (
+        f"import subprocess, sys; exe = {exe!r}\n"
+        f"for args in (['import', 'gpemu', {str(tmp_path)!r}, '--out', {str(out)!r}, '--no-progress'],"
+        f" ['profiles'], ['show', 't4', 'resnet18', '--plot', {str(tmp_path / 'p.png')!r}]):\n"
+        "    r = subprocess.run([exe, *args], capture_output=True, text=True); print(r.returncode, r.stdout)"
+    )
     r = run_python(code, env=env)
     assert r.returncode == 0, r.stderr
     assert "0 wrote 1 profiles" in r.stdout

@@ -69,8 +69,11 @@ def test_events_without_any_sync_see_the_profiled_time_from_the_second_iteration
     torch.emugpu.synchronize()
     after = {r["key"]: r["host_bound"] for r in torch_emugpu.region_report() if "host_bound" in r}
     host_bound = sum(after.values()) - sum(warm.values())
-    off = [start.elapsed_time(end) for start, end in times
-           if start.elapsed_time(end) != pytest.approx((FWD + BWD) * 1e3, rel=1e-4)]
+    off = [
+        start.elapsed_time(end)
+        for start, end in times
+        if start.elapsed_time(end) != pytest.approx((FWD + BWD) * 1e3, rel=1e-4)
+    ]
     # Exact unless the host stalled past a region's end, and then reported as host-bound.
     assert len(off) <= host_bound <= 1, (off, after)
 
@@ -142,8 +145,12 @@ class Generator(torch.nn.Module):
 
 def test_two_models_in_one_loop_each_take_their_profiled_times(profile_dir):  # noqa: F811
     gen_params = 16 * 3 * 32 * 32 + 3 * 32 * 32
-    write_profile(profile_dir, model="generator", parameters=gen_params, batches=[
-        {"batch_size": 4, "forward_s": 0.010, "backward_s": 0.020}])
+    write_profile(
+        profile_dir,
+        model="generator",
+        parameters=gen_params,
+        batches=[{"batch_size": 4, "forward_s": 0.010, "backward_s": 0.020}],
+    )
     _, _, x, _ = setup_resnet(profile_dir)
     g, d = Generator().to("emugpu"), torchvision.models.resnet18(num_classes=1).to("emugpu")
     d = torchvision.models.resnet18().to("emugpu")  # the profiled discriminator (its fingerprint)
@@ -171,8 +178,13 @@ def test_two_models_in_one_loop_each_take_their_profiled_times(profile_dir):  # 
 
 
 def test_several_models_one_after_another_each_take_their_times(profile_dir):  # noqa: F811
-    write_profile(profile_dir, model="resnet34", parameters=21797672, name="resnet34.json", batches=[
-        {"batch_size": 4, "forward_s": 0.050, "backward_s": 0.080}])
+    write_profile(
+        profile_dir,
+        model="resnet34",
+        parameters=21797672,
+        name="resnet34.json",
+        batches=[{"batch_size": 4, "forward_s": 0.050, "backward_s": 0.080}],
+    )
     model, opt, x, y = setup_resnet(profile_dir)
     other = torchvision.models.resnet34().to("emugpu")
     opt2 = torch.optim.SGD(other.parameters(), lr=0.1)
@@ -239,13 +251,15 @@ def test_models_without_a_profile_are_announced_once(profile_dir):  # noqa: F811
 def test_without_any_profile_one_notice_says_times_come_from_the_cost_model(tmp_path):
     from conftest import run_python
 
-    r = run_python("import torch, warnings\n"
-                   "warnings.simplefilter('always')\n"
-                   "m = torch.nn.Linear(4, 4).to('emugpu')\n"
-                   "for _ in range(3):\n"
-                   "    m(torch.empty(2, 4, device='emugpu'))\n"
-                   "print('hooks left', len(torch.nn.modules.module._global_forward_pre_hooks))",
-                   env={"EMUGPU_PROFILES": "off", "XDG_DATA_HOME": str(tmp_path)})
+    r = run_python(
+        "import torch, warnings\n"
+        "warnings.simplefilter('always')\n"
+        "m = torch.nn.Linear(4, 4).to('emugpu')\n"
+        "for _ in range(3):\n"
+        "    m(torch.empty(2, 4, device='emugpu'))\n"
+        "print('hooks left', len(torch.nn.modules.module._global_forward_pre_hooks))",
+        env={"EMUGPU_PROFILES": "off", "XDG_DATA_HOME": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("comes from the per-op cost model") == 1
     assert "hooks left 0" in r.stdout  # module calls are back on PyTorch's fast path

@@ -13,15 +13,18 @@ def test_import_torch_alone_registers_emugpu():
 def test_autoload_can_be_turned_off_and_explicit_import_still_works():
     r = run_python("import torch; print(hasattr(torch, 'emugpu'))", env={"EMUGPU_AUTOLOAD": "0"})
     assert r.stdout.strip() == "False", r.stderr
-    r = run_python("import torch, torch_emugpu; print(torch.ones(1, device='emugpu').device)",
-                   env={"EMUGPU_AUTOLOAD": "0"})
+    r = run_python(
+        "import torch, torch_emugpu; print(torch.ones(1, device='emugpu').device)", env={"EMUGPU_AUTOLOAD": "0"}
+    )
     assert r.stdout.strip() == "emugpu:0", r.stderr
 
 
 def test_autoload_stays_off_on_a_cuda_machine_unless_asked():
     fake_cuda = "import torch; torch.cuda.is_available = lambda: True\n"
-    code = (fake_cuda + "from torch_emugpu_autoload import autoload; import sys\n"
-            "sys.modules.pop('torch_emugpu', None); autoload(); print('torch_emugpu' in sys.modules)")
+    code = (
+        fake_cuda + "from torch_emugpu_autoload import autoload; import sys\n"
+        "sys.modules.pop('torch_emugpu', None); autoload(); print('torch_emugpu' in sys.modules)"
+    )
     r = run_python(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert r.stdout.strip() == "False", r.stderr
     r = run_python(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "EMUGPU_AUTOLOAD": "1"})

@@ -32,8 +32,12 @@ def test_quick_run_prints_a_row_of_numbers_per_configuration(tmp_path: pathlib.P
     for label, cells in rows.items():
         ranks, nodes, iteration, throughput, efficiency, predicted, predicted_eff, error, verdict = cells[:9]
         peak, rss, pss = cells[9:]
-        assert (int(ranks), int(nodes)) == {"1x1 standalone": (1, 1), "1x2 standalone": (2, 1), "1x1 rdzv": (1, 1),
-                                            "2x1 rdzv": (2, 2)}[label]
+        assert (int(ranks), int(nodes)) == {
+            "1x1 standalone": (1, 1),
+            "1x2 standalone": (2, 1),
+            "1x1 rdzv": (1, 1),
+            "2x1 rdzv": (2, 2),
+        }[label]
         for cell in (iteration, throughput, predicted, peak, rss, pss):
             assert re.fullmatch(NUMBER, cell) and float(cell) > 0, (label, cells)
         for cell in (efficiency, predicted_eff, error):

@@ -11,8 +11,9 @@ def emu(*shape, dtype=torch.float32):
     return torch.empty(*shape, dtype=dtype, device="emugpu")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool,
-                                   torch.uint8, torch.complex64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.uint8, torch.complex64]
+)
 def test_host_device_roundtrip_is_bit_identical(dtype):
     src = (torch.randn(7, 13) * 100).to(dtype)
     back = src.to("emugpu").cpu()
@@ -118,10 +119,16 @@ def test_shape_results_are_cached_across_iterations():
 
 
 def test_factories_and_random_ops_produce_device_tensors():
-    for t in (torch.zeros(3, 4, device="emugpu"), torch.ones(2, device="emugpu"),
-              torch.randn(5, device="emugpu"), torch.arange(10, device="emugpu"),
-              torch.full((2, 2), 3.0, device="emugpu"), torch.randint(0, 5, (4,), device="emugpu"),
-              torch.randperm(6, device="emugpu"), torch.linspace(0, 1, 7, device="emugpu")):
+    for t in (
+        torch.zeros(3, 4, device="emugpu"),
+        torch.ones(2, device="emugpu"),
+        torch.randn(5, device="emugpu"),
+        torch.arange(10, device="emugpu"),
+        torch.full((2, 2), 3.0, device="emugpu"),
+        torch.randint(0, 5, (4,), device="emugpu"),
+        torch.randperm(6, device="emugpu"),
+        torch.linspace(0, 1, 7, device="emugpu"),
+    ):
         assert t.device.type == "emugpu"
     assert torch.arange(10, device="emugpu").shape == (10,)
     assert torch.nn.functional.dropout(emu(4, 4), 0.5).shape == (4, 4)

@@ -40,6 +40,7 @@ def finish(p: Any) -> None:
 
 # --- children (module level, so spawned processes can import them) -----------
 
+
 def consume(inbox: Any, outbox: Any) -> None:
     """Reads everything the producer sent, reports it, then writes real bytes back."""
     import torch_emugpu
@@ -53,8 +54,9 @@ def consume(inbox: Any, outbox: Any) -> None:
     report["real_is_shared"] = real.is_shared()
     report["views_share_storage"] = low.untyped_storage().data_ptr() == high.untyped_storage().data_ptr()
     report["view_gap"] = high.data_ptr() - low.data_ptr()
-    report["later_message_same_storage"] = (second["low_again"].untyped_storage().data_ptr()
-                                            == low.untyped_storage().data_ptr())
+    report["later_message_same_storage"] = (
+        second["low_again"].untyped_storage().data_ptr() == low.untyped_storage().data_ptr()
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report["computed"] = computed.cpu().tolist()
@@ -63,8 +65,11 @@ def consume(inbox: Any, outbox: Any) -> None:
     report["param"] = (type(param).__name__, param.requires_grad, param.cpu().tolist())
     report["int_param"] = (type(int_param).__name__, int_param.requires_grad, int_param.dtype)
     storage = first["storage"]
-    report["storage"] = (type(storage).__name__, str(storage.device),
-                         torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).cpu().tolist())
+    report["storage"] = (
+        type(storage).__name__,
+        str(storage.device),
+        torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).cpu().tolist(),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TypedStorage is deprecated
         typed = first["typed"]
@@ -102,6 +107,7 @@ def hogwild_worker(model: torch.nn.Module, lock: Any, steps: int) -> None:
 
 # --- one producer/consumer exchange, read by the tests below -----------------
 
+
 @pytest.fixture(scope="module")
 def exchange() -> Iterator[dict[str, Any]]:
     torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, device_count=2, mode="timing")
@@ -120,9 +126,20 @@ def exchange() -> Iterator[dict[str, Any]]:
     producer_ready = torch_emugpu._C._device_ready_ns(0)
     inbox, outbox = CTX.Queue(), CTX.Queue()
     p = start(consume, inbox, outbox, EMUGPU_DEVICE_COUNT="2")
-    inbox.put({"real": real, "low": big[:16], "high": big[16:], "computed": computed, "param": param,
-               "int_param": int_param, "storage": storage, "typed": typed, "on_device1": on_device1,
-               "empty": empty})
+    inbox.put(
+        {
+            "real": real,
+            "low": big[:16],
+            "high": big[16:],
+            "computed": computed,
+            "param": param,
+            "int_param": int_param,
+            "storage": storage,
+            "typed": typed,
+            "on_device1": on_device1,
+            "empty": empty,
+        }
+    )
     inbox.put({"low_again": big[:16]})
     report = outbox.get(timeout=TIMEOUT)
     report["producer_ready"] = producer_ready
@@ -183,6 +200,7 @@ def test_emugpu_tensors_count_as_shared_and_share_memory_is_a_no_op(exchange):
 
 # --- hogwild ------------------------------------------------------------------
 
+
 def test_hogwild_workers_update_the_shared_parameters():
     model = torch.nn.Linear(8, 4).to("emugpu")
     model.share_memory()
@@ -196,6 +214,7 @@ def test_hogwild_workers_update_the_shared_parameters():
 
 
 # --- refusals -----------------------------------------------------------------
+
 
 def test_a_non_leaf_tensor_requiring_grad_is_refused_as_torch_refuses_it():
     x = torch.ones(3, device="emugpu", requires_grad=True)
@@ -229,6 +248,8 @@ def test_dataloader_fork_workers_still_deliver_batches_after_emugpu_was_used():
         "ds = TensorDataset(torch.arange(64.).view(16, 4))\n"
         "dl = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context='fork')\n"
         "total = sum(b.to('emugpu').cpu().sum().item() for (b,) in dl)\n"
-        "print('sum', total, w.cpu().sum().item())", timeout=TIMEOUT)
+        "print('sum', total, w.cpu().sum().item())",
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 0, r.stderr
     assert "sum 2016.0 4.0" in r.stdout

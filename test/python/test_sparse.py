@@ -59,8 +59,9 @@ OPS = {
     "dense_times_sparse": lambda a, x: x.t() @ a,
     "mv": lambda a, x: torch.mv(a, x[:, 0]),
     "transpose": lambda a, x: a.t().coalesce().to_dense(),
-    "coalesce_duplicates": lambda a, x: torch.sparse_coo_tensor(
-        a.indices().repeat(1, 2), a.values().repeat(2), a.shape).coalesce().to_dense(),
+    "coalesce_duplicates": lambda a, x: (
+        torch.sparse_coo_tensor(a.indices().repeat(1, 2), a.values().repeat(2), a.shape).coalesce().to_dense()
+    ),
     "sum": lambda a, x: torch.sparse.sum(a, dim=1).to_dense(),
     "add_sparse": lambda a, x: (a + a.t()).to_dense(),
     "mul_scalar": lambda a, x: (a * 3).to_dense(),

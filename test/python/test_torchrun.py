@@ -46,8 +46,9 @@ class Outcome:
     seconds: float
 
     def results(self) -> list[dict]:
-        return [json.loads(line.removeprefix("RESULT ")) for line in self.output.splitlines()
-                if line.startswith("RESULT ")]
+        return [
+            json.loads(line.removeprefix("RESULT ")) for line in self.output.splitlines() if line.startswith("RESULT ")
+        ]
 
 
 def _free_port() -> int:
@@ -100,8 +101,9 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
-def run_together(commands: list[list[str]], tmp_path: Path, env: dict[str, str],
-                 timeout: float = TIMEOUT) -> list[Outcome]:
+def run_together(
+    commands: list[list[str]], tmp_path: Path, env: dict[str, str], timeout: float = TIMEOUT
+) -> list[Outcome]:
     """Starts every command at once and waits for all of them, `timeout`
     seconds at most; each one's output goes to a file (no pipe to fill)."""
     logs = [tmp_path / f"out{i}.log" for i in range(len(commands))]
@@ -111,8 +113,17 @@ def run_together(commands: list[list[str]], tmp_path: Path, env: dict[str, str],
     try:
         for cmd, log in zip(commands, logs, strict=True):
             with open(log, "a") as out:
-                procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=env,
+                        cwd=REPO,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
         while len(ended) < len(procs) and time.monotonic() - start < timeout:
             for i, p in enumerate(procs):
                 if i not in ended and p.poll() is not None:
@@ -121,18 +132,37 @@ def run_together(commands: list[list[str]], tmp_path: Path, env: dict[str, str],
     finally:
         for p in procs:
             _stop(p)
-    return [Outcome(procs[i].returncode if i in ended else None, logs[i].read_text(),
-                    ended.get(i, time.monotonic() - start)) for i in range(len(procs))]
+    return [
+        Outcome(
+            procs[i].returncode if i in ended else None, logs[i].read_text(), ended.get(i, time.monotonic() - start)
+        )
+        for i in range(len(procs))
+    ]
 
 
 def _describe(outcomes: list[Outcome]) -> str:
-    return "\n".join(f"--- torchrun {i}: exit {o.returncode} after {o.seconds:.1f} s\n{o.output[-4000:]}"
-                     for i, o in enumerate(outcomes))
+    return "\n".join(
+        f"--- torchrun {i}: exit {o.returncode} after {o.seconds:.1f} s\n{o.output[-4000:]}"
+        for i, o in enumerate(outcomes)
+    )
 
 
 def _two_node_command(node_rank: int, endpoint: str, *extra: str) -> list[str]:
-    return [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "2",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, *extra, JOB]
+    return [
+        *TORCHRUN,
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        *extra,
+        JOB,
+    ]
 
 
 def _check_two_nodes(outcomes: list[Outcome]) -> list[dict]:
@@ -165,6 +195,7 @@ def _check_two_nodes(outcomes: list[Outcome]) -> list[dict]:
 
 
 # --- the backend's pieces for several nodes, in this process --------------------
+
 
 def _in_threads(*calls: Callable[[], Any]) -> list[Any]:
     with ThreadPoolExecutor(len(calls)) as pool:
@@ -201,8 +232,7 @@ def test_exchange_keys_are_fresh_for_each_instance_of_a_group() -> None:
     # the failed attempt, and rank 1 of the new one arrives before rank 0.
     store = dist.HashStore()
     timeout = datetime.timedelta(seconds=30)
-    first = _in_threads(lambda: _fresh_namespace(store, 0, 2, timeout),
-                        lambda: _fresh_namespace(store, 1, 2, timeout))
+    first = _in_threads(lambda: _fresh_namespace(store, 0, 2, timeout), lambda: _fresh_namespace(store, 1, 2, timeout))
     assert first[0] == first[1]
 
     def late_rank_0() -> str:
@@ -230,11 +260,23 @@ def test_the_exchange_listens_on_the_address_facing_the_store() -> None:
 
 # --- torchrun ------------------------------------------------------------------
 
+
 def test_torchrun_runs_the_ddp_example_on_one_emulated_node(tmp_path: Path) -> None:
     # torchrun's rendezvous on a free loopback port; the device count comes
     # from its LOCAL_WORLD_SIZE.
-    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", os.path.join(REPO, "examples", "ddp_resnet.py"),
-           "--model", "resnet18", "--batch-size", "4", "--iterations", "1"]
+    cmd = [
+        *TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        os.path.join(REPO, "examples", "ddp_resnet.py"),
+        "--model",
+        "resnet18",
+        "--batch-size",
+        "4",
+        "--iterations",
+        "1",
+    ]
     (o,) = run_together([cmd], tmp_path, _env())
     assert o.returncode == 0, _describe([o])
     assert "resnet18 DDP on 2 x NVIDIA" in o.output
@@ -244,9 +286,29 @@ def test_torchrun_runs_the_ddp_example_on_one_emulated_node(tmp_path: Path) -> N
 
 def test_torchrun_runs_the_fsdp_example_with_tensor_parallelism(tmp_path: Path) -> None:
     # A 1 x 2 mesh: the example's FSDP2 and parallelize_module paths, tiny.
-    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", os.path.join(REPO, "examples", "fsdp_gpt.py"),
-           "--layers", "1", "--dim", "64", "--heads", "4", "--vocab", "256", "--context", "32", "--batch-size", "2",
-           "--iterations", "1", "--tp", "2"]
+    cmd = [
+        *TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        os.path.join(REPO, "examples", "fsdp_gpt.py"),
+        "--layers",
+        "1",
+        "--dim",
+        "64",
+        "--heads",
+        "4",
+        "--vocab",
+        "256",
+        "--context",
+        "32",
+        "--batch-size",
+        "2",
+        "--iterations",
+        "1",
+        "--tp",
+        "2",
+    ]
     (o,) = run_together([cmd], tmp_path, _env())
     assert o.returncode == 0, _describe([o])
     assert "FSDP2 on 2 x NVIDIA" in o.output and "mesh dp=1 x tp=2" in o.output
@@ -256,8 +318,7 @@ def test_torchrun_runs_the_fsdp_example_with_tensor_parallelism(tmp_path: Path) 
 
 def test_two_emulated_nodes_on_loopback(tmp_path: Path) -> None:
     endpoint = f"127.0.0.1:{_free_port()}"
-    outcomes = run_together([_two_node_command(n, endpoint) for n in (0, 1)], tmp_path,
-                            _env(EMUGPU_MODE="compute"))
+    outcomes = run_together([_two_node_command(n, endpoint) for n in (0, 1)], tmp_path, _env(EMUGPU_MODE="compute"))
     results = _check_two_nodes(outcomes)
     assert all(r["clock_offset_ns"] == 0 for r in results), "one machine, one clock: nothing to align"
 
@@ -281,8 +342,11 @@ def test_nodes_whose_clocks_differ(tmp_path: Path) -> None:
     if why is not None:
         pytest.skip(f"cannot create a time namespace here (unshare --time, Linux >= 5.6 and CAP_SYS_ADMIN): {why}")
     endpoint = f"127.0.0.1:{_free_port()}"
-    outcomes = run_together([_two_node_command(0, endpoint), [*shift, *_two_node_command(1, endpoint)]], tmp_path,
-                            _env(EMUGPU_MODE="compute"))
+    outcomes = run_together(
+        [_two_node_command(0, endpoint), [*shift, *_two_node_command(1, endpoint)]],
+        tmp_path,
+        _env(EMUGPU_MODE="compute"),
+    )
     results = _check_two_nodes(outcomes)
     shifted = {r["rank"] for r in outcomes[1].results()}
 
@@ -335,8 +399,7 @@ def network_namespaces() -> Iterator[list[tuple[str, str]]]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
 
-def test_two_emulated_nodes_in_network_namespaces(tmp_path: Path,
-                                                  network_namespaces: list[tuple[str, str]]) -> None:
+def test_two_emulated_nodes_in_network_namespaces(tmp_path: Path, network_namespaces: list[tuple[str, str]]) -> None:
     # As on two machines: each node reaches the other only through its veth.
     # torchrun needs node 0's address as the endpoint, --local-addr (else
     # MASTER_ADDR is the hostname, which resolves to a loopback address here)
@@ -346,8 +409,9 @@ def test_two_emulated_nodes_in_network_namespaces(tmp_path: Path,
     commands = []
     for node, (namespace, address) in enumerate(network_namespaces):
         host = ["--rdzv-conf", "is_host=1"] if node == 0 else []
-        commands.append(["ip", "netns", "exec", namespace,
-                         *_two_node_command(node, endpoint, "--local-addr", address, *host)])
+        commands.append(
+            ["ip", "netns", "exec", namespace, *_two_node_command(node, endpoint, "--local-addr", address, *host)]
+        )
     _check_two_nodes(run_together(commands, tmp_path, _env(EMUGPU_MODE="compute")))
 
 

@@ -7,8 +7,9 @@ import torch_emugpu
 
 
 def small_model():
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 10)).to("emugpu")
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+    ).to("emugpu")
 
 
 OPTIMIZERS = {

@@ -69,8 +69,10 @@ def main() -> None:
     nodes = world // local_world
     subgroups = {}
     if nodes > 1:
-        for name, lists in (("within", [[n * local_world + i for i in range(local_world)] for n in range(nodes)]),
-                            ("across", [[n * local_world + i for n in range(nodes)] for i in range(local_world)])):
+        for name, lists in (
+            ("within", [[n * local_world + i for i in range(local_world)] for n in range(nodes)]),
+            ("across", [[n * local_world + i for n in range(nodes)] for i in range(local_world)]),
+        ):
             group, _ = dist.new_subgroups_by_enumeration(lists)
             y = torch.full((1,), float(rank)).to(device)
             dist.all_reduce(y, group=group)
@@ -89,14 +91,25 @@ def main() -> None:
     stats = torch.emugpu.engine_stats()
 
     result = {
-        "rank": rank, "world": world, "local_rank": local_rank, "attempt": attempt,
-        "node": int(os.environ["GROUP_RANK"]), "local_world": local_world,
-        "device_count": torch.emugpu.device_count(), "gpu": torch.emugpu.get_device_name(device),
-        "ranks_per_node": backend.ranks_per_node, "nodes": backend.nodes,
-        "clock_offset_ns": backend.clock_offset_ns, "subgroups": subgroups,
-        "checksums": [s.item() for s in sums], "all_reduce": x.cpu().tolist(), "ranks": ranks.cpu().tolist(),
-        "big_bytes": big.numel() * big.element_size(), "big_busy_ns": int(stats["collective_busy_s"] * 1e9),
-        "big_launches": stats["collective_launches"], "big_wall_s": wall,
+        "rank": rank,
+        "world": world,
+        "local_rank": local_rank,
+        "attempt": attempt,
+        "node": int(os.environ["GROUP_RANK"]),
+        "local_world": local_world,
+        "device_count": torch.emugpu.device_count(),
+        "gpu": torch.emugpu.get_device_name(device),
+        "ranks_per_node": backend.ranks_per_node,
+        "nodes": backend.nodes,
+        "clock_offset_ns": backend.clock_offset_ns,
+        "subgroups": subgroups,
+        "checksums": [s.item() for s in sums],
+        "all_reduce": x.cpu().tolist(),
+        "ranks": ranks.cpu().tolist(),
+        "big_bytes": big.numel() * big.element_size(),
+        "big_busy_ns": int(stats["collective_busy_s"] * 1e9),
+        "big_launches": stats["collective_launches"],
+        "big_wall_s": wall,
     }
     # One write: the ranks share torchrun's stdout, and print() writes the
     # line and its newline apart when unbuffered.

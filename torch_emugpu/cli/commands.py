@@ -45,8 +45,9 @@ def _import(args: argparse.Namespace) -> int:
     from torch_emugpu.measure.common import user_profile_dir
 
     out = Path(args.out) if args.out else user_profile_dir()
-    written = importers.import_gpemu(args.src, out, progress=not args.no_progress,
-                                     on_skip=lambda why: print(f"skipped {why}", file=sys.stderr))
+    written = importers.import_gpemu(
+        args.src, out, progress=not args.no_progress, on_skip=lambda why: print(f"skipped {why}", file=sys.stderr)
+    )
     print(f"wrote {len(written)} profiles under {out}")
     return 0
 
@@ -82,8 +83,10 @@ def _show(args: argparse.Namespace) -> int:
     entry = profiles.find(args.gpu, args.model)
     doc = json.loads(Path(entry["path"]).read_text())
     print(f"{doc['model']} on {doc['gpu']}  ({entry['path']})")
-    print(f"source: {doc['provenance']['source']}; torch {doc['provenance']['torch']}, "
-          f"{doc['provenance']['dtype']}, {doc['provenance'].get('aggregation', '')}")
+    print(
+        f"source: {doc['provenance']['source']}; torch {doc['provenance']['torch']}, "
+        f"{doc['provenance']['dtype']}, {doc['provenance'].get('aggregation', '')}"
+    )
 
     def ms(v: float | None) -> str:
         return f"{v * 1e3:10.2f}" if v is not None else f"{'-':>10}"
@@ -93,8 +96,10 @@ def _show(args: argparse.Namespace) -> int:
 
     print(f"{'batch':>6} {'fwd ms':>10} {'bwd ms':>10} {'H2D ms':>10} {'peak MiB':>10} {'persist MiB':>11}")
     for b in doc["batches"]:
-        print(f"{b['batch_size']:6d} {ms(b['forward_s'])} {ms(b['backward_s'])} "
-              f"{ms(b.get('transfer_pageable_s'))} {mib(b.get('peak_bytes'))} {mib(b.get('persistent_bytes')):>11}")
+        print(
+            f"{b['batch_size']:6d} {ms(b['forward_s'])} {ms(b['backward_s'])} "
+            f"{ms(b.get('transfer_pageable_s'))} {mib(b.get('peak_bytes'))} {mib(b.get('persistent_bytes')):>11}"
+        )
     if args.plot:
         profiles.plot(doc, args.plot)
         print(f"plot written to {args.plot}")
@@ -111,28 +116,39 @@ def build_parser() -> argparse.ArgumentParser:
     from torch_emugpu.cli import train
     from torch_emugpu.measure import calibrate, profiler
 
-    p = sub.add_parser("train", help="run an emulated training job and print its summary",
-                       description=train.__doc__)
+    p = sub.add_parser("train", help="run an emulated training job and print its summary", description=train.__doc__)
     train.add_arguments(p)
     p.set_defaults(func=_train)
 
     from torch_emugpu.cli import explain
 
-    ex = sub.add_parser("explain", help="per op family, what the cost model charges a model's training iteration",
-                        description=explain.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ex = sub.add_parser(
+        "explain",
+        help="per op family, what the cost model charges a model's training iteration",
+        description=explain.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     explain.add_arguments(ex)
     ex.set_defaults(func=_explain)
 
     g = sub.add_parser("gpus", help="list the GPUs that can be emulated")
     g.set_defaults(func=_gpus)
 
-    pr = sub.add_parser("profile", help="measure profiles on a real GPU (or the CPU) and write them",
-                        description=profiler.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pr = sub.add_parser(
+        "profile",
+        help="measure profiles on a real GPU (or the CPU) and write them",
+        description=profiler.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     profiler.add_arguments(pr)
     pr.set_defaults(func=_profile)
 
-    ca = sub.add_parser("calibrate", help="measure a microbenchmark sweep on a real GPU for the per-op cost model",
-                        description=calibrate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ca = sub.add_parser(
+        "calibrate",
+        help="measure a microbenchmark sweep on a real GPU for the per-op cost model",
+        description=calibrate.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     calibrate.add_arguments(ca)
     ca.set_defaults(func=_calibrate)
 
@@ -156,8 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     ds = sub.add_parser("dataset", help="make or check an image dataset (ImageFolder layout)")
     dsub = ds.add_subparsers(dest="action", required=True, metavar="ACTION")
     mk = dsub.add_parser("make", help="write generated JPEGs: DIR/<class>/<index>.JPEG, then DIR/dataset.json")
-    mk.add_argument("kind", help="imagenet-like (pixel and file sizes like ImageNet-1k's training set) "
-                                 "or fixed (every image --size WxH)")
+    mk.add_argument(
+        "kind",
+        help="imagenet-like (pixel and file sizes like ImageNet-1k's training set) or fixed (every image --size WxH)",
+    )
     mk.add_argument("dir", help="output directory (new or empty)")
     mk.add_argument("--images", type=int, required=True, help="number of images")
     mk.add_argument("--classes", type=int, default=None, help="number of classes (default 100, at most --images)")

@@ -24,13 +24,14 @@ from torch_emugpu.device.cost_report import cost_report, kernel_params, reset_co
 
 def format_cost_report(rows: list[dict[str, Any]], per: int = 1) -> str:
     """A table of cost_report() rows; times divided by `per` (e.g. iterations)."""
-    head = (f"{'family':<34} {'kernels':>8} {'time ms':>9} {'share':>6} {'TFLOP/s':>8} {'GB/s':>8} "
-            f"{'of peak':>8}  bound")
+    head = f"{'family':<34} {'kernels':>8} {'time ms':>9} {'share':>6} {'TFLOP/s':>8} {'GB/s':>8} {'of peak':>8}  bound"
     lines = [head, "-" * len(head)]
     for r in rows:
         peak = r["compute_of_peak"] if r["bound"] == "compute" else r["memory_of_peak"]
-        lines.append(f"{r['family']:<34} {r['kernels'] // per:>8} {r['time_s'] * 1e3 / per:>9.3f} "
-                     f"{r['share']:>6.1%} {r['tflops']:>8.2f} {r['gbps']:>8.1f} {peak:>8.1%}  {r['bound']}")
+        lines.append(
+            f"{r['family']:<34} {r['kernels'] // per:>8} {r['time_s'] * 1e3 / per:>9.3f} "
+            f"{r['share']:>6.1%} {r['tflops']:>8.2f} {r['gbps']:>8.1f} {peak:>8.1%}  {r['bound']}"
+        )
     total = sum(r["time_s"] for r in rows)
     lines.append(f"{'total':<34} {sum(r['kernels'] for r in rows) // per:>8} {total * 1e3 / per:>9.3f}")
     return "\n".join(lines)
@@ -41,8 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, help="the emulated GPU (default: EMUGPU_GPU or the catalog's default)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
     p.add_argument("--seq-len", type=int, default=512, help="sequence length for gpt2 (default 512)")
-    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
-                   help="autocast dtype (default none: float32)")
+    p.add_argument(
+        "--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast dtype (default none: float32)"
+    )
     p.add_argument("--iterations", type=int, default=2, help="training iterations measured (default 2)")
 
 
@@ -64,6 +66,7 @@ def _model_and_step(args: argparse.Namespace, device: torch.device):  # type: ig
 
         def loss_fn() -> torch.Tensor:
             return torch.nn.functional.cross_entropy(net(x), y)
+
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
 
     def step() -> None:
@@ -98,12 +101,15 @@ def main(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     rows = cost_report()
     busy = torch.emugpu.engine_stats()["compute_busy_s"]
-    print(f"{args.model}, batch {args.batch_size}, {args.amp if args.amp != 'none' else 'float32'}, on "
-          f"{torch.emugpu.get_device_name()} (cost model only), per training iteration (AdamW):")
+    print(
+        f"{args.model}, batch {args.batch_size}, {args.amp if args.amp != 'none' else 'float32'}, on "
+        f"{torch.emugpu.get_device_name()} (cost model only), per training iteration (AdamW):"
+    )
     print(format_cost_report(rows, per=args.iterations))
     params = kernel_params()
-    print(f"kernel parameters: {params.pop('source')} ("
-          + ", ".join(f"{k} {v:.3g}" for k, v in params.items()) + ")")
-    print(f"compute engine busy {busy * 1e3 / args.iterations:.3f} ms per iteration; "
-          f"host wall {wall * 1e3 / args.iterations:.1f} ms per iteration here")
+    print(f"kernel parameters: {params.pop('source')} (" + ", ".join(f"{k} {v:.3g}" for k, v in params.items()) + ")")
+    print(
+        f"compute engine busy {busy * 1e3 / args.iterations:.3f} ms per iteration; "
+        f"host wall {wall * 1e3 / args.iterations:.1f} ms per iteration here"
+    )
     return 0

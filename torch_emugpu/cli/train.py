@@ -99,8 +99,7 @@ def run(
     times: list[float] = []
     _C._reset_engine_stats(0)
     start = time.perf_counter()
-    bar = tqdm(range(iterations), desc=f"{model} on {torch.emugpu.get_device_name()}", unit="it",
-               disable=not progress)
+    bar = tqdm(range(iterations), desc=f"{model} on {torch.emugpu.get_device_name()}", unit="it", disable=not progress)
     for _ in bar:
         t0 = time.perf_counter()
         step()
@@ -112,35 +111,47 @@ def run(
     blocked = stats["host_blocked_ns"] / 1e9
     median = statistics.median(times)
     return TrainResult(
-        model=model, gpu=torch.emugpu.get_device_name(), batch_size=batch_size, iterations=iterations,
-        iteration_s=median, gpu_busy_s=busy, host_overhead_s=(total - blocked) / iterations,
-        peak_memory=torch.emugpu.max_memory_allocated(), samples_per_s=batch_size / median,
+        model=model,
+        gpu=torch.emugpu.get_device_name(),
+        batch_size=batch_size,
+        iterations=iterations,
+        iteration_s=median,
+        gpu_busy_s=busy,
+        host_overhead_s=(total - blocked) / iterations,
+        peak_memory=torch.emugpu.max_memory_allocated(),
+        samples_per_s=batch_size / median,
     )
 
 
 def summary(r: TrainResult) -> str:
-    return "\n".join([
-        f"model              {r.model} (batch {r.batch_size}, {r.iterations} iterations)",
-        f"emulated GPU       {r.gpu}",
-        f"iteration time     {r.iteration_s * 1e3:.2f} ms (median wall time)",
-        f"throughput         {r.samples_per_s:.1f} samples/s",
-        f"GPU busy           {r.gpu_busy_s * 1e3:.2f} ms per iteration (emulated compute engine)",
-        f"host overhead      {r.host_overhead_s * 1e3:.2f} ms per iteration "
-        f"({r.host_overhead_s / max(r.iteration_s, 1e-12):.1%} of the iteration)",
-        f"peak memory        {r.peak_memory / 2**30:.2f} GiB (max_memory_allocated)",
-    ])
+    return "\n".join(
+        [
+            f"model              {r.model} (batch {r.batch_size}, {r.iterations} iterations)",
+            f"emulated GPU       {r.gpu}",
+            f"iteration time     {r.iteration_s * 1e3:.2f} ms (median wall time)",
+            f"throughput         {r.samples_per_s:.1f} samples/s",
+            f"GPU busy           {r.gpu_busy_s * 1e3:.2f} ms per iteration (emulated compute engine)",
+            f"host overhead      {r.host_overhead_s * 1e3:.2f} ms per iteration "
+            f"({r.host_overhead_s / max(r.iteration_s, 1e-12):.1%} of the iteration)",
+            f"peak memory        {r.peak_memory / 2**30:.2f} GiB (max_memory_allocated)",
+        ]
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="resnet50", help="torchvision classifier name or gpt2 (default: resnet50)")
-    p.add_argument("--gpu", default=None, help="emulated GPU, e.g. v100, A100-SXM4-80GB, h100 (default: "
-                   "EMUGPU_GPU or NVIDIA A100-SXM4-40GB)")
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help="emulated GPU, e.g. v100, A100-SXM4-80GB, h100 (default: EMUGPU_GPU or NVIDIA A100-SXM4-40GB)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="samples per iteration (default: 64)")
     p.add_argument("--iterations", type=int, default=20, help="measured iterations (default: 20)")
     p.add_argument("--warmup", type=int, default=3, help="iterations before measuring (default: 3)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="default: sgd")
-    p.add_argument("--amp", choices=("none", "fp16", "bf16"), default="none",
-                   help="autocast dtype (default: none, fp32)")
+    p.add_argument(
+        "--amp", choices=("none", "fp16", "bf16"), default="none", help="autocast dtype (default: none, fp32)"
+    )
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample for gpt2 (default: 1024)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     from torch_emugpu.data import data_train
@@ -153,9 +164,17 @@ def main(args: argparse.Namespace) -> int:
         from torch_emugpu.data import data_train
 
         return data_train.main(args)
-    r = run(model=args.model, gpu=args.gpu, batch_size=args.batch_size, iterations=args.iterations,
-            warmup=args.warmup, optimizer=args.optimizer, amp=args.amp, seq_len=args.seq_len,
-            progress=not args.no_progress)
+    r = run(
+        model=args.model,
+        gpu=args.gpu,
+        batch_size=args.batch_size,
+        iterations=args.iterations,
+        warmup=args.warmup,
+        optimizer=args.optimizer,
+        amp=args.amp,
+        seq_len=args.seq_len,
+        progress=not args.no_progress,
+    )
     print(summary(r))
     return 0
 

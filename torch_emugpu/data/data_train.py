@@ -97,30 +97,46 @@ def _check(workers: int, cache_fraction: float, epochs: int, batch_size: int) ->
         raise ValueError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
 
 
-def _loader(found: datasets.Scan, batch_size: int, workers: int, pin: bool, gpu_prep: bool,
-            limit: int | None, seed: int) -> tuple[torch.utils.data.DataLoader, datasets.ImageFiles]:
+def _loader(
+    found: datasets.Scan, batch_size: int, workers: int, pin: bool, gpu_prep: bool, limit: int | None, seed: int
+) -> tuple[torch.utils.data.DataLoader, datasets.ImageFiles]:
     from torchvision.transforms import v2 as T
 
     if gpu_prep:
         ds = datasets.ImageFiles(found, decode="bytes")
         collate = datasets.collate_bytes
     else:
-        tf = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor(),
-                        T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)])
+        tf = T.Compose(
+            [
+                T.RandomResizedCrop(224, antialias=True),
+                T.RandomHorizontalFlip(),
+                T.PILToTensor(),
+                T.ToDtype(torch.float32, scale=True),
+                T.Normalize(MEAN, STD),
+            ]
+        )
         ds = datasets.ImageFiles(found, transform=tf)
         collate = None
     data: torch.utils.data.Dataset = ds
     if limit is not None:
         data = torch.utils.data.Subset(ds, range(min(limit, len(ds))))
     loader = torch.utils.data.DataLoader(
-        data, batch_size=batch_size, shuffle=True, num_workers=workers, pin_memory=pin and not gpu_prep,
-        drop_last=True, collate_fn=collate, prefetch_factor=2 if workers else None,
-        generator=torch.Generator().manual_seed(seed))
+        data,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=pin and not gpu_prep,
+        drop_last=True,
+        collate_fn=collate,
+        prefetch_factor=2 if workers else None,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return loader, ds
 
 
-def _gpu_iteration(net: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, batch_size: int,
-                   iterations: int = 5) -> float:
+def _gpu_iteration(
+    net: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, batch_size: int, iterations: int = 5
+) -> float:
     """Seconds per iteration with the batch already on the device."""
     x = torch.randn(batch_size, 3, 224, 224, device=device)
     y = torch.randint(0, 1000, (batch_size,), device=device)
@@ -160,9 +176,21 @@ def _pipeline_rate(loader: torch.utils.data.DataLoader, batches: int, warmup: in
     return n / elapsed if elapsed > 0 else float("nan")
 
 
-def _epoch(label: str, loader: torch.utils.data.DataLoader, net: torch.nn.Module, opt: torch.optim.Optimizer,
-           device: torch.device, pin: bool, gpu_prep: bool, gpu_iteration_s: float, cached: float,
-           note: str | None, seed: int, progress: bool, record: bool) -> EpochReport:
+def _epoch(
+    label: str,
+    loader: torch.utils.data.DataLoader,
+    net: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    device: torch.device,
+    pin: bool,
+    gpu_prep: bool,
+    gpu_iteration_s: float,
+    cached: float,
+    note: str | None,
+    seed: int,
+    progress: bool,
+    record: bool,
+) -> EpochReport:
     from tqdm import tqdm
 
     gen = torch.Generator().manual_seed(seed)
@@ -215,29 +243,48 @@ def _epoch(label: str, loader: torch.utils.data.DataLoader, net: torch.nn.Module
         ms = 1e-3
         timeline["waiting for data"] = [(a, b - a) for a, b, *_ in marks]
         timeline["copies" if not gpu_prep else "decode and copies"] = [
-            (start_event.elapsed_time(c0) * ms, (c0.elapsed_time(c1)) * ms) for *_, c0, c1, _ in marks]
-        timeline["GPU compute"] = [(start_event.elapsed_time(c1) * ms, c1.elapsed_time(d) * ms)
-                                   for *_, c1, d in marks]
+            (start_event.elapsed_time(c0) * ms, (c0.elapsed_time(c1)) * ms) for *_, c0, c1, _ in marks
+        ]
+        timeline["GPU compute"] = [(start_event.elapsed_time(c1) * ms, c1.elapsed_time(d) * ms) for *_, c1, d in marks]
     return EpochReport(
-        label=label, images=images, epoch_s=epoch_s,
+        label=label,
+        images=images,
+        epoch_s=epoch_s,
         gpu_busy_s=(after["compute"][1] - before["compute"][1]) / 1e9,
         gpu_needed_s=iterations * gpu_iteration_s,
         transfer_s=(after["h2d"][1] - before["h2d"][1]) / 1e9,
-        data_wait_s=waited, cached_fraction=cached, cache_note=note,
-        peak_bytes=torch.emugpu.max_memory_allocated(), timeline=timeline)
+        data_wait_s=waited,
+        cached_fraction=cached,
+        cache_note=note,
+        peak_bytes=torch.emugpu.max_memory_allocated(),
+        timeline=timeline,
+    )
 
 
-def run(data: str | os.PathLike[str], model: str = "resnet50", gpu: str | None = None, batch_size: int = 64,
-        epochs: int = 1, workers: int = 4, pin_memory: bool = True, cache_fraction: float = 1.0,
-        gpu_preprocessing: bool = False, limit: int | None = None, seed: int = 0, timeline: str | None = None,
-        progress: bool = True) -> DataTrainResult:
+def run(
+    data: str | os.PathLike[str],
+    model: str = "resnet50",
+    gpu: str | None = None,
+    batch_size: int = 64,
+    epochs: int = 1,
+    workers: int = 4,
+    pin_memory: bool = True,
+    cache_fraction: float = 1.0,
+    gpu_preprocessing: bool = False,
+    limit: int | None = None,
+    seed: int = 0,
+    timeline: str | None = None,
+    progress: bool = True,
+) -> DataTrainResult:
     _check(workers, cache_fraction, epochs, batch_size)
     import torchvision
 
     known = torchvision.models.list_models(module=torchvision.models)
     if model not in known:
-        raise ValueError(f"--data trains image classifiers: expected a torchvision classification model "
-                         f"(e.g. resnet50), got {model!r}; known: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"--data trains image classifiers: expected a torchvision classification model "
+            f"(e.g. resnet50), got {model!r}; known: {', '.join(sorted(known))}"
+        )
     found = datasets.scan(data)
     torch_emugpu.configure(gpu=gpu)
     device = torch.device("emugpu", 0)
@@ -246,23 +293,38 @@ def run(data: str | os.PathLike[str], model: str = "resnet50", gpu: str | None =
     gpu_s = _gpu_iteration(net, opt, device, batch_size)
     loader, ds = _loader(found, batch_size, workers, pin_memory, gpu_preprocessing, limit, seed)
     if len(loader) == 0:
-        raise ValueError(f"{found.root} holds {len(found.files)} usable images, fewer than one batch of "
-                         f"{batch_size}; use a smaller --batch-size or more images")
+        raise ValueError(
+            f"{found.root} holds {len(found.files)} usable images, fewer than one batch of "
+            f"{batch_size}; use a smaller --batch-size or more images"
+        )
     paths = [p for p, _ in found.files][:limit]
     datasets.set_page_cache(paths, 1.0)
     warmup = min(max(1, workers), max(1, len(loader) // 4))
     rate = _pipeline_rate(loader, batches=min(len(loader) - warmup, max(16, 2 * workers)), warmup=warmup)
-    common = dict(net=net, opt=opt, device=device, pin=pin_memory, gpu_prep=gpu_preprocessing,
-                  gpu_iteration_s=gpu_s, progress=progress)
+    common = dict(
+        net=net,
+        opt=opt,
+        device=device,
+        pin=pin_memory,
+        gpu_prep=gpu_preprocessing,
+        gpu_iteration_s=gpu_s,
+        progress=progress,
+    )
     baseline = None
     if cache_fraction < 1.0:
-        baseline = _epoch("baseline (all cached)", loader, cached=1.0, note=None, seed=seed, record=False,
-                          **common)
+        baseline = _epoch("baseline (all cached)", loader, cached=1.0, note=None, seed=seed, record=False, **common)
     reports = []
     for e in range(epochs):
         cached, note = datasets.set_page_cache(paths, cache_fraction, seed=seed)
-        r = _epoch(f"epoch {e + 1}/{epochs}", loader, cached=cached, note=note, seed=seed + e + 1,
-                   record=timeline is not None and e == epochs - 1, **common)
+        r = _epoch(
+            f"epoch {e + 1}/{epochs}",
+            loader,
+            cached=cached,
+            note=note,
+            seed=seed + e + 1,
+            record=timeline is not None and e == epochs - 1,
+            **common,
+        )
         base = baseline or r  # all cached: the epoch is its own baseline, and nothing is fetched
         r.prep_stall_s = base.data_stall_s
         r.fetch_stall_s = max(0.0, r.data_stall_s - base.data_stall_s)
@@ -270,10 +332,19 @@ def run(data: str | os.PathLike[str], model: str = "resnet50", gpu: str | None =
     if timeline:
         plot_timeline(reports[-1], timeline, f"{model} on {torch.emugpu.get_device_name()}")
     return DataTrainResult(
-        model=model, gpu=torch.emugpu.get_device_name(), batch_size=batch_size, workers=workers,
-        pin_memory=pin_memory, gpu_preprocessing=gpu_preprocessing, gpu_iteration_s=gpu_s,
-        pipeline_images_per_s=rate, baseline=baseline, epochs=reports, skipped_files=len(found.skipped),
-        failed_files=ds.failed_count)
+        model=model,
+        gpu=torch.emugpu.get_device_name(),
+        batch_size=batch_size,
+        workers=workers,
+        pin_memory=pin_memory,
+        gpu_preprocessing=gpu_preprocessing,
+        gpu_iteration_s=gpu_s,
+        pipeline_images_per_s=rate,
+        baseline=baseline,
+        epochs=reports,
+        skipped_files=len(found.skipped),
+        failed_files=ds.failed_count,
+    )
 
 
 def plot_timeline(r: EpochReport, path: str, title: str) -> None:
@@ -315,8 +386,10 @@ def summary(res: DataTrainResult) -> str:
             f"  GPU busy {r.gpu_busy_s / r.epoch_s:.1%}, AU {r.au:.1%} (MLPerf Storage: compute time / epoch time)",
         ]
         if r is not res.baseline:
-            lines.append(f"  stalls: fetch {r.fetch_stall_s:.2f} s, preprocessing {r.prep_stall_s:.2f} s, "
-                         f"transfer {r.transfer_s:.2f} s; waited for batches {r.data_wait_s:.2f} s")
+            lines.append(
+                f"  stalls: fetch {r.fetch_stall_s:.2f} s, preprocessing {r.prep_stall_s:.2f} s, "
+                f"transfer {r.transfer_s:.2f} s; waited for batches {r.data_wait_s:.2f} s"
+            )
         lines.append(f"  peak device memory {r.peak_bytes / 2**30:.2f} GiB")
         if r.cache_note:
             lines.append(f"  note: {r.cache_note}")
@@ -324,27 +397,51 @@ def summary(res: DataTrainResult) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default=None, metavar="DIR",
-                   help="train on this image folder (DIR/<class>/<image>) through a DataLoader and report the "
-                        "data stalls; without it, synthetic batches")
+    p.add_argument(
+        "--data",
+        default=None,
+        metavar="DIR",
+        help="train on this image folder (DIR/<class>/<image>) through a DataLoader and report the "
+        "data stalls; without it, synthetic batches",
+    )
     p.add_argument("--epochs", type=int, default=1, help="epochs over --data (default 1)")
     p.add_argument("--workers", type=int, default=4, help="DataLoader worker processes for --data (default 4)")
-    p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=True,
-                   help="pin the loader's batches and copy them with non_blocking=True (default: on)")
-    p.add_argument("--cache-fraction", type=float, default=1.0,
-                   help="fraction of --data kept in the page cache, the rest dropped before each epoch "
-                        "(default 1: all cached)")
-    p.add_argument("--gpu-preprocessing", action="store_true",
-                   help="workers only read the files; decode (nvJPEG), crop, flip and normalize on the GPU")
+    p.add_argument(
+        "--pin-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin the loader's batches and copy them with non_blocking=True (default: on)",
+    )
+    p.add_argument(
+        "--cache-fraction",
+        type=float,
+        default=1.0,
+        help="fraction of --data kept in the page cache, the rest dropped before each epoch (default 1: all cached)",
+    )
+    p.add_argument(
+        "--gpu-preprocessing",
+        action="store_true",
+        help="workers only read the files; decode (nvJPEG), crop, flip and normalize on the GPU",
+    )
     p.add_argument("--limit", type=int, default=None, help="use at most this many images of --data")
     p.add_argument("--timeline", default=None, metavar="PNG", help="draw the last epoch's timeline (matplotlib)")
 
 
 def main(args: argparse.Namespace) -> int:
-    res = run(args.data, model=args.model, gpu=args.gpu, batch_size=args.batch_size, epochs=args.epochs,
-              workers=args.workers, pin_memory=args.pin_memory, cache_fraction=args.cache_fraction,
-              gpu_preprocessing=args.gpu_preprocessing, limit=args.limit, timeline=args.timeline,
-              progress=not args.no_progress)
+    res = run(
+        args.data,
+        model=args.model,
+        gpu=args.gpu,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        workers=args.workers,
+        pin_memory=args.pin_memory,
+        cache_fraction=args.cache_fraction,
+        gpu_preprocessing=args.gpu_preprocessing,
+        limit=args.limit,
+        timeline=args.timeline,
+        progress=not args.no_progress,
+    )
     print(summary(res))
     if args.timeline:
         print(f"timeline written to {args.timeline}")

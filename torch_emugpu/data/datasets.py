@@ -149,9 +149,17 @@ def class_names(count: int) -> list[str]:
     return [f"class{k:0{digits}d}" for k in range(count)]
 
 
-def make(kind: str, root: str | os.PathLike[str], images: int, classes: int | None = None, seed: int = 0,
-         jobs: int | None = None, size: str | tuple[int, int] | None = None, quality: int = 90,
-         progress: bool = True) -> dict[str, Any]:
+def make(
+    kind: str,
+    root: str | os.PathLike[str],
+    images: int,
+    classes: int | None = None,
+    seed: int = 0,
+    jobs: int | None = None,
+    size: str | tuple[int, int] | None = None,
+    quality: int = 90,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Writes a dataset of `images` JPEGs under `root`; returns its manifest (dataset.json) and elapsed_s."""
     if kind not in KINDS:
         raise ValueError(f"unknown dataset kind {kind!r}; choose one of: {', '.join(KINDS)}")
@@ -181,8 +189,10 @@ def make(kind: str, root: str | os.PathLike[str], images: int, classes: int | No
             raise ValueError(f"{out} is a file; expected a new or empty directory for the dataset")
         entries = sorted(p.name for p in out.iterdir())
         if entries:
-            raise ValueError(f"{out} exists and is not empty ({len(entries)} entries, e.g. {entries[0]}); "
-                             "choose a new directory or empty this one")
+            raise ValueError(
+                f"{out} exists and is not empty ({len(entries)} entries, e.g. {entries[0]}); "
+                "choose a new directory or empty this one"
+            )
     names = class_names(classes)
     for name in names:
         (out / name).mkdir(parents=True, exist_ok=True)
@@ -300,8 +310,10 @@ def scan(root: str | os.PathLike[str]) -> Scan:
     """Lists the usable images under ``root/<class>/`` (see the module docstring)."""
     top = Path(root)
     if not top.exists():
-        raise FileNotFoundError(f"dataset directory {top} does not exist; expected {LAYOUT}; make one with "
-                                f"`torch-emugpu dataset make imagenet-like {top} --images N`")
+        raise FileNotFoundError(
+            f"dataset directory {top} does not exist; expected {LAYOUT}; make one with "
+            f"`torch-emugpu dataset make imagenet-like {top} --images N`"
+        )
     if not top.is_dir():
         raise ValueError(f"{top} is a file; expected a dataset directory: {LAYOUT}")
     files: list[tuple[Path, int]] = []
@@ -409,16 +421,24 @@ class ImageFiles(torch.utils.data.Dataset):
     `CorruptImageError` (see the module docstring).
     """
 
-    def __init__(self, scan: Scan, transform: Callable[[Any], Any] | None = None, decode: str = "pil",
-                 strict: bool = False, target_transform: Callable[[int], Any] | None = None) -> None:
+    def __init__(
+        self,
+        scan: Scan,
+        transform: Callable[[Any], Any] | None = None,
+        decode: str = "pil",
+        strict: bool = False,
+        target_transform: Callable[[int], Any] | None = None,
+    ) -> None:
         if decode not in DECODERS:
             raise ValueError(f"decode must be one of {', '.join(DECODERS)}, got {decode!r}")
         if not scan.files:
             raise ValueError(f"the scan of {scan.root} holds no images; expected {LAYOUT}")
         if strict and scan.skipped:
             path, reason = scan.skipped[0]
-            raise CorruptImageError(f"{path}: {reason} ({len(scan.skipped)} unusable files under {scan.root}); "
-                                    "remove them, or pass strict=False to skip them")
+            raise CorruptImageError(
+                f"{path}: {reason} ({len(scan.skipped)} unusable files under {scan.root}); "
+                "remove them, or pass strict=False to skip them"
+            )
         self.root = scan.root
         self.samples = scan.files
         self.classes = scan.class_names
@@ -449,17 +469,23 @@ class ImageFiles(torch.utils.data.Dataset):
                 raise
             except Exception as err:  # noqa: BLE001  (any decoder error means this file is unusable)
                 if self.strict:
-                    raise CorruptImageError(f"{path}: cannot decode ({type(err).__name__}: {err}); remove or "
-                                            "replace it, or pass strict=False to skip it") from err
+                    raise CorruptImageError(
+                        f"{path}: cannot decode ({type(err).__name__}: {err}); remove or "
+                        "replace it, or pass strict=False to skip it"
+                    ) from err
                 self._failed[j] = 1
-                warnings.warn(f"{path}: cannot decode ({type(err).__name__}: {err}); using the next image "
-                              "instead", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"{path}: cannot decode ({type(err).__name__}: {err}); using the next image instead",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 continue
             if self.transform is not None:
                 image = self.transform(image)
             return image, (self.target_transform(target) if self.target_transform is not None else target)
-        raise CorruptImageError(f"none of the {n} images under {self.root} decodes; "
-                                f"run `torch-emugpu dataset check {self.root} --decode`")
+        raise CorruptImageError(
+            f"none of the {n} images under {self.root} decodes; run `torch-emugpu dataset check {self.root} --decode`"
+        )
 
     def failed(self) -> list[Path]:
         """Files that failed to decode so far, in this process or any DataLoader worker."""
@@ -498,17 +524,30 @@ def _mb(n: float) -> str:
 
 def main(args: Any) -> int:
     if args.action == "make":
-        m = make(args.kind, args.dir, args.images, classes=args.classes, seed=args.seed, jobs=args.jobs,
-                 size=args.size, quality=args.quality, progress=not args.no_progress)
+        m = make(
+            args.kind,
+            args.dir,
+            args.images,
+            classes=args.classes,
+            seed=args.seed,
+            jobs=args.jobs,
+            size=args.size,
+            quality=args.quality,
+            progress=not args.no_progress,
+        )
         rate = m["count"] / m["elapsed_s"] if m["elapsed_s"] > 0 else float("inf")
-        print(f"wrote {m['count']} images in {m['classes']} classes to {args.dir}: {_mb(m['total_bytes'])}, "
-              f"mean {m['mean_width']:.0f}x{m['mean_height']:.0f} pixels, {m['mean_bytes'] / 1e3:.1f} KB per image "
-              f"({m['elapsed_s']:.1f} s, {rate:.0f} images/s)")
+        print(
+            f"wrote {m['count']} images in {m['classes']} classes to {args.dir}: {_mb(m['total_bytes'])}, "
+            f"mean {m['mean_width']:.0f}x{m['mean_height']:.0f} pixels, {m['mean_bytes'] / 1e3:.1f} KB per image "
+            f"({m['elapsed_s']:.1f} s, {rate:.0f} images/s)"
+        )
         return 0
     found = scan(args.dir)
     n = len(found.files)
-    print(f"{found.root}: {n} images in {len(found.class_names)} classes, {_mb(found.total_bytes)} "
-          f"({found.total_bytes / n / 1e3:.1f} KB per image)")
+    print(
+        f"{found.root}: {n} images in {len(found.class_names)} classes, {_mb(found.total_bytes)} "
+        f"({found.total_bytes / n / 1e3:.1f} KB per image)"
+    )
     if found.empty_classes:
         print(f"{len(found.empty_classes)} classes without images: {', '.join(found.empty_classes[:10])}")
     m = found.manifest

@@ -39,8 +39,7 @@ from torch_emugpu.measure.images import jpeg_header
 _MODES = {"UNCHANGED": None, "GRAY": 1, "RGB": 3}
 # nvJPEG on the H100 we measured (profiles/NVIDIA_H100_80GB_HBM3/preprocessing.json, batch 128 and 1):
 # per image about 29 us + 113 us / batch of fixed cost and 0.27 ns per pixel.
-_FALLBACK = {"gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "image_s": 29e-6, "call_s": 113e-6,
-             "pixel_s": 0.27e-9}
+_FALLBACK = {"gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "image_s": 29e-6, "call_s": 113e-6, "pixel_s": 0.27e-9}
 
 
 def _mode_channels(mode: Any) -> int | None:
@@ -97,17 +96,23 @@ def decode_seconds(pixels: list[int], device_index: int) -> float:
     if found is None:
         f = _FALLBACK
         scale = f["sm_count"] / sm
-        _warn_once(gpu, f"emugpu: no preprocessing table on the search path; JPEG decoding on {gpu} is timed from "
-                        f"nvJPEG's cost on the {f['gpu']} scaled by SM count ({f['sm_count']} vs {sm})")
+        _warn_once(
+            gpu,
+            f"emugpu: no preprocessing table on the search path; JPEG decoding on {gpu} is timed from "
+            f"nvJPEG's cost on the {f['gpu']} scaled by SM count ({f['sm_count']} vs {sm})",
+        )
         return scale * sum(f["image_s"] + f["call_s"] / batch + f["pixel_s"] * p for p in pixels)
     table, source = found
     scale = 1.0
     if source != gpu:
         other = _C._gpu_properties(source)["multi_processor_count"]
         scale = other / sm
-        _warn_once(gpu, f"emugpu: no preprocessing table for {gpu}; JPEG decoding is timed from the {source}'s "
-                        f"table scaled by SM count ({other} vs {sm}). Measure one with `torch-emugpu profile "
-                        f"--preprocessing` on that GPU")
+        _warn_once(
+            gpu,
+            f"emugpu: no preprocessing table for {gpu}; JPEG decoding is timed from the {source}'s "
+            f"table scaled by SM count ({other} vs {sm}). Measure one with `torch-emugpu profile "
+            f"--preprocessing` on that GPU",
+        )
     sizes = list(table)
     j = min(max(bisect_left(sizes, batch), 1), len(sizes) - 1) if len(sizes) > 1 else 0
     lo, hi = sizes[max(j - 1, 0)], sizes[j]
@@ -138,8 +143,9 @@ def _decode_host(data: torch.Tensor, channels: int | None) -> torch.Tensor:
         return pixels.view(im.height, im.width, -1).permute(2, 0, 1)
 
 
-def decode_jpeg(input: torch.Tensor | list[torch.Tensor], mode: Any = "UNCHANGED",
-                device: str | torch.device = "emugpu") -> torch.Tensor | list[torch.Tensor]:
+def decode_jpeg(
+    input: torch.Tensor | list[torch.Tensor], mode: Any = "UNCHANGED", device: str | torch.device = "emugpu"
+) -> torch.Tensor | list[torch.Tensor]:
     """torchvision.io.decode_jpeg for emugpu: uint8 [C, H, W] tensors on the device, one per input."""
     device = torch.device(device)
     if device.type != "emugpu":
@@ -154,9 +160,11 @@ def decode_jpeg(input: torch.Tensor | list[torch.Tensor], mode: Any = "UNCHANGED
         return []
     for i, d in enumerate(datas):
         if not isinstance(d, torch.Tensor) or d.dtype != torch.uint8 or d.dim() != 1 or d.device.type != "cpu":
-            raise ValueError(f"decode_jpeg: expected 1-D uint8 CPU tensors of JPEG bytes, got input {i} as "
-                             f"{type(d).__name__}" + (f" {d.dtype} {list(d.shape)} on {d.device}"
-                                                      if isinstance(d, torch.Tensor) else ""))
+            raise ValueError(
+                f"decode_jpeg: expected 1-D uint8 CPU tensors of JPEG bytes, got input {i} as "
+                f"{type(d).__name__}"
+                + (f" {d.dtype} {list(d.shape)} on {d.device}" if isinstance(d, torch.Tensor) else "")
+            )
     want = _mode_channels(mode)
     index = device.index if device.index is not None else torch.emugpu.current_device()
     headers = [jpeg_header(d) for d in datas]
@@ -176,8 +184,9 @@ def decode_jpeg(input: torch.Tensor | list[torch.Tensor], mode: Any = "UNCHANGED
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def train_batch_on_device(datas: list[torch.Tensor], device: torch.device, size: int = 224,
-                          generator: torch.Generator | None = None) -> torch.Tensor:
+def train_batch_on_device(
+    datas: list[torch.Tensor], device: torch.device, size: int = 224, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """torchvision's ImageNet training recipe on the device (as DALI runs it): decode, random-resized crop,
     horizontal flip with probability 1/2, scale to [0, 1] and normalize; one float32 [N, 3, size, size] batch."""
     from torchvision.transforms.v2 import RandomResizedCrop

@@ -39,7 +39,9 @@ def index(device: DeviceLike = None) -> int:
     if isinstance(device, int):
         n = int(_C._device_count())
         if not 0 <= device < n:
-            raise IndexError(f"emugpu device index out of range: expected 0 <= index < {n}, got {device};"
-                             " set EMUGPU_DEVICE_COUNT for more devices")
+            raise IndexError(
+                f"emugpu device index out of range: expected 0 <= index < {n}, got {device};"
+                " set EMUGPU_DEVICE_COUNT for more devices"
+            )
         return device
     raise TypeError(f"expected a device, a device string or an index, got {type(device).__name__}")

@@ -18,8 +18,10 @@ except ImportError as _error:  # the measuring tools work without it
 else:
     ERROR = None
 
-BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
-              "the profiler and importers work without it")
+BUILD_HINT = (
+    "build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
+    "the profiler and importers work without it"
+)
 
 
 def require() -> None:

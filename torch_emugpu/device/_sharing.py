@@ -62,8 +62,17 @@ def _rebuild_empty_storage(device: int) -> torch.UntypedStorage:
     return torch.UntypedStorage(0, device=torch.device("emugpu", device))
 
 
-def _rebuild_storage(dup_fd: Any, owned: bool, map_offset: int, map_length: int, data_offset: int, nbytes: int,
-                     device: int, materialized: bool, ready_ns: int) -> torch.UntypedStorage:
+def _rebuild_storage(
+    dup_fd: Any,
+    owned: bool,
+    map_offset: int,
+    map_length: int,
+    data_offset: int,
+    nbytes: int,
+    device: int,
+    materialized: bool,
+    ready_ns: int,
+) -> torch.UntypedStorage:
     fd = dup_fd.detach()
     try:
         key = _key(fd, map_offset + data_offset, nbytes)
@@ -71,8 +80,9 @@ def _rebuild_storage(dup_fd: Any, owned: bool, map_offset: int, map_length: int,
         if storage is not None:
             _C._refresh_shared_storage(storage, materialized, ready_ns)
             return storage
-        storage = _C._open_shared_storage(fd, map_offset, map_length, data_offset, nbytes, device, materialized,
-                                          ready_ns)
+        storage = _C._open_shared_storage(
+            fd, map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns
+        )
         _open_storages[key] = StorageWeakRef(storage)
         return storage
     finally:
@@ -85,12 +95,21 @@ def _reduce_emugpu_storage(storage: torch.UntypedStorage) -> tuple[Any, ...]:
         return (_rebuild_empty_storage, (storage.device.index,))
     fd, map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns = _C._share_storage(storage)
     _open_storages[_key(fd, map_offset + data_offset, nbytes)] = StorageWeakRef(storage)
-    return (_rebuild_storage, (*_send_fd(fd), map_offset, map_length, data_offset, nbytes, device, materialized,
-                               ready_ns))
+    return (
+        _rebuild_storage,
+        (*_send_fd(fd), map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns),
+    )
 
 
-def _rebuild_tensor(cls: type, storage: torch.UntypedStorage, dtype: torch.dtype, storage_offset: int,
-                    size: tuple[int, ...], stride: tuple[int, ...], requires_grad: bool) -> torch.Tensor:
+def _rebuild_tensor(
+    cls: type,
+    storage: torch.UntypedStorage,
+    dtype: torch.dtype,
+    storage_offset: int,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+) -> torch.Tensor:
     t = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, storage_offset, size, stride)
     if cls is torch.nn.parameter.Parameter:
         # Integer parameters must get requires_grad=False in the constructor.
@@ -105,11 +124,22 @@ def _reduce_emugpu_tensor(tensor: torch.Tensor) -> tuple[Any, ...]:
             "Cowardly refusing to serialize non-leaf tensor which requires_grad, "
             "since autograd does not support crossing process boundaries.  "
             "If you just want to transfer the data, call detach() on the tensor "
-            "before serializing (e.g., putting it on the queue).")
+            "before serializing (e.g., putting it on the queue)."
+        )
     torch.utils.hooks.warn_if_has_hooks(tensor)
     # The storage is pickled on its own (by _reduce_emugpu_storage), once per message.
-    return (_rebuild_tensor, (type(tensor), tensor.untyped_storage(), tensor.dtype, tensor.storage_offset(),
-                              tuple(tensor.size()), tuple(tensor.stride()), tensor.requires_grad))
+    return (
+        _rebuild_tensor,
+        (
+            type(tensor),
+            tensor.untyped_storage(),
+            tensor.dtype,
+            tensor.storage_offset(),
+            tuple(tensor.size()),
+            tuple(tensor.stride()),
+            tensor.requires_grad,
+        ),
+    )
 
 
 def _default_reduce(obj: Any) -> tuple[Any, ...]:

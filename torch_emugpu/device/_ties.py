@@ -33,8 +33,9 @@ def _shared_slots(root: torch.nn.Module) -> dict[int, list[Slot]]:
     return {key: group for key, group in slots.items() if len(group) > 1}
 
 
-def _apply_keeping_ties(self: torch.nn.Module, fn: Callable[[torch.Tensor], torch.Tensor],
-                        recurse: bool = True) -> torch.nn.Module:
+def _apply_keeping_ties(
+    self: torch.nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+) -> torch.nn.Module:
     if getattr(_state, "inside", False) or not recurse:
         return _original_apply(self, fn, recurse)
     shared = _shared_slots(self)

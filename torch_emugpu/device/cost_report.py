@@ -33,13 +33,22 @@ def cost_report(device: int | None = None, reset: bool = False) -> list[dict[str
     rows = []
     for r in raw:
         t = r["time_ns"] or 1
-        rows.append({
-            "family": r["family"], "ops": r["ops"], "kernels": r["kernels"], "time_s": r["time_ns"] / 1e9,
-            "share": r["time_ns"] / total, "tflops": r["flops"] / t / 1e3, "gbps": r["bytes"] / t,
-            "compute_of_peak": r["peak_compute_ns"] / t, "memory_of_peak": r["peak_memory_ns"] / t,
-            "bound": "compute" if 2 * r["compute_bound_ops"] > r["ops"] else "memory",
-            "flops": r["flops"], "bytes": r["bytes"],
-        })
+        rows.append(
+            {
+                "family": r["family"],
+                "ops": r["ops"],
+                "kernels": r["kernels"],
+                "time_s": r["time_ns"] / 1e9,
+                "share": r["time_ns"] / total,
+                "tflops": r["flops"] / t / 1e3,
+                "gbps": r["bytes"] / t,
+                "compute_of_peak": r["peak_compute_ns"] / t,
+                "memory_of_peak": r["peak_memory_ns"] / t,
+                "bound": "compute" if 2 * r["compute_bound_ops"] > r["ops"] else "memory",
+                "flops": r["flops"],
+                "bytes": r["bytes"],
+            }
+        )
     return rows
 
 

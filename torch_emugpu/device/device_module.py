@@ -27,15 +27,50 @@ from torch_emugpu.device.memory import (
 )
 
 __all__ = [
-    "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
-    "device_of", "synchronize", "get_device_name", "get_device_properties", "get_device_capability",
-    "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream",
-    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-    "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache", "mem_get_info",
-    "memory_stats", "memory_summary", "host_memory_stats", "reset_peak_host_memory_stats",
-    "reset_accumulated_host_memory_stats", "manual_seed", "manual_seed_all", "seed", "seed_all",
-    "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
-    "get_amp_supported_dtype", "is_bf16_supported", "utilization", "engine_stats", "reset_engine_stats",
+    "is_available",
+    "is_initialized",
+    "device_count",
+    "current_device",
+    "set_device",
+    "device",
+    "device_of",
+    "synchronize",
+    "get_device_name",
+    "get_device_properties",
+    "get_device_capability",
+    "Stream",
+    "Event",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "stream",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "empty_cache",
+    "mem_get_info",
+    "memory_stats",
+    "memory_summary",
+    "host_memory_stats",
+    "reset_peak_host_memory_stats",
+    "reset_accumulated_host_memory_stats",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "initial_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "get_rng_state_all",
+    "set_rng_state_all",
+    "get_amp_supported_dtype",
+    "is_bf16_supported",
+    "utilization",
+    "engine_stats",
+    "reset_engine_stats",
 ]
 
 _DeviceLike = _devices.DeviceLike
@@ -160,6 +195,7 @@ def reset_engine_stats(device: _DeviceLike = None) -> None:
 
 # --- streams and events ------------------------------------------------------
 
+
 class _EmuGpuKind(type):
     """isinstance() says yes to the torch type on an emugpu device.
 
@@ -191,8 +227,10 @@ class Event(metaclass=_EmuGpuKind):
         cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ) -> torch.Event:
         return torch.Event(
-            device=torch.device("emugpu", current_device()), enable_timing=enable_timing,
-            blocking=blocking, interprocess=interprocess,
+            device=torch.device("emugpu", current_device()),
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
         )
 
 
@@ -229,6 +267,7 @@ def stream(stream: torch.Stream | None) -> Iterator[None]:
 
 
 # --- random numbers ------------------------------------------------------------
+
 
 def _generator(device: _DeviceLike = None) -> torch.Generator:
     return _C._default_generator(_index(device))
@@ -275,6 +314,7 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 
 
 # --- autocast ------------------------------------------------------------------
+
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     """Dtypes torch.autocast("emugpu") may use: fp16 always, bf16 from sm_80 on."""

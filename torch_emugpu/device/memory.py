@@ -111,8 +111,11 @@ def memory_summary(device: _DeviceLike = None, abbreviated: bool = False) -> str
         ("segment", "GPU reserved segments", _format_count),
         ("inactive_split", "Non-releasable allocs", _format_count),
     ]
-    pools = [("all", "")] if abbreviated else [("all", ""), ("large_pool", "      from large pool"),
-                                                 ("small_pool", "      from small pool")]
+    pools = (
+        [("all", "")]
+        if abbreviated
+        else [("all", ""), ("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+    )
     rule = "=" * 75
     thin = "-" * 75
     lines = [

@@ -45,13 +45,16 @@ def _indices(devices: Sequence[_DeviceLike]) -> list[int]:
     return [_get_device_index(d) for d in devices]
 
 
-def broadcast(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None, *,
-              out: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+def broadcast(
+    tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None, *, out: Sequence[torch.Tensor] | None = None
+) -> tuple[torch.Tensor, ...]:
     if not _on_emugpu(tensor, *(out or ())):
         return _original["broadcast"](tensor, devices, out=out)
     if (devices is None) == (out is None):
-        raise RuntimeError(f"broadcast: expected exactly one of 'devices' and 'out', got devices={devices} "
-                           f"and out={'None' if out is None else f'{len(out)} tensors'}")
+        raise RuntimeError(
+            f"broadcast: expected exactly one of 'devices' and 'out', got devices={devices} "
+            f"and out={'None' if out is None else f'{len(out)} tensors'}"
+        )
     if out is not None:
         for o in out:
             o.copy_(tensor)
@@ -60,8 +63,9 @@ def broadcast(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None
     return tuple(tensor if tensor.device == _emu(d) else tensor.to(_emu(d)) for d in _indices(devices))
 
 
-def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[_DeviceLike],
-                        buffer_size: int = 10485760) -> list[list[torch.Tensor]]:
+def broadcast_coalesced(
+    tensors: Sequence[torch.Tensor], devices: Sequence[_DeviceLike], buffer_size: int = 10485760
+) -> list[list[torch.Tensor]]:
     if not _on_emugpu(*tensors):
         return _original["broadcast_coalesced"](tensors, devices, buffer_size)
     indices = _indices(devices)
@@ -80,10 +84,15 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[_Devi
     return [list(_reorder_tensors_as(out, list(tensors))) for out in outputs]
 
 
-def scatter(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None,
-            chunk_sizes: Sequence[int] | None = None, dim: int = 0,
-            streams: Sequence[torch.Stream | None] | None = None, *,
-            out: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+def scatter(
+    tensor: torch.Tensor,
+    devices: Sequence[_DeviceLike] | None = None,
+    chunk_sizes: Sequence[int] | None = None,
+    dim: int = 0,
+    streams: Sequence[torch.Stream | None] | None = None,
+    *,
+    out: Sequence[torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ...]:
     emugpu_target = out is not None and _on_emugpu(*out)
     if devices is not None:
         emugpu_target = torch.accelerator.current_accelerator().type == "emugpu"  # type: ignore[union-attr]
@@ -91,8 +100,10 @@ def scatter(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None,
         return _original["scatter"](tensor, devices, chunk_sizes, dim, streams, out=out)
     if out is not None:
         if devices is not None or chunk_sizes is not None:
-            raise RuntimeError("scatter: 'devices' and 'chunk_sizes' must be None when 'out' is given, got "
-                               f"devices={devices}, chunk_sizes={chunk_sizes}")
+            raise RuntimeError(
+                "scatter: 'devices' and 'chunk_sizes' must be None when 'out' is given, got "
+                f"devices={devices}, chunk_sizes={chunk_sizes}"
+            )
         sizes = [o.size(dim) for o in out]
         for o, part in zip(out, tensor.split(sizes, dim), strict=True):
             o.copy_(part)
@@ -106,11 +117,15 @@ def scatter(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None,
         parts = tensor.chunk(len(indices), dim)
     else:
         if len(chunk_sizes) != len(indices):
-            raise ValueError(f"scatter: expected one chunk size per device ({len(indices)}), got "
-                             f"{len(chunk_sizes)}: {list(chunk_sizes)}")
+            raise ValueError(
+                f"scatter: expected one chunk size per device ({len(indices)}), got "
+                f"{len(chunk_sizes)}: {list(chunk_sizes)}"
+            )
         if sum(chunk_sizes) != tensor.size(dim):
-            raise ValueError(f"scatter: chunk sizes {list(chunk_sizes)} add up to {sum(chunk_sizes)}, expected "
-                             f"the size of dimension {dim}: {tensor.size(dim)}")
+            raise ValueError(
+                f"scatter: chunk sizes {list(chunk_sizes)} add up to {sum(chunk_sizes)}, expected "
+                f"the size of dimension {dim}: {tensor.size(dim)}"
+            )
         parts = tensor.split(list(chunk_sizes), dim)
     results = []
     for i, (part, d) in enumerate(zip(parts, indices[: len(parts)], strict=True)):
@@ -121,15 +136,23 @@ def scatter(tensor: torch.Tensor, devices: Sequence[_DeviceLike] | None = None,
     return tuple(results)
 
 
-def gather(tensors: Sequence[torch.Tensor], dim: int = 0, destination: _DeviceLike | None = None, *,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+def gather(
+    tensors: Sequence[torch.Tensor],
+    dim: int = 0,
+    destination: _DeviceLike | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     if not _on_emugpu(*tensors, *((out,) if out is not None else ())):
         return _original["gather"](tensors, dim, destination, out=out)
     if out is not None and destination is not None:
         raise RuntimeError(f"gather: 'destination' must be None when 'out' is given, got {destination}")
     if out is None:
-        if destination == -1 or destination == "cpu" or (isinstance(destination, torch.device)
-                                                         and destination.type == "cpu"):
+        if (
+            destination == -1
+            or destination == "cpu"
+            or (isinstance(destination, torch.device) and destination.type == "cpu")
+        ):
             where = torch.device("cpu")
         else:
             where = _emu(_get_device_index(destination, optional=True))
@@ -176,7 +199,11 @@ def install() -> None:
     """Routes torch.nn.parallel.comm's CUDA-only functions through these for emugpu tensors."""
     if _original:
         return
-    for name, fn in (("broadcast", broadcast), ("broadcast_coalesced", broadcast_coalesced),
-                     ("scatter", scatter), ("gather", gather)):
+    for name, fn in (
+        ("broadcast", broadcast),
+        ("broadcast_coalesced", broadcast_coalesced),
+        ("scatter", scatter),
+        ("gather", gather),
+    ):
         _original[name] = getattr(comm, name)
         setattr(comm, name, fn)

@@ -74,27 +74,31 @@ ROTATE_BELOW = 64 * 2**20
 ROTATE_TARGET = 128 * 2**20
 MAX_INPUT_SETS = 64  # below ROTATE_TARGET / 64 (2 MiB) the op is launch-bound anyway
 SAVE_EVERY = 20
-CONV_BACKWARD = ("torch.ops.aten.convolution_backward with output_mask (True, False, False) for the input "
-                 "gradient and (False, True, False) for the weight gradient (no bias)")
-AGGREGATION = (f"per point: {WARMUP} warm-up calls, then {SAMPLES} samples, each the mean time of a loop of "
-               f"back-to-back calls lasting at least {MIN_LOOP_S * 1e3:.0f} ms (at most {MAX_REPS} calls; "
-               "CUDA events on CUDA, perf_counter on the CPU); time_s is the median of the samples after dropping "
-               "those more than 3 MADs from the median. Inputs smaller than 64 MiB rotate among input_sets copies "
-               f"(together >= 128 MiB, at most {MAX_INPUT_SETS}) so that L2 does not hold the next call's inputs. "
-               "kernels: GPU kernels of one call from torch.profiler (memcpy/memset rows count only for copies and "
-               "transfers). flops are analytic: 2MNK per GEMM; conv 2*N*K*P*Q*C/groups*R*S per pass; attention "
-               "forward 4*B*H*L*L*E halved when causal, backward 2.5x forward; norms 8 per element per pass; "
-               "softmax 5 (forward) and 4 (backward) per element, cross entropy 8 per logit (forward+backward); "
-               "elementwise and reductions 1 per element; SGD 4 and AdamW 16 per parameter; 0 for copies and "
-               "transfers; eval-mode batch norm 2 per element; rnn 2*seq*batch*G*H*(in+H) per layer for the forward "
-               "(G = 4 gates for LSTM, 3 for GRU; in = the layer's input width), 3x that for forward+backward. "
-               "bytes: each input read once and each output written once in device memory (rnn: input, weights, "
-               "output and final states; the backward adds dy, the input and weights read and dx and the weight "
-               "gradients written). attention with grouped query heads (flag gqa): H query and Hkv key/value heads, "
-               "flops by H. peak_bytes (rnn): torch.cuda.max_memory_allocated during one call minus "
-               "memory_allocated before it (outputs, cuDNN workspace and reserve space); null off CUDA. backend "
-               "(attention, rnn): which implementation ran, from the kernels' names (cudnn, flash, efficient, math; "
-               "cudnn or native).")
+CONV_BACKWARD = (
+    "torch.ops.aten.convolution_backward with output_mask (True, False, False) for the input "
+    "gradient and (False, True, False) for the weight gradient (no bias)"
+)
+AGGREGATION = (
+    f"per point: {WARMUP} warm-up calls, then {SAMPLES} samples, each the mean time of a loop of "
+    f"back-to-back calls lasting at least {MIN_LOOP_S * 1e3:.0f} ms (at most {MAX_REPS} calls; "
+    "CUDA events on CUDA, perf_counter on the CPU); time_s is the median of the samples after dropping "
+    "those more than 3 MADs from the median. Inputs smaller than 64 MiB rotate among input_sets copies "
+    f"(together >= 128 MiB, at most {MAX_INPUT_SETS}) so that L2 does not hold the next call's inputs. "
+    "kernels: GPU kernels of one call from torch.profiler (memcpy/memset rows count only for copies and "
+    "transfers). flops are analytic: 2MNK per GEMM; conv 2*N*K*P*Q*C/groups*R*S per pass; attention "
+    "forward 4*B*H*L*L*E halved when causal, backward 2.5x forward; norms 8 per element per pass; "
+    "softmax 5 (forward) and 4 (backward) per element, cross entropy 8 per logit (forward+backward); "
+    "elementwise and reductions 1 per element; SGD 4 and AdamW 16 per parameter; 0 for copies and "
+    "transfers; eval-mode batch norm 2 per element; rnn 2*seq*batch*G*H*(in+H) per layer for the forward "
+    "(G = 4 gates for LSTM, 3 for GRU; in = the layer's input width), 3x that for forward+backward. "
+    "bytes: each input read once and each output written once in device memory (rnn: input, weights, "
+    "output and final states; the backward adds dy, the input and weights read and dx and the weight "
+    "gradients written). attention with grouped query heads (flag gqa): H query and Hkv key/value heads, "
+    "flops by H. peak_bytes (rnn): torch.cuda.max_memory_allocated during one call minus "
+    "memory_allocated before it (outputs, cuDNN workspace and reserve space); null off CUDA. backend "
+    "(attention, rnn): which implementation ran, from the kernels' names (cudnn, flash, efficient, math; "
+    "cudnn or native)."
+)
 
 Call = Callable[[], object]
 MiB = 2**20
@@ -160,6 +164,7 @@ def _se_shapes(s: Sweep) -> list[tuple[int, int, int, int]]:
 
 # --- point generators: one per family, each yields Points whose setup runs only when measured -------------------
 
+
 def _launch(s: Sweep) -> Iterator[Point]:
     def setup() -> Call:
         a, b, c = s.randn(1), s.randn(1), s.randn(1)
@@ -200,8 +205,15 @@ def _elementwise(s: Sweep) -> Iterator[Point]:
         # Squeeze-excitation scales each channel of an (N, C, H, W) map by a broadcast (N, C, 1, 1) gate.
         for shape in _se_shapes(s):
             numel, nc = math.prod(shape), shape[0] * shape[1]
-            yield Point("elementwise", "mul_broadcast", dict(zip("NCHW", shape, strict=True)), dtype,
-                        partial(scale, shape, dtype), numel, (2 * numel + nc) * es)
+            yield Point(
+                "elementwise",
+                "mul_broadcast",
+                dict(zip("NCHW", shape, strict=True)),
+                dtype,
+                partial(scale, shape, dtype),
+                numel,
+                (2 * numel + nc) * es,
+            )
 
 
 def _reduction(s: Sweep) -> Iterator[Point]:
@@ -222,8 +234,15 @@ def _reduction(s: Sweep) -> Iterator[Point]:
     for dtype in s.pick((F32, BF16), (F32,)):
         for se in _se_shapes(s):
             numel, nc = math.prod(se), se[0] * se[1]
-            yield Point("reduction", "mean_hw", dict(zip("NCHW", se, strict=True)), dtype,
-                        partial(mean_hw, se, dtype), numel, (numel + nc) * dtype.itemsize)
+            yield Point(
+                "reduction",
+                "mean_hw",
+                dict(zip("NCHW", se, strict=True)),
+                dtype,
+                partial(mean_hw, se, dtype),
+                numel,
+                (numel + nc) * dtype.itemsize,
+            )
 
 
 def _copy(s: Sweep) -> Iterator[Point]:
@@ -255,12 +274,23 @@ def _gemm(s: Sweep) -> Iterator[Point]:
         a, b = s.randn(m, k, dtype=dtype), s.randn(k, n, dtype=dtype)
         return lambda: torch.mm(a, b)
 
-    shapes = s.pick([(n, n, n) for n in GEMM_SQUARE] + [(m, k, n) for m in GEMM_TOKENS for k, n in GEMM_KN],
-                    [(64, 64, 64), (128, 128, 128), (32, 48, 96)])
+    shapes = s.pick(
+        [(n, n, n) for n in GEMM_SQUARE] + [(m, k, n) for m in GEMM_TOKENS for k, n in GEMM_KN],
+        [(64, 64, 64), (128, 128, 128), (32, 48, 96)],
+    )
     for dtype, tf32 in _matmul_configs(s):
         for m, k, n in shapes:
-            yield Point("gemm", "mm", {"M": m, "N": n, "K": k}, dtype, partial(setup, m, k, n, dtype),
-                        2 * m * n * k, (m * k + k * n + m * n) * dtype.itemsize, _tf32_flags(dtype, tf32), tf32)
+            yield Point(
+                "gemm",
+                "mm",
+                {"M": m, "N": n, "K": k},
+                dtype,
+                partial(setup, m, k, n, dtype),
+                2 * m * n * k,
+                (m * k + k * n + m * n) * dtype.itemsize,
+                _tf32_flags(dtype, tf32),
+                tf32,
+            )
 
 
 def _bmm(s: Sweep) -> Iterator[Point]:
@@ -278,17 +308,33 @@ def _bmm(s: Sweep) -> Iterator[Point]:
         for b in s.pick((12, 96, 384), (12,)):
             for seq in s.pick((128, 512, 1024), (128,)):
                 for op, (m, n, k) in (("qk", (seq, seq, e)), ("pv", (seq, e, seq))):
-                    yield Point("bmm", op, {"batch": b, "M": m, "N": n, "K": k}, dtype,
-                                partial(setup, op, b, seq, e, dtype), 2 * b * m * n * k,
-                                b * (m * k + k * n + m * n) * dtype.itemsize, _tf32_flags(dtype, tf32), tf32)
+                    yield Point(
+                        "bmm",
+                        op,
+                        {"batch": b, "M": m, "N": n, "K": k},
+                        dtype,
+                        partial(setup, op, b, seq, e, dtype),
+                        2 * b * m * n * k,
+                        b * (m * k + k * n + m * n) * dtype.itemsize,
+                        _tf32_flags(dtype, tf32),
+                        tf32,
+                    )
 
 
 # (C, H, W, K, R, stride, pad, groups): ResNet-50, VGG-16, AlexNet and MobileNetV2 (depthwise) layers
 CONV_LAYERS = (
-    (3, 224, 224, 64, 7, 2, 3, 1), (64, 56, 56, 64, 3, 1, 1, 1), (64, 56, 56, 256, 1, 1, 0, 1),
-    (256, 56, 56, 64, 1, 1, 0, 1), (128, 28, 28, 128, 3, 1, 1, 1), (256, 14, 14, 256, 3, 1, 1, 1),
-    (512, 7, 7, 512, 3, 1, 1, 1), (1024, 14, 14, 256, 1, 1, 0, 1), (64, 224, 224, 64, 3, 1, 1, 1),
-    (3, 224, 224, 64, 11, 4, 2, 1), (144, 56, 56, 144, 3, 1, 1, 144), (384, 14, 14, 384, 3, 1, 1, 384),
+    (3, 224, 224, 64, 7, 2, 3, 1),
+    (64, 56, 56, 64, 3, 1, 1, 1),
+    (64, 56, 56, 256, 1, 1, 0, 1),
+    (256, 56, 56, 64, 1, 1, 0, 1),
+    (128, 28, 28, 128, 3, 1, 1, 1),
+    (256, 14, 14, 256, 3, 1, 1, 1),
+    (512, 7, 7, 512, 3, 1, 1, 1),
+    (1024, 14, 14, 256, 1, 1, 0, 1),
+    (64, 224, 224, 64, 3, 1, 1, 1),
+    (3, 224, 224, 64, 11, 4, 2, 1),
+    (144, 56, 56, 144, 3, 1, 1, 144),
+    (384, 14, 14, 384, 3, 1, 1, 384),
 )
 RESNET50_CONV_LAYERS = CONV_LAYERS[:8]
 # Depthwise, grouped and large-kernel layers, measured in both memory formats: cuDNN picks other kernels for
@@ -296,15 +342,25 @@ RESNET50_CONV_LAYERS = CONV_LAYERS[:8]
 # its depthwise convolutions see channels_last inputs; ResNeXt is often trained channels_last).
 CONV_VARIANT_LAYERS = (
     # ConvNeXt-T: the 7x7 depthwise of each stage, the 4x4/4 stem and a 2x2/2 downsampling layer
-    (96, 56, 56, 96, 7, 1, 3, 96), (192, 28, 28, 192, 7, 1, 3, 192), (384, 14, 14, 384, 7, 1, 3, 384),
-    (768, 7, 7, 768, 7, 1, 3, 768), (3, 224, 224, 96, 4, 4, 0, 1), (96, 56, 56, 192, 2, 2, 0, 1),
+    (96, 56, 56, 96, 7, 1, 3, 96),
+    (192, 28, 28, 192, 7, 1, 3, 192),
+    (384, 14, 14, 384, 7, 1, 3, 384),
+    (768, 7, 7, 768, 7, 1, 3, 768),
+    (3, 224, 224, 96, 4, 4, 0, 1),
+    (96, 56, 56, 192, 2, 2, 0, 1),
     # ResNeXt-50 32x4d: the grouped 3x3 (32 groups) of each stage and the strided one opening stage 2
-    (128, 56, 56, 128, 3, 1, 1, 32), (256, 28, 28, 256, 3, 1, 1, 32), (512, 14, 14, 512, 3, 1, 1, 32),
-    (1024, 7, 7, 1024, 3, 1, 1, 32), (256, 56, 56, 256, 3, 2, 1, 32),
+    (128, 56, 56, 128, 3, 1, 1, 32),
+    (256, 28, 28, 256, 3, 1, 1, 32),
+    (512, 14, 14, 512, 3, 1, 1, 32),
+    (1024, 7, 7, 1024, 3, 1, 1, 32),
+    (256, 56, 56, 256, 3, 2, 1, 32),
     # EfficientNet-B0: a 3x3 depthwise at 112x112 and two 5x5 ones
-    (32, 112, 112, 32, 3, 1, 1, 32), (240, 28, 28, 240, 5, 1, 2, 240), (672, 14, 14, 672, 5, 1, 2, 672),
+    (32, 112, 112, 32, 3, 1, 1, 32),
+    (240, 28, 28, 240, 5, 1, 2, 240),
+    (672, 14, 14, 672, 5, 1, 2, 672),
     # Large kernels: ViT-B/16's 16x16/16 patch embedding, RepLKNet-31B's first-stage 31x31 depthwise
-    (3, 224, 224, 768, 16, 16, 0, 1), (128, 56, 56, 128, 31, 1, 15, 128),
+    (3, 224, 224, 768, 16, 16, 0, 1),
+    (128, 56, 56, 128, 31, 1, 15, 128),
 )
 # EfficientNet-B0's squeeze-excitation 1x1 convolutions on pooled (1x1) maps: tiny GEMMs, NCHW only.
 CONV_SE_LAYERS = ((672, 1, 1, 28, 1, 1, 0, 1), (28, 1, 1, 672, 1, 1, 0, 1))
@@ -335,8 +391,10 @@ def _conv_runs(s: Sweep) -> list[_ConvRun]:
     if s.quick:
         runs = [_ConvRun(2, layer, (dtype,)) for dtype in dtypes for layer in QUICK_CONV_LAYERS]
         runs += [_ConvRun(2, layer, dtypes, cl) for layer in QUICK_CONV_VARIANT_LAYERS for cl in (False, True)]
-        runs += [_ConvRun(2, (8, 1, 1, 4, 1, 1, 0, 1), dtypes), _ConvRun(4, QUICK_CONV_LAYERS[0], dtypes,
-                                                                         ops=("forward",))]
+        runs += [
+            _ConvRun(2, (8, 1, 1, 4, 1, 1, 0, 1), dtypes),
+            _ConvRun(4, QUICK_CONV_LAYERS[0], dtypes, ops=("forward",)),
+        ]
         return runs
     base = [(64, layer) for layer in CONV_LAYERS] + [(16, layer) for layer in CONV_LAYERS[::2]]
     runs = [_ConvRun(n, layer, (dtype,)) for dtype in dtypes for n, layer in base]
@@ -360,14 +418,27 @@ def _conv(s: Sweep) -> Iterator[Point]:
         gy = s.randn(n, k, _conv_out(h, r, stride, pad), _conv_out(w, r, stride, pad), dtype=dtype)
         gy = gy.contiguous(memory_format=fmt)
         mask = [op == "backward_input", op == "backward_weight", False]
-        return lambda: torch.ops.aten.convolution_backward(gy, x, wt, None, [stride] * 2, [pad] * 2, [1, 1], False,
-                                                           [0, 0], groups, mask)
+        return lambda: torch.ops.aten.convolution_backward(
+            gy, x, wt, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], groups, mask
+        )
 
     for run in _conv_runs(s):
         c, h, w, k, r, stride, pad, groups = run.layer
         p, q = _conv_out(h, r, stride, pad), _conv_out(w, r, stride, pad)
-        shape = {"N": run.n, "C": c, "H": h, "W": w, "K": k, "R": r, "S": r, "stride": stride, "pad": pad,
-                 "groups": groups, "P": p, "Q": q}
+        shape = {
+            "N": run.n,
+            "C": c,
+            "H": h,
+            "W": w,
+            "K": k,
+            "R": r,
+            "S": r,
+            "stride": stride,
+            "pad": pad,
+            "groups": groups,
+            "P": p,
+            "Q": q,
+        }
         flops = 2 * run.n * k * p * q * (c // groups) * r * r
         x, wt, y = run.n * c * h * w, k * (c // groups) * r * r, run.n * k * p * q
         tensors = {"forward": x + wt + y, "backward_input": y + wt + x, "backward_weight": y + x + wt}
@@ -379,8 +450,16 @@ def _conv(s: Sweep) -> Iterator[Point]:
             if run.channels_last:  # absent for NCHW, so that the first sweep's points keep their ids
                 flags["channels_last"] = True
             for op in run.ops:
-                yield Point("conv", op, shape, dtype, partial(setup, op, run.n, run.layer, dtype, run.channels_last),
-                            flops, tensors[op] * dtype.itemsize, dict(flags))
+                yield Point(
+                    "conv",
+                    op,
+                    shape,
+                    dtype,
+                    partial(setup, op, run.n, run.layer, dtype, run.channels_last),
+                    flops,
+                    tensors[op] * dtype.itemsize,
+                    dict(flags),
+                )
 
 
 def _batch_norm_shapes(s: Sweep) -> list[tuple[int, int, int, int]]:
@@ -441,32 +520,59 @@ def _norm(s: Sweep) -> Iterator[Point]:
             numel, c = math.prod(shape), shape[1]
             named = dict(zip("NCHW", shape, strict=True))
             # Backward (via autograd on a retained graph) reads dy and x and writes dx, dweight and dbias.
-            for op, bw, nbytes in (("batch_norm_forward", False, (2 * numel + 2 * c) * es),
-                                   ("batch_norm_backward", True, (3 * numel + 3 * c) * es)):
+            for op, bw, nbytes in (
+                ("batch_norm_forward", False, (2 * numel + 2 * c) * es),
+                ("batch_norm_backward", True, (3 * numel + 3 * c) * es),
+            ):
                 yield Point("norm", op, named, dtype, partial(batch_norm, shape, dtype, bw), 8 * numel, nbytes)
         for tokens in s.pick((2048, 8192, 16384), (64,)):
             for width in s.pick((768, 2048), (128,)):
                 numel = tokens * width
-                for op, bw, nbytes in (("layer_norm_forward", False, (2 * numel + 2 * width) * es),
-                                       ("layer_norm_backward", True, (3 * numel + 3 * width) * es)):
-                    yield Point("norm", op, {"tokens": tokens, "width": width}, dtype,
-                                partial(layer_norm, tokens, width, dtype, bw), 8 * numel, nbytes)
+                for op, bw, nbytes in (
+                    ("layer_norm_forward", False, (2 * numel + 2 * width) * es),
+                    ("layer_norm_backward", True, (3 * numel + 3 * width) * es),
+                ):
+                    yield Point(
+                        "norm",
+                        op,
+                        {"tokens": tokens, "width": width},
+                        dtype,
+                        partial(layer_norm, tokens, width, dtype, bw),
+                        8 * numel,
+                        nbytes,
+                    )
         # Eval-mode batch norm uses the running statistics: one multiply-add per element, no statistics pass.
         eval_shapes = _batch_norm_shapes(s)
         if dtype == BF16:  # inference's large batch, as the conv family's inference forwards
             eval_shapes += [(INFERENCE_BATCH, *shape[1:]) for shape in _batch_norm_shapes(s)[:6]]
         for shape in eval_shapes:
             numel, c = math.prod(shape), shape[1]
-            yield Point("norm", "batch_norm_eval", dict(zip("NCHW", shape, strict=True)), dtype,
-                        partial(batch_norm_eval, shape, dtype), 2 * numel, 2 * numel * es + 4 * c * 4)
+            yield Point(
+                "norm",
+                "batch_norm_eval",
+                dict(zip("NCHW", shape, strict=True)),
+                dtype,
+                partial(batch_norm_eval, shape, dtype),
+                2 * numel,
+                2 * numel * es + 4 * c * 4,
+            )
         for tokens in s.pick((4096, 16384), (64,)):
             for width in s.pick((2048, 4096), (128,)):
                 numel = tokens * width
                 # The backward reads dy, x and the weight and writes dx and the weight's gradient.
-                for op, bw, nbytes in (("rms_norm_forward", False, (2 * numel + width) * es),
-                                       ("rms_norm_backward", True, (3 * numel + 2 * width) * es)):
-                    yield Point("norm", op, {"tokens": tokens, "width": width}, dtype,
-                                partial(rms_norm, tokens, width, dtype, bw), 8 * numel, nbytes)
+                for op, bw, nbytes in (
+                    ("rms_norm_forward", False, (2 * numel + width) * es),
+                    ("rms_norm_backward", True, (3 * numel + 2 * width) * es),
+                ):
+                    yield Point(
+                        "norm",
+                        op,
+                        {"tokens": tokens, "width": width},
+                        dtype,
+                        partial(rms_norm, tokens, width, dtype, bw),
+                        8 * numel,
+                        nbytes,
+                    )
 
 
 def _logit_shapes(s: Sweep) -> list[tuple[int, int]]:
@@ -486,10 +592,12 @@ def _softmax(s: Sweep) -> Iterator[Point]:
         for t, c in _logit_shapes(s):
             n = t * c
             shape = {"tokens": t, "classes": c}
-            yield Point("softmax", "forward", shape, dtype, partial(setup, t, c, dtype, False), 5 * n,
-                        2 * n * dtype.itemsize)
-            yield Point("softmax", "backward", shape, dtype, partial(setup, t, c, dtype, True), 4 * n,
-                        3 * n * dtype.itemsize)
+            yield Point(
+                "softmax", "forward", shape, dtype, partial(setup, t, c, dtype, False), 5 * n, 2 * n * dtype.itemsize
+            )
+            yield Point(
+                "softmax", "backward", shape, dtype, partial(setup, t, c, dtype, True), 4 * n, 3 * n * dtype.itemsize
+            )
 
 
 def _cross_entropy(s: Sweep) -> Iterator[Point]:
@@ -500,8 +608,15 @@ def _cross_entropy(s: Sweep) -> Iterator[Point]:
 
     for dtype in s.pick((F32, BF16), (F32,)):
         for t, c in _logit_shapes(s):
-            yield Point("cross_entropy", "forward_backward", {"tokens": t, "classes": c}, dtype,
-                        partial(setup, t, c, dtype), 8 * t * c, 2 * t * c * dtype.itemsize + 8 * t)
+            yield Point(
+                "cross_entropy",
+                "forward_backward",
+                {"tokens": t, "classes": c},
+                dtype,
+                partial(setup, t, c, dtype),
+                8 * t * c,
+                2 * t * c * dtype.itemsize + 8 * t,
+            )
 
 
 def _attention(s: Sweep) -> Iterator[Point]:
@@ -521,19 +636,34 @@ def _attention(s: Sweep) -> Iterator[Point]:
         do = s.randn(b, h, seq, e, dtype=dtype)
         return lambda: torch.autograd.grad(sdpa(q, k, v), (q, k, v), do)
 
-    shapes = s.pick(((8, 12, 1024, 64), (4, 16, 2048, 128), (32, 12, 256, 64), (16, 16, 1024, 128)),
-                    ((1, 2, 64, 16),))
+    shapes = s.pick(((8, 12, 1024, 64), (4, 16, 2048, 128), (32, 12, 256, 64), (16, 16, 1024, 128)), ((1, 2, 64, 16),))
     for dtype in s.pick((BF16, F16, F32), (F32,)):
         for shape in shapes:
             b, h, seq, e = shape
             fwd = 4 * b * h * seq * seq * e / 2  # causal: half the score matrix
             qkv = b * h * seq * e * dtype.itemsize
             named = {"B": b, "H": h, "L": seq, "E": e}
-            yield Point("attention", "forward", named, dtype, partial(setup, shape, dtype, False), fwd, 4 * qkv,
-                        {"causal": True})
+            yield Point(
+                "attention",
+                "forward",
+                named,
+                dtype,
+                partial(setup, shape, dtype, False),
+                fwd,
+                4 * qkv,
+                {"causal": True},
+            )
             # Backward reads q, k, v, o, do and writes dq, dk, dv.
-            yield Point("attention", "forward_backward", named, dtype, partial(setup, shape, dtype, True),
-                        fwd * 3.5, 12 * qkv, {"causal": True})
+            yield Point(
+                "attention",
+                "forward_backward",
+                named,
+                dtype,
+                partial(setup, shape, dtype, True),
+                fwd * 3.5,
+                12 * qkv,
+                {"causal": True},
+            )
     # Grouped-query attention (Llama, Mistral, Qwen): Hkv key/value heads, each shared by H / Hkv query heads.
     for dtype in s.pick((BF16,), (F32,)):
         for b, h, hkv, seq, e in _gqa_shapes(s):
@@ -542,16 +672,40 @@ def _attention(s: Sweep) -> Iterator[Point]:
             named = {"B": b, "H": h, "Hkv": hkv, "L": seq, "E": e}
             flags = {"causal": True, "gqa": True}
             # Forward reads q, k, v and writes o; the backward reads q, k, v, o, do and writes dq, dk, dv.
-            yield Point("attention", "forward", named, dtype, partial(gqa, b, h, hkv, seq, e, dtype, False), fwd,
-                        2 * q_bytes + 2 * kv_bytes, dict(flags))
-            yield Point("attention", "forward_backward", named, dtype, partial(gqa, b, h, hkv, seq, e, dtype, True),
-                        fwd * 3.5, 6 * q_bytes + 6 * kv_bytes, dict(flags))
+            yield Point(
+                "attention",
+                "forward",
+                named,
+                dtype,
+                partial(gqa, b, h, hkv, seq, e, dtype, False),
+                fwd,
+                2 * q_bytes + 2 * kv_bytes,
+                dict(flags),
+            )
+            yield Point(
+                "attention",
+                "forward_backward",
+                named,
+                dtype,
+                partial(gqa, b, h, hkv, seq, e, dtype, True),
+                fwd * 3.5,
+                6 * q_bytes + 6 * kv_bytes,
+                dict(flags),
+            )
 
 
 def _gqa_shapes(s: Sweep) -> list[tuple[int, int, int, int, int]]:
     """(B, H, Hkv, L, E): Llama-2/3-style 32:8 at two contexts, a small 16:4, multi-query (Hkv=1), Qwen's 28:4."""
-    return s.pick(((8, 32, 8, 1024, 128), (2, 32, 8, 4096, 128), (16, 16, 4, 512, 64), (4, 16, 1, 2048, 128),
-                   (4, 28, 4, 2048, 128)), ((1, 4, 2, 64, 16),))
+    return s.pick(
+        (
+            (8, 32, 8, 1024, 128),
+            (2, 32, 8, 4096, 128),
+            (16, 16, 4, 512, 64),
+            (4, 16, 1, 2048, 128),
+            (4, 28, 4, 2048, 128),
+        ),
+        ((1, 4, 2, 64, 16),),
+    )
 
 
 def _embedding(s: Sweep) -> Iterator[Point]:
@@ -568,10 +722,24 @@ def _embedding(s: Sweep) -> Iterator[Point]:
         for vocab, width in s.pick(((50257, 768), (50257, 2048)), ((1000, 64),)):
             for n in s.pick((8192, 16384), (128,)):
                 es, shape = dtype.itemsize, {"vocab": vocab, "width": width, "indices": n}
-                yield Point("embedding", "forward", shape, dtype, partial(setup, vocab, width, n, dtype, False), 0,
-                            2 * n * width * es + 8 * n)
-                yield Point("embedding", "backward", shape, dtype, partial(setup, vocab, width, n, dtype, True),
-                            n * width, n * width * es + 8 * n + vocab * width * es)
+                yield Point(
+                    "embedding",
+                    "forward",
+                    shape,
+                    dtype,
+                    partial(setup, vocab, width, n, dtype, False),
+                    0,
+                    2 * n * width * es + 8 * n,
+                )
+                yield Point(
+                    "embedding",
+                    "backward",
+                    shape,
+                    dtype,
+                    partial(setup, vocab, width, n, dtype, True),
+                    n * width,
+                    n * width * es + 8 * n + vocab * width * es,
+                )
 
 
 # (seq, batch, input, hidden, layers), batch_first as language models write it
@@ -626,13 +794,25 @@ def _rnn(s: Sweep) -> Iterator[Point]:
                 states = layers * batch * hidden * (2 if mode == "lstm" else 1)
                 fwd_bytes = (x + weights + y + states) * es
                 # The backward reads dy, x and the weights and writes dx and the weights' gradients.
-                for op, flops, nbytes in (("forward", fwd, fwd_bytes),
-                                          ("forward_backward", 3 * fwd, fwd_bytes + (y + 2 * x + 2 * weights) * es),
-                                          ("inference", fwd, fwd_bytes)):
+                for op, flops, nbytes in (
+                    ("forward", fwd, fwd_bytes),
+                    ("forward_backward", 3 * fwd, fwd_bytes + (y + 2 * x + 2 * weights) * es),
+                    ("inference", fwd, fwd_bytes),
+                ):
                     # One module per point: its timesteps re-read the weights, so L2 holds them in a real step
                     # too, and copies would only cost setup time.
-                    yield Point("rnn", f"{mode}_{op}", named, dtype, partial(setup, mode, op, shape, dtype), flops,
-                                nbytes, dict(flags), rotate=False, memory=True)
+                    yield Point(
+                        "rnn",
+                        f"{mode}_{op}",
+                        named,
+                        dtype,
+                        partial(setup, mode, op, shape, dtype),
+                        flops,
+                        nbytes,
+                        dict(flags),
+                        rotate=False,
+                        memory=True,
+                    )
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:
@@ -642,8 +822,17 @@ def resnet50_shapes() -> list[tuple[int, ...]]:
     inplanes = 64
     for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         for i in range(blocks):
-            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,), (planes, planes, 3, 3), (planes,), (planes,),
-                       (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
+            shapes += [
+                (planes, inplanes, 1, 1),
+                (planes,),
+                (planes,),
+                (planes, planes, 3, 3),
+                (planes,),
+                (planes,),
+                (planes * 4, planes, 1, 1),
+                (planes * 4,),
+                (planes * 4,),
+            ]
             if i == 0:
                 shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
             inplanes = planes * 4
@@ -671,8 +860,10 @@ def _optimizer(s: Sweep) -> Iterator[Point]:
             opt = torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
         return opt.step
 
-    models = s.pick((("resnet50", resnet50_shapes()), ("gpt2_small", gpt2_small_shapes())),
-                    (("tiny", [(64, 32), (64,), (128, 64), (128,)]),))
+    models = s.pick(
+        (("resnet50", resnet50_shapes()), ("gpt2_small", gpt2_small_shapes())),
+        (("tiny", [(64, 32), (64,), (128, 64), (128,)]),),
+    )
     variants = [("sgd", False, False), ("sgd", True, False), ("adamw", False, False), ("adamw", True, False)]
     if s.cuda:
         variants.append(("adamw", False, True))
@@ -681,9 +872,17 @@ def _optimizer(s: Sweep) -> Iterator[Point]:
         for kind, foreach, fused in variants:
             # SGD reads param, grad, momentum and writes param, momentum; AdamW has two moments.
             flops, tensors = (4, 5) if kind == "sgd" else (16, 7)
-            yield Point("optimizer", kind, {"model": name, "tensors": len(shapes), "numel": numel}, F32,
-                        partial(setup, shapes, kind, foreach, fused), flops * numel, tensors * 4 * numel,
-                        {"foreach": foreach, "fused": fused}, rotate=False)
+            yield Point(
+                "optimizer",
+                kind,
+                {"model": name, "tensors": len(shapes), "numel": numel},
+                F32,
+                partial(setup, shapes, kind, foreach, fused),
+                flops * numel,
+                tensors * 4 * numel,
+                {"foreach": foreach, "fused": fused},
+                rotate=False,
+            )
 
 
 def _transfer(s: Sweep) -> Iterator[Point]:
@@ -699,14 +898,35 @@ def _transfer(s: Sweep) -> Iterator[Point]:
     for direction in ("h2d", "d2h"):
         for nbytes in s.pick((4 * 1024, 64 * 1024, MiB, 16 * MiB, 256 * MiB), (4 * 1024, MiB)):
             for pinned in (False, True):
-                yield Point("transfer", direction, {"bytes": nbytes}, F32, partial(setup, direction, nbytes, pinned),
-                            0, nbytes, {"pinned": pinned, "non_blocking": pinned}, rotate=False, copies=True)
+                yield Point(
+                    "transfer",
+                    direction,
+                    {"bytes": nbytes},
+                    F32,
+                    partial(setup, direction, nbytes, pinned),
+                    0,
+                    nbytes,
+                    {"pinned": pinned, "non_blocking": pinned},
+                    rotate=False,
+                    copies=True,
+                )
 
 
 GENERATORS: dict[str, Callable[[Sweep], Iterable[Point]]] = {
-    "launch": _launch, "elementwise": _elementwise, "reduction": _reduction, "copy": _copy, "gemm": _gemm,
-    "bmm": _bmm, "conv": _conv, "norm": _norm, "softmax": _softmax, "cross_entropy": _cross_entropy,
-    "attention": _attention, "rnn": _rnn, "embedding": _embedding, "optimizer": _optimizer,
+    "launch": _launch,
+    "elementwise": _elementwise,
+    "reduction": _reduction,
+    "copy": _copy,
+    "gemm": _gemm,
+    "bmm": _bmm,
+    "conv": _conv,
+    "norm": _norm,
+    "softmax": _softmax,
+    "cross_entropy": _cross_entropy,
+    "attention": _attention,
+    "rnn": _rnn,
+    "embedding": _embedding,
+    "optimizer": _optimizer,
     "transfer": _transfer,
 }
 FAMILIES: tuple[str, ...] = tuple(GENERATORS)
@@ -729,6 +949,7 @@ def _select(families: list[str] | None) -> list[str]:
 
 
 # --- measuring ------------------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _matmul_tf32(enabled: bool | None) -> Iterator[None]:
@@ -815,8 +1036,11 @@ def _gpu_rows(call: Call, device: torch.device) -> list[tuple[str, bool]] | None
 def _sdpa_backend(names: list[str]) -> str | None:
     """Which scaled_dot_product_attention backend ran, from its kernels' names."""
     lower = [n.lower() for n in names]
-    for backend, marks in (("cudnn", ("cudnn",)), ("flash", ("flash",)),
-                           ("efficient", ("fmha", "cutlassf", "cutlassb", "efficient", "mem_eff"))):
+    for backend, marks in (
+        ("cudnn", ("cudnn",)),
+        ("flash", ("flash",)),
+        ("efficient", ("fmha", "cutlassf", "cutlassb", "efficient", "mem_eff")),
+    ):
         if any(m in n for n in lower for m in marks):
             return backend
     return "math" if any("gemm" in n for n in lower) else None
@@ -856,9 +1080,18 @@ def measure(point: Point, device: torch.device, min_loop_s: float = MIN_LOOP_S) 
         rows = _gpu_rows(calls[0], device) if device.type == "cuda" else None
         peak = peak_bytes(calls[0], device) if point.memory else None
     record: dict[str, Any] = {
-        "id": point.id, "family": point.family, "op": point.op, "shape": point.shape, "dtype": point.dtype_name,
-        "flags": point.flags, "time_s": robust_median(samples), "samples": len(samples), "reps": reps,
-        "input_sets": len(calls), "flops": point.flops, "bytes": point.bytes,
+        "id": point.id,
+        "family": point.family,
+        "op": point.op,
+        "shape": point.shape,
+        "dtype": point.dtype_name,
+        "flags": point.flags,
+        "time_s": robust_median(samples),
+        "samples": len(samples),
+        "reps": reps,
+        "input_sets": len(calls),
+        "flops": point.flops,
+        "bytes": point.bytes,
         "kernels": None if rows is None else sum(1 for _, memory in rows if point.copies or not memory),
     }
     if point.memory:
@@ -872,12 +1105,17 @@ def measure(point: Point, device: torch.device, min_loop_s: float = MIN_LOOP_S) 
 
 # --- the document ---------------------------------------------------------------------------------------------
 
+
 def _device_info(device: torch.device, gpu: str) -> dict[str, Any]:
     if device.type != "cuda":
         return {"name": gpu}
     props = torch.cuda.get_device_properties(device)
-    info: dict[str, Any] = {"name": gpu, "sm_count": props.multi_processor_count,
-                            "total_memory": props.total_memory, "compute_capability": f"{props.major}.{props.minor}"}
+    info: dict[str, Any] = {
+        "name": gpu,
+        "sm_count": props.multi_processor_count,
+        "total_memory": props.total_memory,
+        "compute_capability": f"{props.major}.{props.minor}",
+    }
     l2 = getattr(props, "L2_cache_size", None)
     if l2:
         info["l2_bytes"] = l2
@@ -886,14 +1124,21 @@ def _device_info(device: torch.device, gpu: str) -> dict[str, Any]:
 
 def _new_document(device: torch.device, gpu: str) -> dict[str, Any]:
     return {
-        "schema": SCHEMA, "gpu": gpu, "device": _device_info(device, gpu),
+        "schema": SCHEMA,
+        "gpu": gpu,
+        "device": _device_info(device, gpu),
         "provenance": {
-            "tool": f"torch-emugpu calibrate {VERSION}", "torch": torch.__version__, "cuda": torch.version.cuda,
+            "tool": f"torch-emugpu calibrate {VERSION}",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            "date": datetime.date.today().isoformat(), "host": socket.gethostname(), "aggregation": AGGREGATION,
+            "date": datetime.date.today().isoformat(),
+            "host": socket.gethostname(),
+            "aggregation": AGGREGATION,
             "conv_backward": CONV_BACKWARD,
         },
-        "measurements": [], "skipped": [],
+        "measurements": [],
+        "skipped": [],
     }
 
 
@@ -924,19 +1169,29 @@ def load(path: Path, gpu: str) -> dict[str, Any]:
     if problem:
         raise ValueError(f"calibration file {path} is malformed: {problem}; {hint}")
     if doc["gpu"] != gpu:
-        raise ValueError(f"calibration file {path} is for {doc['gpu']!r} but this device is {gpu!r} "
-                         f"(field 'gpu'); {hint}")
+        raise ValueError(
+            f"calibration file {path} is for {doc['gpu']!r} but this device is {gpu!r} (field 'gpu'); {hint}"
+        )
     # A newer version's families: their points are kept as they are (a resumed sweep does not measure them).
     unknown = sorted({str(m["family"]) for m in doc["measurements"] if m.get("family") is not None} - set(FAMILIES))
     if unknown:
-        warnings.warn(f"calibration file {path} has points of families this version does not know "
-                      f"({', '.join(unknown)}): kept as they are, not measured again; known: {', '.join(FAMILIES)}",
-                      stacklevel=2)
+        warnings.warn(
+            f"calibration file {path} has points of families this version does not know "
+            f"({', '.join(unknown)}): kept as they are, not measured again; known: {', '.join(FAMILIES)}",
+            stacklevel=2,
+        )
     return doc
 
 
-def run(out: Path, device: torch.device, families: list[str] | None = None, quick: bool = False,
-        force: bool = False, progress: bool = True, max_points: int | None = None) -> dict[str, Any]:
+def run(
+    out: Path,
+    device: torch.device,
+    families: list[str] | None = None,
+    quick: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    max_points: int | None = None,
+) -> dict[str, Any]:
     """Measures the sweep's points that `out` lacks (all of them with `force`) and returns the document, which is
     written to `out` every SAVE_EVERY points, after every family and when interrupted.
 
@@ -1012,8 +1267,10 @@ def check_autograd(device: torch.device) -> None:
         hint = ""
         # Asked of sys.modules, not of the package: the measuring tools never import the extension's side of it.
         if sys.modules.get("torch_emugpu._C") is None and torch._C._get_privateuse1_backend_name() != "privateuseone":
-            hint = (" (torch_emugpu renamed PyTorch's PrivateUse1 backend without its compiled extension, so autograd "
-                    "looks for an 'emugpu' accelerator that is not there)")
+            hint = (
+                " (torch_emugpu renamed PyTorch's PrivateUse1 backend without its compiled extension, so autograd "
+                "looks for an 'emugpu' accelerator that is not there)"
+            )
         raise RuntimeError(f"backward passes fail on {device}{hint}: {e}") from e
 
 
@@ -1025,19 +1282,24 @@ def _free_memory(device: torch.device) -> None:
 
 # --- command line ---------------------------------------------------------------------------------------------
 
+
 def default_out(device: torch.device) -> Path:
     """<profile dir>/<GPU name>/calibration.json: on the profile search path, beside the GPU's profiles."""
     return user_profile_dir() / gpu_dir_name(device_name(device)) / "calibration.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=None,
-                   help="output JSON file (default: <user profile dir>/<GPU name>/calibration.json)")
+    p.add_argument(
+        "--out", default=None, help="output JSON file (default: <user profile dir>/<GPU name>/calibration.json)"
+    )
     p.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
     p.add_argument("--families", default=None, help=f"comma-separated subset of {','.join(FAMILIES)} (default: all)")
     p.add_argument("--quick", action="store_true", help="a tiny subset with small sizes (a smoke test, seconds)")
-    p.add_argument("--force", action="store_true",
-                   help="measure points already in the output again (and replace a file for another GPU)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="measure points already in the output again (and replace a file for another GPU)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -1081,7 +1343,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.measure.calibrate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_emugpu.measure.calibrate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     raise SystemExit(main(parser.parse_args()))

@@ -64,12 +64,12 @@ def jpeg_header(data: torch.Tensor | bytes) -> tuple[int, int, int]:
         if marker == 0xFF:  # fill byte
             i += 1
             continue
-        length = int.from_bytes(raw[i + 2:i + 4], "big")
+        length = int.from_bytes(raw[i + 2 : i + 4], "big")
         if marker in _SOF:
             if i + 10 > len(raw):
                 break
-            height = int.from_bytes(raw[i + 5:i + 7], "big")
-            width = int.from_bytes(raw[i + 7:i + 9], "big")
+            height = int.from_bytes(raw[i + 5 : i + 7], "big")
+            width = int.from_bytes(raw[i + 7 : i + 9], "big")
             return raw[i + 9], height, width
         i += 2 + length
     raise ValueError(f"JPEG without a frame header (SOF marker) in its {len(raw)} bytes: truncated or corrupt")

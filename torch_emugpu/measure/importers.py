@@ -60,15 +60,15 @@ def _compute_root(src: Path) -> Path:
     )
 
 
-def import_gpemu(src: str | Path, out: str | Path, progress: bool = True,
-                 on_skip: Callable[[str], None] | None = None) -> list[Path]:
+def import_gpemu(
+    src: str | Path, out: str | Path, progress: bool = True, on_skip: Callable[[str], None] | None = None
+) -> list[Path]:
     """Converts GPEmu's published `profiled_data/` layout into profile files,
     one per (GPU, model), under `out/<GPU>/<model>.json`. Returns their paths."""
     root = _compute_root(Path(src))
     out = Path(out)
     forward_root = root / "time" / "compute" / "forward"
-    pairs = sorted((g.name, m.name) for g in forward_root.iterdir() if g.is_dir()
-                   for m in g.iterdir() if m.is_dir())
+    pairs = sorted((g.name, m.name) for g in forward_root.iterdir() if g.is_dir() for m in g.iterdir() if m.is_dir())
     if not pairs:
         raise ValueError(f"{forward_root} holds no <GPU>/<model> directories")
     written: list[Path] = []
@@ -91,7 +91,9 @@ def import_gpemu(src: str | Path, out: str | Path, progress: bool = True,
             if forward[bs][0] <= 0 or backward[bs][0] <= 0:
                 continue
             entry: dict[str, float | int | None] = {
-                "batch_size": bs, "forward_s": forward[bs][0], "backward_s": backward[bs][0],
+                "batch_size": bs,
+                "forward_s": forward[bs][0],
+                "backward_s": backward[bs][0],
                 "transfer_pageable_s": transfer[bs][0] if bs in transfer else None,
                 "transfer_pinned_s": None,
                 # The published memory tables are linear fits that go negative

@@ -79,8 +79,14 @@ def _points(device: torch.device, quick: bool) -> Iterator[tuple[dict[str, Any],
         for batch in batches:
             # distinct images per batch slot: nvJPEG's batched path must not see repeats
             datas = [torch.frombuffer(bytearray(_jpeg(w, h, seed)), dtype=torch.uint8) for seed in range(batch)]
-            rec = {"op": "decode_jpeg", "batch": batch, "in_shape": [3, h, w], "out_shape": [3, h, w],
-                   "dtype": "uint8", "compressed_bytes": sum(d.numel() for d in datas)}
+            rec = {
+                "op": "decode_jpeg",
+                "batch": batch,
+                "in_shape": [3, h, w],
+                "out_shape": [3, h, w],
+                "dtype": "uint8",
+                "compressed_bytes": sum(d.numel() for d in datas),
+            }
             if device.type == "cuda":
                 yield rec, lambda datas=datas: decode_jpeg(datas, device=device)
             else:
@@ -90,28 +96,60 @@ def _points(device: torch.device, quick: bool) -> Iterator[tuple[dict[str, Any],
         oh, ow = (SHORT, round(w * SHORT / h)) if h <= w else (round(h * SHORT / w), SHORT)
         for batch in batches:
             imgs = [img.clone() for _ in range(batch)]
-            yield ({"op": "resize", "batch": batch, "in_shape": [3, h, w], "out_shape": [3, oh, ow], "dtype": "uint8",
-                    "antialias": True},
-                   lambda imgs=imgs: [F.resize(i, [SHORT], antialias=True) for i in imgs])
-            yield ({"op": "resized_crop", "batch": batch, "in_shape": [3, h, w], "out_shape": [3, 224, 224],
-                    "dtype": "uint8", "antialias": True},
-                   lambda imgs=imgs, h=h, w=w: [F.resized_crop(i, h // 8, w // 8, 3 * h // 4, 3 * w // 4, [224, 224],
-                                                               antialias=True) for i in imgs])
+            yield (
+                {
+                    "op": "resize",
+                    "batch": batch,
+                    "in_shape": [3, h, w],
+                    "out_shape": [3, oh, ow],
+                    "dtype": "uint8",
+                    "antialias": True,
+                },
+                lambda imgs=imgs: [F.resize(i, [SHORT], antialias=True) for i in imgs],
+            )
+            yield (
+                {
+                    "op": "resized_crop",
+                    "batch": batch,
+                    "in_shape": [3, h, w],
+                    "out_shape": [3, 224, 224],
+                    "dtype": "uint8",
+                    "antialias": True,
+                },
+                lambda imgs=imgs, h=h, w=w: [
+                    F.resized_crop(i, h // 8, w // 8, 3 * h // 4, 3 * w // 4, [224, 224], antialias=True) for i in imgs
+                ],
+            )
     for batch in batches:
-        singles = [torch.randint(0, 256, (3, 224, 224), dtype=torch.uint8, generator=gen).to(device)
-                   for _ in range(batch)]
+        singles = [
+            torch.randint(0, 256, (3, 224, 224), dtype=torch.uint8, generator=gen).to(device) for _ in range(batch)
+        ]
         stacked = torch.stack(singles)
         big = torch.randint(0, 256, (batch, 3, 256, 256), dtype=torch.uint8, generator=gen).to(device)
         shape = [3, 224, 224]
-        yield ({"op": "stack", "batch": batch, "in_shape": shape, "out_shape": shape, "dtype": "uint8"},
-               lambda singles=singles: torch.stack(singles))
-        yield ({"op": "center_crop", "batch": batch, "in_shape": [3, 256, 256], "out_shape": shape, "dtype": "uint8"},
-               lambda big=big: F.center_crop(big, [224, 224]).contiguous())
-        yield ({"op": "horizontal_flip", "batch": batch, "in_shape": shape, "out_shape": shape, "dtype": "uint8"},
-               lambda stacked=stacked: F.horizontal_flip(stacked))
-        yield ({"op": "to_float_normalize", "batch": batch, "in_shape": shape, "out_shape": shape, "dtype": "uint8",
-                "out_dtype": "float32"},
-               lambda stacked=stacked: F.normalize(F.to_dtype(stacked, torch.float32, scale=True), MEAN, STD))
+        yield (
+            {"op": "stack", "batch": batch, "in_shape": shape, "out_shape": shape, "dtype": "uint8"},
+            lambda singles=singles: torch.stack(singles),
+        )
+        yield (
+            {"op": "center_crop", "batch": batch, "in_shape": [3, 256, 256], "out_shape": shape, "dtype": "uint8"},
+            lambda big=big: F.center_crop(big, [224, 224]).contiguous(),
+        )
+        yield (
+            {"op": "horizontal_flip", "batch": batch, "in_shape": shape, "out_shape": shape, "dtype": "uint8"},
+            lambda stacked=stacked: F.horizontal_flip(stacked),
+        )
+        yield (
+            {
+                "op": "to_float_normalize",
+                "batch": batch,
+                "in_shape": shape,
+                "out_shape": shape,
+                "dtype": "uint8",
+                "out_dtype": "float32",
+            },
+            lambda stacked=stacked: F.normalize(F.to_dtype(stacked, torch.float32, scale=True), MEAN, STD),
+        )
 
 
 def _key(rec: dict[str, Any]) -> tuple[Any, ...]:
@@ -122,8 +160,9 @@ def path_for(out: Path, gpu: str) -> Path:
     return out / gpu_dir_name(gpu) / "preprocessing.json"
 
 
-def run(out: Path, device: torch.device, samples: int = 7, quick: bool = False, force: bool = False,
-        progress: bool = True) -> Path:
+def run(
+    out: Path, device: torch.device, samples: int = 7, quick: bool = False, force: bool = False, progress: bool = True
+) -> Path:
     from tqdm import tqdm
 
     gpu = device_name(device)
@@ -134,17 +173,26 @@ def run(out: Path, device: torch.device, samples: int = 7, quick: bool = False, 
 
         doc = json.loads(path.read_text())
         if doc.get("schema") != SCHEMA or doc.get("gpu") != gpu:
-            raise ValueError(f"{path}: expected a {SCHEMA!r} file for {gpu!r}, got schema {doc.get('schema')!r} "
-                             f"for {doc.get('gpu')!r}; use --force to measure anew")
+            raise ValueError(
+                f"{path}: expected a {SCHEMA!r} file for {gpu!r}, got schema {doc.get('schema')!r} "
+                f"for {doc.get('gpu')!r}; use --force to measure anew"
+            )
     if doc is None:
         import torchvision
 
-        doc = {"schema": SCHEMA, "gpu": gpu, "ops": [],
-               "provenance": {"tool": f"torch-emugpu profile --preprocessing {VERSION}", "torch": torch.__version__,
-                              "torchvision": torchvision.__version__, "date": datetime.date.today().isoformat(),
-                              "aggregation": f"median over {samples} samples of the mean per call, outliers beyond "
-                                             "3 MAD dropped",
-                              "source": f"measured on {gpu} ({socket.gethostname()})"}}
+        doc = {
+            "schema": SCHEMA,
+            "gpu": gpu,
+            "ops": [],
+            "provenance": {
+                "tool": f"torch-emugpu profile --preprocessing {VERSION}",
+                "torch": torch.__version__,
+                "torchvision": torchvision.__version__,
+                "date": datetime.date.today().isoformat(),
+                "aggregation": f"median over {samples} samples of the mean per call, outliers beyond 3 MAD dropped",
+                "source": f"measured on {gpu} ({socket.gethostname()})",
+            },
+        }
     done = {_key(r) for r in doc["ops"]}
     time_it = _timer(device)
     points = list(_points(device, quick))

@@ -66,7 +66,10 @@ def measure(name: str, batch_size: int, device: torch.device, warmup: int, itera
         "batch_size": batch_size,
         "forward_s": robust_median(forward),
         "backward_s": robust_median(backward),
-        "transfer_pageable_s": None, "transfer_pinned_s": None, "peak_bytes": None, "persistent_bytes": None,
+        "transfer_pageable_s": None,
+        "transfer_pinned_s": None,
+        "peak_bytes": None,
+        "persistent_bytes": None,
     }
     if cuda:
         pinned = x_host.pin_memory()
@@ -101,8 +104,16 @@ def load_existing(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
-def run(models: list[str], batch_sizes: list[int], out: Path, device: torch.device, warmup: int = 3,
-        iterations: int = 10, force: bool = False, progress: bool = True) -> list[Path]:
+def run(
+    models: list[str],
+    batch_sizes: list[int],
+    out: Path,
+    device: torch.device,
+    warmup: int = 3,
+    iterations: int = 10,
+    force: bool = False,
+    progress: bool = True,
+) -> list[Path]:
     from tqdm import tqdm
 
     if not models:
@@ -128,14 +139,19 @@ def run(models: list[str], batch_sizes: list[int], out: Path, device: torch.devi
         doc = load_existing(path) if not force else None
         if doc is None:
             doc = {
-                "schema": "torch-emugpu profile v1", "gpu": gpu, "model": model,
+                "schema": "torch-emugpu profile v1",
+                "gpu": gpu,
+                "model": model,
                 "fingerprint": {"parameters": sum(p.numel() for p in torchvision_model(model).parameters())},
                 "input": {"shape": [3, image_size(model), image_size(model)], "dtype": "float32"},
                 "provenance": {
-                    "tool": f"torch-emugpu profile {VERSION}", "torch": torch.__version__, "dtype": "float32",
-                    "amp": False, "optimizer": "SGD(lr=0.01, momentum=0.9, weight_decay=1e-4)",
+                    "tool": f"torch-emugpu profile {VERSION}",
+                    "torch": torch.__version__,
+                    "dtype": "float32",
+                    "amp": False,
+                    "optimizer": "SGD(lr=0.01, momentum=0.9, weight_decay=1e-4)",
                     "aggregation": f"median of {iterations} iterations after {warmup} warm-up, "
-                                   "outliers beyond 3 MAD dropped",
+                    "outliers beyond 3 MAD dropped",
                     "date": datetime.date.today().isoformat(),
                     "source": f"measured on {gpu} ({socket.gethostname()})",
                 },
@@ -159,11 +175,16 @@ def run(models: list[str], batch_sizes: list[int], out: Path, device: torch.devi
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=None, help="comma-separated torchvision model names, e.g. resnet18,resnet50")
-    p.add_argument("--preprocessing", action="store_true",
-                   help="measure GPU-side image preprocessing (nvJPEG decode, resize, crop, flip, normalize) "
-                        "instead of models")
-    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
-                   help="comma-separated batch sizes (default: 1,2,4,...,256)")
+    p.add_argument(
+        "--preprocessing",
+        action="store_true",
+        help="measure GPU-side image preprocessing (nvJPEG decode, resize, crop, flip, normalize) instead of models",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+        help="comma-separated batch sizes (default: 1,2,4,...,256)",
+    )
     p.add_argument("--device", default="auto", help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
     p.add_argument("--out", default=None, help="output directory (default: the user profile directory)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up iterations per batch size (default: 3)")
@@ -192,15 +213,26 @@ def main(args: argparse.Namespace) -> int:
             return 0
     if not args.models:
         raise ValueError("--models: expected comma-separated torchvision model names (or --preprocessing)")
-    paths = run([m.strip() for m in args.models.split(",") if m.strip()], sizes, out, device,
-                args.warmup, args.iterations, args.force, progress=not args.no_progress)
+    paths = run(
+        [m.strip() for m in args.models.split(",") if m.strip()],
+        sizes,
+        out,
+        device,
+        args.warmup,
+        args.iterations,
+        args.force,
+        progress=not args.no_progress,
+    )
     for p in paths:
         print(p)
     return 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m torch_emugpu.measure.profiler", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_emugpu.measure.profiler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     raise SystemExit(main(parser.parse_args()))

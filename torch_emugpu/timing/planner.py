@@ -78,8 +78,10 @@ def _grad_tensors(output: Any, limit: int = 16) -> list[torch.Tensor]:
 
 
 # torch.nn's frames and the package's own (all of it: DataParallel's scatter and gather call modules too)
-_INTERNAL = (os.path.dirname(torch.nn.modules.module.__file__),
-             os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_INTERNAL = (
+    os.path.dirname(torch.nn.modules.module.__file__),
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+)
 
 
 def _user_stacklevel() -> int:
@@ -98,9 +100,11 @@ class _Planner:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.plans: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, str | None], _Plan | None]] = (
-            weakref.WeakKeyDictionary())
+            weakref.WeakKeyDictionary()
+        )
         self.module_info: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int] | None] = (
-            weakref.WeakKeyDictionary())
+            weakref.WeakKeyDictionary()
+        )
         self.explicit: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self.scoped = threading.local()
         # thread -> the root module inside its forward, and its plan (None: cost model)
@@ -172,51 +176,70 @@ class _Planner:
             entry = profiles.lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint)
             if entry is not None:
                 gpus = 1
-                self.warn_once(f"data parallel fallback:{entry['path']}:{span.gpu_count}",
-                               f"emugpu: {entry['path']} has no {span.gpu_count}-GPU table, so nn.DataParallel over "
-                               f"emugpu devices {[span.primary, *span.others]} takes the 1-GPU time of its whole "
-                               f"batch ({batch}) on device {span.primary}, and its other replicas the cost model. "
-                               f"Add a 'data_parallel' entry with gpu_count {span.gpu_count} to that profile "
-                               f"(profiles/README.md) to time the step as measured on {span.gpu_count} GPUs")
+                self.warn_once(
+                    f"data parallel fallback:{entry['path']}:{span.gpu_count}",
+                    f"emugpu: {entry['path']} has no {span.gpu_count}-GPU table, so nn.DataParallel over "
+                    f"emugpu devices {[span.primary, *span.others]} takes the 1-GPU time of its whole "
+                    f"batch ({batch}) on device {span.primary}, and its other replicas the cost model. "
+                    f"Add a 'data_parallel' entry with gpu_count {span.gpu_count} to that profile "
+                    f"(profiles/README.md) to time the step as measured on {span.gpu_count} GPUs",
+                )
         if entry is not None and (entry["amp"], entry["dtype"]) != precision:
             # A profile times the model as measured: another precision runs other kernels.
-            self.warn_once(f"precision:{entry['path']}:{precision}",
-                           f"emugpu: {entry['path']} was measured {_describe_precision(entry['amp'], entry['dtype'])}"
-                           f", but {label} runs {_describe_precision(*precision)}; its time comes from the cost "
-                           f"model instead")
+            self.warn_once(
+                f"precision:{entry['path']}:{precision}",
+                f"emugpu: {entry['path']} was measured {_describe_precision(entry['amp'], entry['dtype'])}"
+                f", but {label} runs {_describe_precision(*precision)}; its time comes from the cost "
+                f"model instead",
+            )
             entry = None
         plan = None
         if entry is None:
             # Cost-model regions: timed by their ops alone, reported beside the profiled ones.
             at = f"{label}@{batch}"
-            plan = _Plan(device, label, f"{at}:forward", f"{at}:backward", _COST_MODEL, _COST_MODEL, {},
-                         span is not None)
+            plan = _Plan(
+                device, label, f"{at}:forward", f"{at}:backward", _COST_MODEL, _COST_MODEL, {}, span is not None
+            )
             source = {"source": "cost model", "batch_size": batch}
             self.sources[plan.forward_key] = self.sources[plan.backward_key] = source
-            why = (f"no profile for model '{name}'" if name else
-                   f"no profile matched {label} (by parameter count)")
-            self.warn_once(f"cost model:{label}:{gpu}",
-                           f"emugpu: {why} on {gpu}; its time comes from the per-op cost model "
-                           f"({_C._current_kernel_params(device)['source']}). "
-                           f"Name its profile with torch_emugpu.use_profile(model, NAME), or measure one with "
-                           f"`torch-emugpu profile` (`torch-emugpu profiles` lists what exists)")
+            why = f"no profile for model '{name}'" if name else f"no profile matched {label} (by parameter count)"
+            self.warn_once(
+                f"cost model:{label}:{gpu}",
+                f"emugpu: {why} on {gpu}; its time comes from the per-op cost model "
+                f"({_C._current_kernel_params(device)['source']}). "
+                f"Name its profile with torch_emugpu.use_profile(model, NAME), or measure one with "
+                f"`torch-emugpu profile` (`torch-emugpu profiles` lists what exists)",
+            )
         else:
             model = entry["model"]
             if entry["kind"] == "extrapolated":
                 sizes = next(s for count, s in entry["tables"] if count == gpus)
                 table = f"the {gpus}-GPU table of " if gpus > 1 else ""
-                self.warn_once(f"extrapolated:{entry['path']}:{gpus}",
-                               f"emugpu: batch size {batch} lies outside the profiled range {sizes[0]}-{sizes[-1]} "
-                               f"of {table}{entry['path']}; extrapolating linearly")
+                self.warn_once(
+                    f"extrapolated:{entry['path']}:{gpus}",
+                    f"emugpu: batch size {batch} lies outside the profiled range {sizes[0]}-{sizes[-1]} "
+                    f"of {table}{entry['path']}; extrapolating linearly",
+                )
             at = f"{model}@{batch}" if gpus == 1 else f"{model}@{batch}:dp{gpus}"
-            plan = _Plan(device, label, f"{at}:forward", f"{at}:backward", entry["forward_s"], entry["backward_s"],
-                         entry, span is not None, span.others if gpus > 1 and span is not None else ())
+            plan = _Plan(
+                device,
+                label,
+                f"{at}:forward",
+                f"{at}:backward",
+                entry["forward_s"],
+                entry["backward_s"],
+                entry,
+                span is not None,
+                span.others if gpus > 1 and span is not None else (),
+            )
             source = {"source": entry["path"], "kind": entry["kind"], "batch_size": batch, "gpu_count": gpus}
             if gpus > 1:
                 source["devices"] = list(plan.devices)
             elif span is not None:
-                source["note"] = (f"nn.DataParallel over {span.gpu_count} GPUs without a {span.gpu_count}-GPU "
-                                  f"table: the 1-GPU time of the whole batch")
+                source["note"] = (
+                    f"nn.DataParallel over {span.gpu_count} GPUs without a {span.gpu_count}-GPU "
+                    f"table: the 1-GPU time of the whole batch"
+                )
             for region in (plan.forward_key, plan.backward_key):
                 self.sources[region] = source
         cached[(batch, name, precision)] = plan
@@ -249,9 +272,12 @@ class _Planner:
                 torch.Event(device=torch.device("emugpu", device)).record(torch.emugpu.current_stream(device))
             host_bound += _C._forward_begin(device, plan.forward_key, plan.forward_s, called_at)
         if host_bound > 0:
-            self.warn_once("host-bound", "emugpu: the host launched a profiled region's work later than the "
-                           "profiled time allows (host-bound), so that region took longer than its profile; "
-                           "torch_emugpu.region_report() lists which ('host_bound')")
+            self.warn_once(
+                "host-bound",
+                "emugpu: the host launched a profiled region's work later than the "
+                "profiled time allows (host-bound), so that region took longer than its profile; "
+                "torch_emugpu.region_report() lists which ('host_bound')",
+            )
 
     def post_hook(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         thread = threading.get_ident()
@@ -352,9 +378,12 @@ class _CostModelNotice:
             return
         self.remove()
         dirs = ", ".join(str(p) for p in profiles.search_path())
-        warnings.warn(f"emugpu: no measured profiles on the search path ({dirs}), so every model's time comes "
-                      f"from the per-op cost model. Measure profiles with `torch-emugpu profile` on a CUDA "
-                      f"machine or import some with `torch-emugpu import gpemu`", stacklevel=_user_stacklevel())
+        warnings.warn(
+            f"emugpu: no measured profiles on the search path ({dirs}), so every model's time comes "
+            f"from the per-op cost model. Measure profiles with `torch-emugpu profile` on a CUDA "
+            f"machine or import some with `torch-emugpu import gpemu`",
+            stacklevel=_user_stacklevel(),
+        )
 
     def remove(self) -> None:
         if self.handle is not None:

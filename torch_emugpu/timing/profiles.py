@@ -24,8 +24,18 @@ from torch_emugpu import _C
 from torch_emugpu.device._extension import ensure_configured
 from torch_emugpu.measure.common import user_profile_dir
 
-__all__ = ["search_path", "calibration_path", "user_profile_dir", "packaged_profile_dir", "reload", "available",
-           "lookup", "find", "plot", "on_reload"]
+__all__ = [
+    "search_path",
+    "calibration_path",
+    "user_profile_dir",
+    "packaged_profile_dir",
+    "reload",
+    "available",
+    "lookup",
+    "find",
+    "plot",
+    "on_reload",
+]
 
 
 def packaged_profile_dir() -> Path:
@@ -94,8 +104,13 @@ def available() -> list[dict[str, Any]]:
     return list(_summaries if _summaries is not None else reload())
 
 
-def lookup(model: str | None = None, batch_size: int = 1, gpu: str | None = None,
-           parameters: int | None = None, gpu_count: int = 1) -> dict[str, Any] | None:
+def lookup(
+    model: str | None = None,
+    batch_size: int = 1,
+    gpu: str | None = None,
+    parameters: int | None = None,
+    gpu_count: int = 1,
+) -> dict[str, Any] | None:
     """The profile entry for (GPU, model) at `batch_size`, interpolated, or None."""
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
@@ -118,8 +133,10 @@ def find(gpu: str, model: str) -> dict[str, Any]:
         if entry is not None:
             return entry
     have = sorted({f"{r['gpu']}/{r['model']}" for r in rows})
-    raise ValueError(f"no profile for model '{model}' on GPU '{gpu}'; available: {', '.join(have) or 'none'} "
-                     f"(searched {', '.join(str(p) for p in search_path())})")
+    raise ValueError(
+        f"no profile for model '{model}' on GPU '{gpu}'; available: {', '.join(have) or 'none'} "
+        f"(searched {', '.join(str(p) for p in search_path())})"
+    )
 
 
 def plot(doc: dict[str, Any], path: str | Path) -> None:
@@ -133,8 +150,11 @@ def plot(doc: dict[str, Any], path: str | Path) -> None:
         raise ValueError("plotting needs matplotlib: pip install matplotlib") from None
     batches = doc["batches"]
     fig, (t_ax, m_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in (("forward_s", "forward"), ("backward_s", "backward + update"),
-                       ("transfer_pageable_s", "H2D copy (pageable)")):
+    for key, label in (
+        ("forward_s", "forward"),
+        ("backward_s", "backward + update"),
+        ("transfer_pageable_s", "H2D copy (pageable)"),
+    ):
         points = [(b["batch_size"], b[key] * 1e3) for b in batches if b.get(key) is not None]
         if points:
             t_ax.plot(*zip(*points, strict=True), marker=".", label=label)
