@@ -80,9 +80,7 @@ void copy_stats(const StatArray& from, c10::CachingAllocator::StatArray& to) {
 
 }  // namespace
 
-c10::DataPtr EmuDeviceAllocator::allocate(size_t nbytes) {
-  return allocate_on(current_device(), nbytes);
-}
+c10::DataPtr EmuDeviceAllocator::allocate(size_t nbytes) { return allocate_on(current_device(), nbytes); }
 
 c10::DataPtr EmuDeviceAllocator::allocate_on(int device, size_t nbytes) {
   const c10::Device where(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
@@ -113,8 +111,7 @@ void EmuDeviceAllocator::recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /
 }
 
 c10::CachingDeviceAllocator::DeviceStats EmuDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
-  const AllocatorStats s =
-      translate_errors([&] { return Runtime::get().device(device).allocator().stats(); });
+  const AllocatorStats s = translate_errors([&] { return Runtime::get().device(device).allocator().stats(); });
   c10::CachingDeviceAllocator::DeviceStats out;
   copy_stats(s.allocation, out.allocation);
   copy_stats(s.segment, out.segment);
@@ -211,17 +208,17 @@ SharedStorage share_storage(const c10::Storage& storage) {
   out.nbytes = storage.nbytes();
   out.map_length = (out.data_offset + out.nbytes + page_size() - 1) / page_size() * page_size();
   out.materialized = block->materialized;
-  out.ready_ns = translate_errors(
-      [&] { return Runtime::get().device(out.device).stream_ready(current_stream_id(out.device)); });
+  out.ready_ns =
+      translate_errors([&] { return Runtime::get().device(out.device).stream_ready(current_stream_id(out.device)); });
   return out;
 }
 
 c10::Storage open_shared_storage(const SharedStorage& shared) {
   const int count = translate_errors([] { return Runtime::get().device_count(); });
-  TORCH_CHECK_INDEX(shared.device >= 0 && shared.device < count, "emugpu sharing: the storage lives on emugpu:",
-                    shared.device, " of the sending process, but this process has ", count,
-                    " emulated device(s): expected an index below ", count,
-                    "; give it at least as many devices (EMUGPU_DEVICE_COUNT)");
+  TORCH_CHECK_INDEX(
+      shared.device >= 0 && shared.device < count, "emugpu sharing: the storage lives on emugpu:", shared.device,
+      " of the sending process, but this process has ", count, " emulated device(s): expected an index below ", count,
+      "; give it at least as many devices (EMUGPU_DEVICE_COUNT)");
   Device* device = translate_errors([&] { return &Runtime::get().device(shared.device); });
   TORCH_CHECK_VALUE(shared.nbytes > 0 && shared.map_offset % page_size() == 0 &&
                         shared.data_offset + shared.nbytes <= shared.map_length,
@@ -237,8 +234,9 @@ c10::Storage open_shared_storage(const SharedStorage& shared) {
   auto file = shared_file(shared.fd, st);
   void* base = mmap(nullptr, shared.map_length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, file->fd,
                     static_cast<off_t>(shared.map_offset));
-  TORCH_CHECK(base != MAP_FAILED, "emugpu sharing: could not map ", shared.map_length, " bytes of shared memory: ",
-              std::strerror(errno), "; raise the process's virtual memory limit (ulimit -v)");
+  TORCH_CHECK(base != MAP_FAILED, "emugpu sharing: could not map ", shared.map_length,
+              " bytes of shared memory: ", std::strerror(errno),
+              "; raise the process's virtual memory limit (ulimit -v)");
   auto* mapping = new SharedMapping;
   mapping->base = base;
   mapping->length = shared.map_length;

@@ -57,9 +57,7 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   // The calling thread's current emugpu device.
-  c10::Device getDevice() const override {
-    return c10::Device(kType, static_cast<c10::DeviceIndex>(current_device()));
-  }
+  c10::Device getDevice() const override { return c10::Device(kType, static_cast<c10::DeviceIndex>(current_device())); }
 
   // Makes `d` current for the calling thread; throws on a bad index.
   void setDevice(c10::Device d) const override {
@@ -113,9 +111,8 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // Records where the stream's timeline will be (now, if idle).
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag /*flag*/) const override {
-    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-                "emugpu: event device index ", static_cast<int>(device_index),
-                " does not match the stream's device ", stream.device());
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "emugpu: event device index ",
+                static_cast<int>(device_index), " does not match the stream's device ", stream.device());
     auto& dev = device_at(stream.device_index());
     std::shared_ptr<PendingTime> time = EventTimeScope::take();
     if (!time) time = translate_errors([&] { return dev.record_pending(stream.id(), !in_backward()); });

@@ -38,8 +38,7 @@ struct EmuHooks final : public at::PrivateUse1HooksInterface {
     translate_errors([&] { Runtime::get().device(index); });
     std::lock_guard<std::mutex> lock(mutex);
     while (static_cast<int>(generators.size()) <= index) {
-      generators.push_back(at::make_generator<EmuGeneratorImpl>(
-          static_cast<c10::DeviceIndex>(generators.size())));
+      generators.push_back(at::make_generator<EmuGeneratorImpl>(static_cast<c10::DeviceIndex>(generators.size())));
     }
     return generators[index];
   }
@@ -68,17 +67,13 @@ struct EmuHooks final : public at::PrivateUse1HooksInterface {
   void setCurrentDevice(c10::DeviceIndex device) const override {
     translate_errors([&] { set_current_device(device); });
   }
-  c10::DeviceIndex getCurrentDevice() const override {
-    return static_cast<c10::DeviceIndex>(current_device());
-  }
+  c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(current_device()); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
     const auto old = getCurrentDevice();
     setCurrentDevice(device);
     return old;
   }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
-    return exchangeDevice(device);
-  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override { return exchangeDevice(device); }
 
   // Storage.resize_() on an emugpu storage.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {

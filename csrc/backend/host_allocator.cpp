@@ -25,15 +25,14 @@ class PinnedAllocator final : public c10::Allocator {
     if (nbytes == 0) return {nullptr, nullptr, &delete_pinned, c10::Device(c10::kCPU)};
     void* ptr = translate_errors([&] { return host_allocator().allocate(nbytes); });
     if (host_allocator().lock_refused()) {
-      TORCH_WARN_ONCE("emugpu: could not lock pinned host memory (mlock refused: no CAP_IPC_LOCK or "
-                      "RLIMIT_MEMLOCK too low); pinned tensors use ordinary memory, timing is unaffected");
+      TORCH_WARN_ONCE(
+          "emugpu: could not lock pinned host memory (mlock refused: no CAP_IPC_LOCK or "
+          "RLIMIT_MEMLOCK too low); pinned tensors use ordinary memory, timing is unaffected");
     }
     return {ptr, ptr, &delete_pinned, c10::Device(c10::kCPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_pinned; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 };
 
 }  // namespace

@@ -1,9 +1,9 @@
 #include "backend/runtime.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/graph_task.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <unistd.h>
 
 #include <array>
@@ -77,8 +77,8 @@ KernelParams fitted_calibration(const std::string& path, const GpuSpec& gpu) {
     const Calibration cal = load_calibration(path, gpu);
     // Once per file version, as the fit: points a newer version wrote are skipped, not refused.
     if (const std::string warning = calibration_warning(cal); !warning.empty()) TORCH_WARN("emugpu: ", warning);
-    it = fits.emplace(key, fit_kernel_params(gpu, cal.cases, default_kernel_params(gpu), {},
-                                             "calibration: " + path)).first;
+    it = fits.emplace(key, fit_kernel_params(gpu, cal.cases, default_kernel_params(gpu), {}, "calibration: " + path))
+             .first;
   }
   return it->second;
 }
@@ -126,9 +126,8 @@ void attach_shared_pcie(const Config& config, const GpuSpec& gpu, std::vector<st
   const double factor = config.pcie_uplink_gbps > 0 ? gpu.pcie_bandwidth() / (config.pcie_uplink_gbps * 1e9) : 1.0;
   for (auto& d : devices) {
     const int uplink = d->index() / config.pcie_shared_by;
-    EMUGPU_CHECK(uplink < PcieLinks::kMaxUplinks, kValue, "EMUGPU_PCIE_SHARED_BY=", config.pcie_shared_by,
-                 " puts GPU ", d->index(), " behind uplink ", uplink, "; at most ", PcieLinks::kMaxUplinks,
-                 " uplinks per node");
+    EMUGPU_CHECK(uplink < PcieLinks::kMaxUplinks, kValue, "EMUGPU_PCIE_SHARED_BY=", config.pcie_shared_by, " puts GPU ",
+                 d->index(), " behind uplink ", uplink, "; at most ", PcieLinks::kMaxUplinks, " uplinks per node");
     d->attach_pcie(opened, uplink, factor);
   }
 }

@@ -127,8 +127,9 @@ Block* CachingAllocator::new_segment(size_t size, bool small) {
   if (fd_ >= 0) {
     // Segment sizes are multiples of 2 MiB, so every offset is page aligned.
     offset = ranges_.take(size, [&](uint64_t end) {
-      EMUGPU_CHECK(ftruncate(fd_, static_cast<off_t>(end)) == 0, kRuntime, "could not grow the memfd of emulated device ",
-                   device_, " to ", format_bytes(static_cast<double>(end)), ": ", std::strerror(errno),
+      EMUGPU_CHECK(ftruncate(fd_, static_cast<off_t>(end)) == 0, kRuntime,
+                   "could not grow the memfd of emulated device ", device_, " to ",
+                   format_bytes(static_cast<double>(end)), ": ", std::strerror(errno),
                    "; raise the process's file size limit (ulimit -f)");
     });
     base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, static_cast<off_t>(offset));
@@ -167,7 +168,7 @@ void CachingAllocator::release_cached_segments() {
       // Hand the pages back to the host now; the range is reused later. shmem
       // supports punching holes, so a failure would only keep pages until reuse.
       (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(block->file_offset),
-                static_cast<off_t>(block->size));
+                      static_cast<off_t>(block->size));
       ranges_.give_back(block->file_offset, block->size);
     }
     delete block;
@@ -231,8 +232,8 @@ Block* CachingAllocator::allocate(size_t requested) {
 
 void CachingAllocator::free(Block* block) {
   std::lock_guard<std::mutex> lock(mutex_);
-  EMUGPU_CHECK(block != nullptr && block->allocated, kRuntime,
-               "emulated device ", device_, ": free of a block that is not allocated");
+  EMUGPU_CHECK(block != nullptr && block->allocated, kRuntime, "emulated device ", device_,
+               ": free of a block that is not allocated");
   block->allocated = false;
   const bool small = block->small;
   update(stats_.allocation, small, -1);
@@ -248,8 +249,10 @@ void CachingAllocator::free(Block* block) {
       block->ptr = other->ptr;
       block->file_offset = other->file_offset;
       block->prev = other->prev;
-      if (block->prev) block->prev->next = block;
-      else segments_[block->ptr] = block;
+      if (block->prev)
+        block->prev->next = block;
+      else
+        segments_[block->ptr] = block;
     } else {
       block->next = other->next;
       if (block->next) block->next->prev = block;
@@ -272,9 +275,9 @@ AllocatorStats CachingAllocator::stats() const {
 
 template <typename Fn>
 void CachingAllocator::for_each_stat(Fn&& fn) {
-  for (StatArray* s : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+  for (StatArray* s :
+       {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split, &stats_.allocated_bytes,
+        &stats_.reserved_bytes, &stats_.active_bytes, &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
     for (Stat& stat : *s) fn(stat);
   }
 }
@@ -296,14 +299,13 @@ void CachingAllocator::throw_oom(size_t requested, size_t segment) {
   const uint64_t reserved_now = reserved_locked();
   const auto allocated = static_cast<uint64_t>(stats_.allocated_bytes[kAggregate].current);
   const uint64_t free_bytes = capacity_ > reserved_now ? capacity_ - reserved_now : 0;
-  detail::throw_error(
-      ErrorKind::kOutOfMemory, "emugpu out of memory. Tried to allocate ", format_bytes(requested),
-      " (a ", format_bytes(segment), " segment). Emulated GPU ", device_, " (", gpu_name_,
-      ") has a total capacity of ", format_bytes(total_), " of which ", format_bytes(free_bytes),
-      " is free. Of the allocated memory ", format_bytes(allocated),
-      " is allocated by PyTorch, and ", format_bytes(reserved_now - allocated),
-      " is reserved by PyTorch but unallocated. Reduce the batch size, or emulate a GPU with "
-      "more memory (EMUGPU_GPU).");
+  detail::throw_error(ErrorKind::kOutOfMemory, "emugpu out of memory. Tried to allocate ", format_bytes(requested),
+                      " (a ", format_bytes(segment), " segment). Emulated GPU ", device_, " (", gpu_name_,
+                      ") has a total capacity of ", format_bytes(total_), " of which ", format_bytes(free_bytes),
+                      " is free. Of the allocated memory ", format_bytes(allocated), " is allocated by PyTorch, and ",
+                      format_bytes(reserved_now - allocated),
+                      " is reserved by PyTorch but unallocated. Reduce the batch size, or emulate a GPU with "
+                      "more memory (EMUGPU_GPU).");
 }
 
 }  // namespace emugpu

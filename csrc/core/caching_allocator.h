@@ -22,9 +22,9 @@
 namespace emugpu {
 
 constexpr size_t kMinBlockSize = 512;
-constexpr size_t kSmallSize = 1 << 20;        // requests up to this use the small pool
-constexpr size_t kSmallBuffer = 2 << 20;      // small-pool segment size
-constexpr size_t kLargeBuffer = 20 << 20;     // segment for requests under kMinLargeAlloc
+constexpr size_t kSmallSize = 1 << 20;     // requests up to this use the small pool
+constexpr size_t kSmallBuffer = 2 << 20;   // small-pool segment size
+constexpr size_t kLargeBuffer = 20 << 20;  // segment for requests under kMinLargeAlloc
 constexpr size_t kMinLargeAlloc = 10 << 20;
 constexpr size_t kRoundLarge = 2 << 20;
 // Far above any GPU; keeps sizes and their int64 statistics from overflowing.

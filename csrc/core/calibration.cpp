@@ -87,9 +87,9 @@ double itemsize(DType d) {
 
 // Every family `torch-emugpu calibrate` writes (torch_emugpu/calibrate.py's
 // GENERATORS); a file may hold others from a newer version.
-constexpr std::string_view kFamilies[] = {
-    "launch", "elementwise", "reduction", "copy",      "gemm", "bmm",       "conv",    "norm",
-    "softmax", "cross_entropy", "attention", "rnn", "embedding", "optimizer", "transfer"};
+constexpr std::string_view kFamilies[] = {"launch",    "elementwise", "reduction", "copy",      "gemm",
+                                          "bmm",       "conv",        "norm",      "softmax",   "cross_entropy",
+                                          "attention", "rnn",         "embedding", "optimizer", "transfer"};
 
 // The OpCosts the emulator would charge for one measured point, as the
 // glue's estimate() builds them (backend/ops/estimate.cpp), or none for a
@@ -97,8 +97,7 @@ constexpr std::string_view kFamilies[] = {
 // known family, that this version does not know sets `unknown` to its name
 // ("family" or "family/op") and is none too: its other fields may follow
 // rules this version does not know either, so they are not checked.
-std::vector<OpCost> point_ops(const json& m, const std::string& path, const std::string& where,
-                              std::string& unknown) {
+std::vector<OpCost> point_ops(const json& m, const std::string& path, const std::string& where, std::string& unknown) {
   const std::string family = need_string(m, "family", path, where);
   const std::string op = need_string(m, "op", path, where);
   if (std::find(std::begin(kFamilies), std::end(kFamilies), family) == std::end(kFamilies)) {
@@ -184,7 +183,7 @@ std::vector<OpCost> point_ops(const json& m, const std::string& path, const std:
     const bool input_grad = op == "backward_input";
     if (!forward && !input_grad && op != "backward_weight") return unknown_op();
     c.family = forward ? OpFamily::kConv : OpFamily::kConvBackward;
-    c.conv = {d("N"), d("C"), d("H"), d("W"), d("K"), d("R"), d("S"), d("P"), d("Q"), std::max(d("groups"), 1.0),
+    c.conv = {d("N"),     d("C"), d("H"), d("W"), d("K"), d("R"), d("S"), d("P"), d("Q"), std::max(d("groups"), 1.0),
               d("stride")};
     // As estimate() reads the input's memory format: NCHW tensor-core
     // convolutions pay for layout transforms, NHWC ones do not.
@@ -281,9 +280,8 @@ std::string calibration_warning(const Calibration& cal) {
   if (cal.unknown.empty()) return "";
   std::ostringstream out;
   out << "calibration " << cal.path << ": " << cal.unknown_points << " point" << (cal.unknown_points == 1 ? "" : "s")
-      << " of families or ops this version does not know (" << join(cal.unknown)
-      << ") ignored; the fit uses the other " << cal.cases.size()
-      << " (a newer torch-emugpu wrote them, and can use them)";
+      << " of families or ops this version does not know (" << join(cal.unknown) << ") ignored; the fit uses the other "
+      << cal.cases.size() << " (a newer torch-emugpu wrote them, and can use them)";
   return out.str();
 }
 

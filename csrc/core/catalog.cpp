@@ -102,8 +102,8 @@ template <typename Int>
 Int integer_field(const json& v, int64_t lo, int64_t hi, const std::string& where, const char* field) {
   const auto n = json_integer_in(v, lo, hi);
   if (!n) {
-    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected an integer from ", lo,
-                        " to ", hi, ", found ", describe_json(v), "; correct the GPU entry");
+    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected an integer from ", lo, " to ", hi,
+                        ", found ", describe_json(v), "; correct the GPU entry");
   }
   return static_cast<Int>(*n);
 }
@@ -116,16 +116,16 @@ const json& required_field(const json& entry, const char* field, const std::stri
 
 // A finite number in (0, max], or [0, max] for optional fields, where an
 // absent or null field reads as 0 ("not published").
-double number_field(const json& entry, const char* field, const std::string& where, bool required,
-                    double max, const char* unit) {
+double number_field(const json& entry, const char* field, const std::string& where, bool required, double max,
+                    const char* unit) {
   if (!required && (!entry.contains(field) || entry.at(field).is_null())) return 0;
   const json& v = required ? required_field(entry, field, where) : entry.at(field);
   const bool ok = v.is_number() && std::isfinite(v.get<double>()) &&
                   (required ? v.get<double>() > 0 : v.get<double>() >= 0) && v.get<double>() <= max;
   if (!ok) {
     detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected a number ",
-                        required ? "> 0" : ">= 0", " and <= ", plain(max), " (", unit, "), found ",
-                        describe_json(v), "; correct the GPU entry");
+                        required ? "> 0" : ">= 0", " and <= ", plain(max), " (", unit, "), found ", describe_json(v),
+                        "; correct the GPU entry");
   }
   return v.get<double>();
 }
@@ -169,9 +169,12 @@ std::string describe_json(const json& value) {
     if (it != value.begin()) out += ", ";
     if (!array) out += scalar_text(json(it.key())) + ": ";
     const json& e = it.value();
-    if (e.is_array()) out += e.empty() ? "[]" : "[...]";
-    else if (e.is_object()) out += e.empty() ? "{}" : "{...}";
-    else out += scalar_text(e);
+    if (e.is_array())
+      out += e.empty() ? "[]" : "[...]";
+    else if (e.is_object())
+      out += e.empty() ? "{}" : "{...}";
+    else
+      out += scalar_text(e);
   }
   out += array ? "]" : "}";
   if (out.size() <= kDescribeLimit) return out;
@@ -223,15 +226,14 @@ json parse_json_document(std::string_view text, const std::string& origin) {
 
 Catalog Catalog::from_json_text(std::string_view text, const std::string& origin) {
   const json doc = parse_json_document(text, origin);
-  EMUGPU_CHECK(doc.is_object() && doc.contains("gpus") && doc.at("gpus").is_array(), kValue,
-               origin, ": expected an object with a 'gpus' array");
+  EMUGPU_CHECK(doc.is_object() && doc.contains("gpus") && doc.at("gpus").is_array(), kValue, origin,
+               ": expected an object with a 'gpus' array");
   const json& gpus = doc.at("gpus");
   Catalog catalog;
   for (size_t i = 0; i < gpus.size(); ++i) {
     const json& e = gpus[i];
     std::string where = origin + ": gpus[" + std::to_string(i) + "]";
-    EMUGPU_CHECK(e.is_object(), kValue, where, ": expected an object describing one GPU, found ",
-                 describe_json(e));
+    EMUGPU_CHECK(e.is_object(), kValue, where, ": expected an object describing one GPU, found ", describe_json(e));
     GpuSpec g;
     g.name = string_field(e, "name", where);
     where += " (" + describe_json(e.at("name")) + ")";
@@ -240,8 +242,8 @@ Catalog Catalog::from_json_text(std::string_view text, const std::string& origin
       EMUGPU_CHECK(aliases.is_array(), kValue, where, ": field 'aliases': expected an array of names, found ",
                    describe_json(aliases), "; correct the GPU entry");
       for (size_t k = 0; k < aliases.size(); ++k) {
-        EMUGPU_CHECK(aliases[k].is_string(), kValue, where, ": field 'aliases[", k,
-                     "]': expected a string, found ", describe_json(aliases[k]), "; correct the GPU entry");
+        EMUGPU_CHECK(aliases[k].is_string(), kValue, where, ": field 'aliases[", k, "]': expected a string, found ",
+                     describe_json(aliases[k]), "; correct the GPU entry");
         g.aliases.push_back(aliases[k].get<std::string>());
       }
     }
@@ -251,9 +253,10 @@ Catalog Catalog::from_json_text(std::string_view text, const std::string& origin
                                            static_cast<double>(1ull << 30));
     g.sm_count = integer_field<int>(required_field(e, "sm_count", where), 1, 10000, where, "sm_count");
     const json& cc = required_field(e, "compute_capability", where);
-    EMUGPU_CHECK(cc.is_string() && parse_compute_capability(cc.get<std::string>(), g.major, g.minor), kValue,
-                 where, ": field 'compute_capability': expected 'MAJOR.MINOR' with each part an integer "
-                 "0..99, found ", describe_json(cc), "; correct the GPU entry");
+    EMUGPU_CHECK(cc.is_string() && parse_compute_capability(cc.get<std::string>(), g.major, g.minor), kValue, where,
+                 ": field 'compute_capability': expected 'MAJOR.MINOR' with each part an integer "
+                 "0..99, found ",
+                 describe_json(cc), "; correct the GPU entry");
     constexpr double kMaxTflops = 1e6;  // 1e18 FLOP/s
     const char* tflops = "TFLOP/s; that is 1e18 FLOP/s";
     g.fp32_flops = number_field(e, "fp32_tflops", where, true, kMaxTflops, tflops) * 1e12;
@@ -264,8 +267,7 @@ Catalog Catalog::from_json_text(std::string_view text, const std::string& origin
     constexpr double kMaxGbps = 1e6;  // 1e15 B/s
     const char* gbps = "GB/s; that is 1e15 bytes/s";
     g.memory_bandwidth = number_field(e, "memory_bandwidth_gbps", where, true, kMaxGbps, gbps) * 1e9;
-    g.pcie_generation =
-        integer_field<int>(required_field(e, "pcie_generation", where), 1, 6, where, "pcie_generation");
+    g.pcie_generation = integer_field<int>(required_field(e, "pcie_generation", where), 1, 6, where, "pcie_generation");
     g.pcie_width = integer_field<int>(required_field(e, "pcie_width", where), 1, 32, where, "pcie_width");
     g.nvlink_bandwidth = number_field(e, "nvlink_gbps", where, false, kMaxGbps, gbps) * 1e9;
     EMUGPU_CHECK(g.memory_bytes > 0, kValue, where, ": field 'memory_gib': expected at least one byte, found ",
@@ -305,8 +307,8 @@ const GpuSpec& Catalog::find(std::string_view name) const {
       if (d < best_distance) best_distance = d, best = &g;
     }
   }
-  detail::throw_error(ErrorKind::kValue, "unknown GPU '", name, "'; did you mean '",
-                      best ? best->name : "", "'? Known GPUs: ", known);
+  detail::throw_error(ErrorKind::kValue, "unknown GPU '", name, "'; did you mean '", best ? best->name : "",
+                      "'? Known GPUs: ", known);
 }
 
 }  // namespace emugpu

@@ -14,21 +14,21 @@ namespace emugpu {
 enum class DType { kFloat32, kTensorFloat32, kFloat16, kBFloat16, kFloat64, kInteger };
 
 struct GpuSpec {
-  std::string name;                // as torch.cuda.get_device_name() prints it
+  std::string name;  // as torch.cuda.get_device_name() prints it
   std::vector<std::string> aliases;
-  uint64_t memory_bytes = 0;       // total_memory as CUDA reports it
+  uint64_t memory_bytes = 0;  // total_memory as CUDA reports it
   int sm_count = 0;
   int major = 0;
   int minor = 0;
-  double fp32_flops = 0;           // peak dense FLOP/s
+  double fp32_flops = 0;  // peak dense FLOP/s
   double tf32_flops = 0;
   double fp16_flops = 0;
   double bf16_flops = 0;
   double fp64_flops = 0;
-  double memory_bandwidth = 0;     // bytes/s
+  double memory_bandwidth = 0;  // bytes/s
   int pcie_generation = 0;
   int pcie_width = 0;
-  double nvlink_bandwidth = 0;     // bytes/s per direction, 0 when absent
+  double nvlink_bandwidth = 0;  // bytes/s per direction, 0 when absent
 
   double peak_flops(DType dtype) const;
   // Usable host<->device bandwidth in bytes/s (about 80% of the PCIe link).

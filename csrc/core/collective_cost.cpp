@@ -42,7 +42,7 @@ struct ProtocolTraits {
   double nvlink_hop_ns;  // what the protocol adds to a hop's latency, per link kind
   double pcie_hop_ns;
   double net_hop_ns;
-  double fixed_ns;       // pipeline fill and drain, once per collective
+  double fixed_ns;  // pipeline fill and drain, once per collective
 };
 
 // Hop latencies: the differences between NCCL's hwLat rows (tuning.cc,
@@ -65,9 +65,9 @@ constexpr std::array<ProtocolTraits, 3> kProtocols{{
 double ll_max_bw(int nodes) { return nodes == 1 ? 87.7e9 : nodes == 2 ? 22.5e9 : 19.0e9; }
 
 struct Rates {
-  double intra_bw, inter_bw;      // bytes/s under this protocol
-  double intra_hop, inter_hop;    // ns per hop under this protocol
-  double fixed;                   // ns once per collective
+  double intra_bw, inter_bw;    // bytes/s under this protocol
+  double intra_hop, inter_hop;  // ns per hop under this protocol
+  double fixed;                 // ns once per collective
 };
 
 Rates rates(const Topology& t, const ProtocolTraits& p) {
@@ -159,8 +159,7 @@ double variant(Collective kind, Algorithm algorithm, Protocol protocol, const To
     case Collective::kReduceScatter:
       return algorithm == Algorithm::kRing ? ring(t, r, n - 1, (n - 1) / n * bytes) : nan;
     case Collective::kBroadcast:
-    case Collective::kReduce:
-      return algorithm == Algorithm::kRing ? ring(t, r, n - 1, bytes) : nan;
+    case Collective::kReduce: return algorithm == Algorithm::kRing ? ring(t, r, n - 1, bytes) : nan;
     case Collective::kAllToAll:
       // Each rank keeps 1/n, sends (R-1)/n to its node and the rest out;
       // its node's R ranks share the NICs.
@@ -175,15 +174,14 @@ double variant(Collective kind, Algorithm algorithm, Protocol protocol, const To
       // Across nodes one GPU gets its share of the node's NICs (one per GPU
       // on rail-optimised nodes).
       return t.nodes > 1 ? direct(t, r, 0, bytes * R) : direct(t, r, bytes, 0);
-    case Collective::kBarrier:
-      return nan;  // handled by the caller as a small all_reduce
+    case Collective::kBarrier: return nan;  // handled by the caller as a small all_reduce
   }
   return nan;
 }
 
 void check_topology(const Topology& t) {
-  EMUGPU_CHECK(t.ranks_per_node >= 1 && t.ranks_per_node <= kMaxRanksPerNode, kValue,
-               "topology: expected 1 to ", kMaxRanksPerNode, " ranks per node, got ", t.ranks_per_node);
+  EMUGPU_CHECK(t.ranks_per_node >= 1 && t.ranks_per_node <= kMaxRanksPerNode, kValue, "topology: expected 1 to ",
+               kMaxRanksPerNode, " ranks per node, got ", t.ranks_per_node);
   EMUGPU_CHECK(t.nodes >= 1 && t.nodes <= kMaxRanks / t.ranks_per_node, kValue, "topology: expected 1 to ",
                kMaxRanks / t.ranks_per_node, " nodes of ", t.ranks_per_node, " ranks, got ", t.nodes);
   const auto finite_non_negative = [](double v) { return std::isfinite(v) && v >= 0; };
@@ -191,11 +189,10 @@ void check_topology(const Topology& t) {
                "topology: expected finite non-negative latencies, got intra ", t.intra_latency_ns, " ns, inter ",
                t.inter_latency_ns, " ns");
   EMUGPU_CHECK(t.ranks_per_node == 1 || (std::isfinite(t.intra_bw) && t.intra_bw > 0), kValue,
-               "topology: expected a positive intra-node bandwidth for ", t.ranks_per_node,
-               " ranks per node, got ", t.intra_bw, " bytes/s");
+               "topology: expected a positive intra-node bandwidth for ", t.ranks_per_node, " ranks per node, got ",
+               t.intra_bw, " bytes/s");
   EMUGPU_CHECK(t.nodes == 1 || (std::isfinite(t.inter_bw) && t.inter_bw > 0), kValue,
-               "topology: expected a positive network bandwidth for ", t.nodes, " nodes, got ", t.inter_bw,
-               " bytes/s");
+               "topology: expected a positive network bandwidth for ", t.nodes, " nodes, got ", t.inter_bw, " bytes/s");
 }
 
 std::string normalized(std::string_view name) {
@@ -209,9 +206,9 @@ std::string normalized(std::string_view name) {
 }
 
 constexpr std::array<Collective, 10> kCollectives{
-    Collective::kAllReduce, Collective::kBroadcast, Collective::kReduce,  Collective::kAllGather,
-    Collective::kReduceScatter, Collective::kAllToAll, Collective::kGather, Collective::kScatter,
-    Collective::kSendRecv, Collective::kBarrier};
+    Collective::kAllReduce,     Collective::kBroadcast, Collective::kReduce, Collective::kAllGather,
+    Collective::kReduceScatter, Collective::kAllToAll,  Collective::kGather, Collective::kScatter,
+    Collective::kSendRecv,      Collective::kBarrier};
 
 }  // namespace
 
@@ -222,8 +219,8 @@ Topology make_topology(const GpuSpec& gpu, int world, int ranks_per_node, const 
                world);
   // A world smaller than a node is one partly used node; a larger one must
   // fill whole nodes, as torchrun's --nproc-per-node does.
-  EMUGPU_CHECK(world <= ranks_per_node || world % ranks_per_node == 0, kValue,
-               "world size: expected a multiple of ", ranks_per_node, " ranks per node (whole nodes), got ", world);
+  EMUGPU_CHECK(world <= ranks_per_node || world % ranks_per_node == 0, kValue, "world size: expected a multiple of ",
+               ranks_per_node, " ranks per node (whole nodes), got ", world);
   EMUGPU_CHECK(std::isfinite(net.bandwidth) && net.bandwidth > 0, kValue,
                "network bandwidth: expected a positive number of bytes/s, got ", net.bandwidth);
   EMUGPU_CHECK(std::isfinite(net.latency_us) && net.latency_us >= 0, kValue,
@@ -281,14 +278,18 @@ AlgorithmSet parse_algorithms(std::string_view text) {
   while (true) {
     const size_t comma = rest.find(',');
     const std::string key = normalized(rest.substr(0, comma));
-    if (key == "ring") named.ring = true;
-    else if (key == "tree") named.tree = true;
-    else if (key == "nvls" || key == "nvlstree") named.nvls = true;
+    if (key == "ring")
+      named.ring = true;
+    else if (key == "tree")
+      named.tree = true;
+    else if (key == "nvls" || key == "nvlstree")
+      named.nvls = true;
     else if (key != "collnetdirect" && key != "collnetchain" && key != "collnet" && key != "pat") {
       const std::string shown(text.substr(0, 60));
-      detail::throw_error(ErrorKind::kValue, "NCCL_ALGO: expected a comma-separated list of Ring, Tree, NVLS, "
-                          "NVLSTree, CollNetDirect, CollNetChain or PAT (a leading ^ excludes them), got '", shown,
-                          "'");
+      detail::throw_error(ErrorKind::kValue,
+                          "NCCL_ALGO: expected a comma-separated list of Ring, Tree, NVLS, "
+                          "NVLSTree, CollNetDirect, CollNetChain or PAT (a leading ^ excludes them), got '",
+                          shown, "'");
     }
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);

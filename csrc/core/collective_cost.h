@@ -48,13 +48,13 @@ struct NetworkSpec {
 struct Topology {
   int ranks_per_node = 1;
   int nodes = 1;
-  double intra_bw = 0;           // bytes/s per direction per GPU inside a node
-  double intra_latency_ns = 0;   // one hop between two GPUs of a node
-  bool nvlink = false;           // intra-node traffic rides NVLink/NVSwitch (else PCIe peer-to-peer)
-  bool nvls = false;             // the NVSwitch can reduce (Hopper and later): NCCL's NVLS algorithm
-  double nvlink_line_bw = 0;     // NVLink line rate per direction per GPU (NVLS is rated on it)
-  double inter_bw = 0;           // bytes/s per direction per node, all its NICs together
-  double inter_latency_ns = 0;   // one network hop
+  double intra_bw = 0;          // bytes/s per direction per GPU inside a node
+  double intra_latency_ns = 0;  // one hop between two GPUs of a node
+  bool nvlink = false;          // intra-node traffic rides NVLink/NVSwitch (else PCIe peer-to-peer)
+  bool nvls = false;            // the NVSwitch can reduce (Hopper and later): NCCL's NVLS algorithm
+  double nvlink_line_bw = 0;    // NVLink line rate per direction per GPU (NVLS is rated on it)
+  double inter_bw = 0;          // bytes/s per direction per node, all its NICs together
+  double inter_latency_ns = 0;  // one network hop
   int world() const { return ranks_per_node * nodes; }
 };
 
@@ -63,10 +63,10 @@ struct Topology {
 Topology make_topology(const GpuSpec& gpu, int world, int ranks_per_node, const NetworkSpec& net = {});
 
 struct CollectiveCost {
-  TimeNs duration = 0;           // ns, on every rank, from the last rank's start
+  TimeNs duration = 0;  // ns, on every rank, from the last rank's start
   Algorithm algorithm = Algorithm::kRing;
   Protocol protocol = Protocol::kSimple;
-  double bus_factor = 0;         // busbw = bytes / duration x bus_factor
+  double bus_factor = 0;  // busbw = bytes / duration x bus_factor
 };
 
 // Which algorithms NCCL may use, as NCCL_ALGO sets them; point-to-point

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <limits>
 #include <cstdlib>
+#include <limits>
 
 #include "error.h"
 
@@ -28,8 +28,7 @@ std::optional<std::string> env(const char* name) {
 
 void check_count(int count, const std::string& source) {
   EMUGPU_CHECK(count >= 1, kValue, source, ": expected a positive number of emulated GPUs (1 or more), got ", count);
-  EMUGPU_CHECK(count <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices,
-               " emulated GPUs, got ", count);
+  EMUGPU_CHECK(count <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices, " emulated GPUs, got ", count);
 }
 
 void check_net_gbps(double v, const std::string& source) {
@@ -52,8 +51,8 @@ double parse_number(const std::string& text, const std::string& source, const ch
   } catch (const std::exception&) {
     used = 0;
   }
-  EMUGPU_CHECK(used == t.size() && !t.empty() && std::isfinite(value), kValue, source, ": expected ", what,
-               ", got '", brief(text), "'");
+  EMUGPU_CHECK(used == t.size() && !t.empty() && std::isfinite(value), kValue, source, ": expected ", what, ", got '",
+               brief(text), "'");
   return value;
 }
 
@@ -111,8 +110,7 @@ int parse_device_count(const std::string& text, const std::string& source) {
   EMUGPU_CHECK(used == t.size() && !t.empty(), kValue, source,
                ": expected a positive integer number of emulated GPUs, got '", brief(text), "'");
   EMUGPU_CHECK(value >= 1, kValue, source, ": expected a positive number of emulated GPUs (1 or more), got ", value);
-  EMUGPU_CHECK(value <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices, " emulated GPUs, got ",
-               value);
+  EMUGPU_CHECK(value <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices, " emulated GPUs, got ", value);
   return static_cast<int>(value);
 }
 

@@ -37,7 +37,7 @@ struct Config {
   std::string gpu;
   int device_count = 1;
   Mode mode = Mode::kTiming;
-  double net_gbps = kDefaultNetGBps;          // GB/s (1e9 bytes/s) per direction per node
+  double net_gbps = kDefaultNetGBps;             // GB/s (1e9 bytes/s) per direction per node
   double net_latency_us = kDefaultNetLatencyUs;  // one network hop
   // NCCL_ALGO as set: what the collective model may choose. Parsed where a
   // collective is timed (parse_algorithms), so a value only NCCL knows

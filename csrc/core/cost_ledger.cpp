@@ -40,9 +40,8 @@ std::vector<FamilyCost> CostLedger::report() const {
       if (f.ops > 0) out.push_back(f);
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const FamilyCost& a, const FamilyCost& b) {
-    return a.time_ns > b.time_ns;
-  });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const FamilyCost& a, const FamilyCost& b) { return a.time_ns > b.time_ns; });
   return out;
 }
 

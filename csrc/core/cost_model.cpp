@@ -83,8 +83,7 @@ double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const
   return best;
 }
 
-CostModel::CostModel(const GpuSpec& gpu, CostModelParams params)
-    : CostModel(gpu, params, default_kernel_params(gpu)) {}
+CostModel::CostModel(const GpuSpec& gpu, CostModelParams params) : CostModel(gpu, params, default_kernel_params(gpu)) {}
 
 CostModel::CostModel(const GpuSpec& gpu, CostModelParams params, const KernelParams& kernel)
     : gpu_(gpu), params_(params), kernel_(kernel) {
@@ -96,8 +95,8 @@ CostModel::CostModel(const GpuSpec& gpu, CostModelParams params, const KernelPar
 void CostModel::set_kernel_params(const KernelParams& kernel) {
   for (const KernelParamField& f : kernel_param_fields()) {
     const double v = kernel.*f.member;
-    EMUGPU_CHECK(std::isfinite(v) && v >= f.lo && v <= f.hi, kValue, "kernel parameter '", f.name,
-                 "' must lie in [", f.lo, ", ", f.hi, "], got ", v, " (", kernel.source, ")");
+    EMUGPU_CHECK(std::isfinite(v) && v >= f.lo && v <= f.hi, kValue, "kernel parameter '", f.name, "' must lie in [",
+                 f.lo, ", ", f.hi, "], got ", v, " (", kernel.source, ")");
   }
   std::lock_guard<std::mutex> lock(kernel_mutex_);
   kernel_ = kernel;
@@ -128,8 +127,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2 && !cost.cudnn) {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
   }
-  const bool depthwise = uses_cudnn(cost.family) &&
-                         cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
+  const bool depthwise = uses_cudnn(cost.family) && cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
   if (depthwise) {
     // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
     memory_s = peak_memory_s / p.depthwise_efficiency;
@@ -140,8 +138,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
       const double align = 16 / element_bytes(cost.dtype);
       // cuDNN's tensor-core convolutions want channels in 16-byte groups too
       // (the 3-channel stem runs on slower kernels).
-      const bool unaligned_conv = tensor && cost.conv.groups >= 1 && cost.conv.c > 0 &&
-                                  uses_cudnn(cost.family) &&
+      const bool unaligned_conv = tensor && cost.conv.groups >= 1 && cost.conv.c > 0 && uses_cudnn(cost.family) &&
                                   std::fmod(cost.conv.c / cost.conv.groups, align) != 0;
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
@@ -188,8 +185,8 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
 
 void CostModel::set_measured_transfer(TimeNs latency, double rate, double pinned_rate) {
   EMUGPU_CHECK(latency >= 0 && rate >= 0 && pinned_rate >= 0, kValue,
-               "measured transfer latency and rates must be >= 0, got ", latency, " ns, ", rate, " and ",
-               pinned_rate, " B/s");
+               "measured transfer latency and rates must be >= 0, got ", latency, " ns, ", rate, " and ", pinned_rate,
+               " B/s");
   measured_latency_ = latency;
   measured_rate_ = rate;
   measured_pinned_rate_ = pinned_rate;

@@ -16,16 +16,16 @@
 namespace emugpu {
 
 struct OpCost {
-  double flops = 0;   // floating-point operations the op performs
-  double bytes = 0;   // bytes it reads and writes in device memory
+  double flops = 0;  // floating-point operations the op performs
+  double bytes = 0;  // bytes it reads and writes in device memory
   DType dtype = DType::kFloat32;
   OpFamily family = OpFamily::kElementwise;
-  int kernels = 1;    // launches the op makes
+  int kernels = 1;  // launches the op makes
   // The GEMM-shaped kernels of matmul, convolution and attention ops; the
   // other families are timed by their bytes.
   int gemm_count = 0;
   std::array<GemmShape, 3> gemms{};  // conv_gemms fills up to three
-  ConvShape conv{};   // convolutions only
+  ConvShape conv{};                  // convolutions only
   // Norms: the channel count (batch norms; 0: unknown) and whether it is a backward.
   double channels = 0;
   bool backward = false;

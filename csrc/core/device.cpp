@@ -180,9 +180,8 @@ TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
   EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
   return place_when_queued([&](TimeNs now) {
     if (!held_.empty()) {
-      held_.push_back({now, nullptr, [this, stream, engine, estimate](TimeNs t) {
-                         launch_locked(stream, engine, estimate, t);
-                       }});
+      held_.push_back(
+          {now, nullptr, [this, stream, engine, estimate](TimeNs t) { launch_locked(stream, engine, estimate, t); }});
       return kNotYet;
     }
     return launch_locked(stream, engine, estimate, now);
@@ -194,15 +193,17 @@ TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) 
   // Placed now even while the device is held: it was launched before the
   // held work (its start is known), and held work may wait for its end.
   // Never resolves: the runner that calls this is what a resolve waits for.
-  return place_when_queued([&](TimeNs now) {
-    // Not `now`: the ranks' starts already include their launches, and the
-    // host may learn them late (a deferred collective is placed when the
-    // last rank's start arrives); the exchange's own wall time is not the GPU's.
-    const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, 0));
-    const TimeNs end = place_locked(stream, Engine::kCollective, begin, duration, now);
-    remember_collective_end(end);
-    return end;
-  }, false);
+  return place_when_queued(
+      [&](TimeNs now) {
+        // Not `now`: the ranks' starts already include their launches, and the
+        // host may learn them late (a deferred collective is placed when the
+        // last rank's start arrives); the exchange's own wall time is not the GPU's.
+        const TimeNs begin = std::max(start, timeline_.start_of(stream, Engine::kCollective, 0));
+        const TimeNs end = place_locked(stream, Engine::kCollective, begin, duration, now);
+        remember_collective_end(end);
+        return end;
+      },
+      false);
 }
 
 void Device::settle_locked(TimeNs now) {
@@ -375,8 +376,7 @@ void Device::open_locked(int64_t stream, const std::string& key, RegionKind kind
   regions_.open(key, kind, target, start, stream, started);
 }
 
-void Device::forward_begin_locked(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at,
-                                  TimeNs now) {
+void Device::forward_begin_locked(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at, TimeNs now) {
   bool chained = false;
   if (regions_.active()) {
     const bool unstarted_backward = regions_.kind() == RegionKind::kBackward && !regions_.started();
@@ -428,9 +428,8 @@ void Device::backward_reached_locked(int64_t stream, const std::string& backward
 
 void Device::backward_reached(int64_t stream, const std::string& backward_key, TimeNs backward_target) {
   std::lock_guard<std::mutex> lock(mutex_);
-  apply_or_hold_locked(clock_.now(), [=, this](TimeNs t) {
-    backward_reached_locked(stream, backward_key, backward_target, t);
-  });
+  apply_or_hold_locked(clock_.now(),
+                       [=, this](TimeNs t) { backward_reached_locked(stream, backward_key, backward_target, t); });
 }
 
 void Device::region_abort() {

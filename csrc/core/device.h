@@ -219,8 +219,8 @@ class Device {
   // Returns whether a region closed complete.
   bool close_locked(RegionOutcome outcome, TimeNs now);
   // A chained region starts where the one before ended; otherwise at `host_time`.
-  void open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started,
-                   bool chained, TimeNs now, TimeNs host_time = 0);
+  void open_locked(int64_t stream, const std::string& key, RegionKind kind, TimeNs target, bool started, bool chained,
+                   TimeNs now, TimeNs host_time = 0);
   void forward_begin_locked(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at, TimeNs now);
   void forward_end_locked(int64_t stream, const std::string& backward_key, TimeNs backward_target,
                           bool expects_backward, TimeNs now);
@@ -240,7 +240,7 @@ class Device {
   Regions regions_;
   static constexpr size_t kCollectiveEnds = 256;  // more than DDP's buckets or FSDP's groups per step
   std::deque<TimeNs> collective_ends_;            // the latest ones placed (collective_end)
-  std::deque<std::pair<TimeNs, TimeNs>> busy_;  // recent compute intervals, merged
+  std::deque<std::pair<TimeNs, TimeNs>> busy_;    // recent compute intervals, merged
   TimeNs blocked_ns_ = 0;
   HostBoundMonitor host_bound_;
   int64_t next_pool_[2] = {0, 0};

@@ -18,8 +18,7 @@ enum class ErrorKind {
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message)
-      : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
   ErrorKind kind() const noexcept { return kind_; }
 
  private:
@@ -38,9 +37,9 @@ template <typename... Args>
 }  // namespace emugpu
 
 // The single way the core reports failure; checked in release builds too.
-#define EMUGPU_CHECK(cond, kind, ...)                                   \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
+#define EMUGPU_CHECK(cond, kind, ...)                                        \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
       ::emugpu::detail::throw_error(::emugpu::ErrorKind::kind, __VA_ARGS__); \
-    }                                                                   \
+    }                                                                        \
   } while (0)

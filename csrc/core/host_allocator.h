@@ -65,8 +65,8 @@ class HostAllocator {
   void release(char* ptr, const Block& block);
 
   mutable std::mutex mutex_;
-  std::map<char*, Block> blocks_;         // every block, by address
-  std::multimap<size_t, char*> cached_;   // free blocks, by size
+  std::map<char*, Block> blocks_;        // every block, by address
+  std::multimap<size_t, char*> cached_;  // free blocks, by size
   HostAllocatorStats stats_;
   bool lock_refused_ = false;
 };

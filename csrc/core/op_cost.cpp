@@ -16,10 +16,13 @@ bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(
 // of them pointwise in C++ (threshold_backward and hardswish are not).
 bool is_activation(std::string_view name) {
   static const std::unordered_map<std::string_view, bool> bases = {
-      {"threshold", true}, {"relu", true}, {"relu6", true}, {"hardswish", true}, {"hardsigmoid", true},
-      {"hardtanh", true}, {"gelu", true}, {"silu", true}, {"mish", true}, {"elu", true}, {"leaky_relu", true},
-      {"softplus", true}, {"sigmoid", true}, {"tanh", true}, {"log_sigmoid_forward", true}, {"log_sigmoid", true},
-      {"prelu", true}, {"rrelu_with_noise", true}, {"celu", true}, {"selu", true}, {"glu", true},
+      {"threshold", true},   {"relu", true},        {"relu6", true},
+      {"hardswish", true},   {"hardsigmoid", true}, {"hardtanh", true},
+      {"gelu", true},        {"silu", true},        {"mish", true},
+      {"elu", true},         {"leaky_relu", true},  {"softplus", true},
+      {"sigmoid", true},     {"tanh", true},        {"log_sigmoid_forward", true},
+      {"log_sigmoid", true}, {"prelu", true},       {"rrelu_with_noise", true},
+      {"celu", true},        {"selu", true},        {"glu", true},
   };
   if (!starts_with(name, "aten::")) return false;
   name.remove_prefix(6);
@@ -36,9 +39,13 @@ bool is_activation(std::string_view name) {
 OpFamily op_family(std::string_view aten_name, bool pointwise_tag, bool reduction_tag) {
   using F = OpFamily;
   static const std::unordered_map<std::string_view, OpFamily> table = {
-      {"aten::mm", F::kMm}, {"aten::bmm", F::kBmm}, {"aten::addmm", F::kAddmm},
-      {"aten::_addmm_activation", F::kAddmm}, {"aten::baddbmm", F::kBaddbmm},
-      {"aten::convolution", F::kConv}, {"aten::convolution_overrideable", F::kConv},
+      {"aten::mm", F::kMm},
+      {"aten::bmm", F::kBmm},
+      {"aten::addmm", F::kAddmm},
+      {"aten::_addmm_activation", F::kAddmm},
+      {"aten::baddbmm", F::kBaddbmm},
+      {"aten::convolution", F::kConv},
+      {"aten::convolution_overrideable", F::kConv},
       {"aten::convolution_backward", F::kConvBackward},
       {"aten::convolution_backward_overrideable", F::kConvBackward},
       {"aten::_scaled_dot_product_fused_attention_overrideable", F::kAttention},
@@ -47,50 +54,99 @@ OpFamily op_family(std::string_view aten_name, bool pointwise_tag, bool reductio
       {"aten::_scaled_dot_product_fused_attention_overrideable_backward", F::kAttentionBackward},
       {"aten::_scaled_dot_product_flash_attention_backward", F::kAttentionBackward},
       {"aten::_scaled_dot_product_efficient_attention_backward", F::kAttentionBackward},
-      {"aten::native_layer_norm", F::kNorm}, {"aten::native_layer_norm_backward", F::kNorm},
-      {"aten::native_batch_norm", F::kBatchNorm}, {"aten::native_batch_norm_backward", F::kBatchNorm},
-      {"aten::_native_batch_norm_legit", F::kBatchNorm}, {"aten::_native_batch_norm_legit_no_training", F::kBatchNorm},
-      {"aten::_batch_norm_with_update", F::kBatchNorm}, {"aten::batch_norm_backward", F::kBatchNorm},
-      {"aten::native_group_norm", F::kNorm}, {"aten::native_group_norm_backward", F::kNorm},
-      {"aten::_fused_rms_norm", F::kNorm}, {"aten::_fused_rms_norm_backward", F::kNorm},
+      {"aten::native_layer_norm", F::kNorm},
+      {"aten::native_layer_norm_backward", F::kNorm},
+      {"aten::native_batch_norm", F::kBatchNorm},
+      {"aten::native_batch_norm_backward", F::kBatchNorm},
+      {"aten::_native_batch_norm_legit", F::kBatchNorm},
+      {"aten::_native_batch_norm_legit_no_training", F::kBatchNorm},
+      {"aten::_batch_norm_with_update", F::kBatchNorm},
+      {"aten::batch_norm_backward", F::kBatchNorm},
+      {"aten::native_group_norm", F::kNorm},
+      {"aten::native_group_norm_backward", F::kNorm},
+      {"aten::_fused_rms_norm", F::kNorm},
+      {"aten::_fused_rms_norm_backward", F::kNorm},
       // Row reductions that PyTorch does not tag as reductions.
-      {"aten::_softmax", F::kReduction}, {"aten::_log_softmax", F::kReduction},
-      {"aten::_softmax_backward_data", F::kReduction}, {"aten::_log_softmax_backward_data", F::kReduction},
-      {"aten::nll_loss_forward", F::kReduction}, {"aten::nll_loss_backward", F::kReduction},
-      {"aten::nll_loss2d_forward", F::kReduction}, {"aten::nll_loss2d_backward", F::kReduction},
-      {"aten::mse_loss", F::kReduction}, {"aten::mse_loss_backward", F::kReduction},
-      {"aten::smooth_l1_loss", F::kReduction}, {"aten::smooth_l1_loss_backward", F::kReduction},
-      {"aten::binary_cross_entropy", F::kReduction}, {"aten::binary_cross_entropy_backward", F::kReduction},
-      {"aten::cumsum", F::kReduction}, {"aten::cumprod", F::kReduction}, {"aten::sort", F::kReduction},
-      {"aten::topk", F::kReduction}, {"aten::kthvalue", F::kReduction}, {"aten::_cdist_forward", F::kReduction},
+      {"aten::_softmax", F::kReduction},
+      {"aten::_log_softmax", F::kReduction},
+      {"aten::_softmax_backward_data", F::kReduction},
+      {"aten::_log_softmax_backward_data", F::kReduction},
+      {"aten::nll_loss_forward", F::kReduction},
+      {"aten::nll_loss_backward", F::kReduction},
+      {"aten::nll_loss2d_forward", F::kReduction},
+      {"aten::nll_loss2d_backward", F::kReduction},
+      {"aten::mse_loss", F::kReduction},
+      {"aten::mse_loss_backward", F::kReduction},
+      {"aten::smooth_l1_loss", F::kReduction},
+      {"aten::smooth_l1_loss_backward", F::kReduction},
+      {"aten::binary_cross_entropy", F::kReduction},
+      {"aten::binary_cross_entropy_backward", F::kReduction},
+      {"aten::cumsum", F::kReduction},
+      {"aten::cumprod", F::kReduction},
+      {"aten::sort", F::kReduction},
+      {"aten::topk", F::kReduction},
+      {"aten::kthvalue", F::kReduction},
+      {"aten::_cdist_forward", F::kReduction},
       {"aten::_masked_softmax", F::kReduction},
       // Window, fill and random kernels: one pass over their outputs.
-      {"aten::max_pool2d_with_indices", F::kElementwise}, {"aten::max_pool2d_with_indices_backward", F::kElementwise},
-      {"aten::max_pool3d_with_indices", F::kElementwise}, {"aten::max_pool3d_with_indices_backward", F::kElementwise},
-      {"aten::avg_pool2d", F::kElementwise}, {"aten::avg_pool2d_backward", F::kElementwise},
-      {"aten::avg_pool3d", F::kElementwise}, {"aten::avg_pool3d_backward", F::kElementwise},
-      {"aten::_adaptive_avg_pool2d", F::kElementwise}, {"aten::_adaptive_avg_pool2d_backward", F::kElementwise},
-      {"aten::adaptive_max_pool2d", F::kElementwise}, {"aten::adaptive_max_pool2d_backward", F::kElementwise},
-      {"aten::upsample_nearest2d", F::kElementwise}, {"aten::upsample_nearest2d_backward", F::kElementwise},
-      {"aten::upsample_bilinear2d", F::kElementwise}, {"aten::upsample_bilinear2d_backward", F::kElementwise},
-      {"aten::native_dropout", F::kElementwise}, {"aten::native_dropout_backward", F::kElementwise},
-      {"aten::fill_", F::kElementwise}, {"aten::zero_", F::kElementwise}, {"aten::uniform_", F::kElementwise},
-      {"aten::normal_", F::kElementwise}, {"aten::bernoulli_", F::kElementwise},
-      {"aten::random_", F::kElementwise}, {"aten::arange", F::kElementwise},
-      {"aten::constant_pad_nd", F::kElementwise}, {"aten::reflection_pad2d", F::kElementwise},
+      {"aten::max_pool2d_with_indices", F::kElementwise},
+      {"aten::max_pool2d_with_indices_backward", F::kElementwise},
+      {"aten::max_pool3d_with_indices", F::kElementwise},
+      {"aten::max_pool3d_with_indices_backward", F::kElementwise},
+      {"aten::avg_pool2d", F::kElementwise},
+      {"aten::avg_pool2d_backward", F::kElementwise},
+      {"aten::avg_pool3d", F::kElementwise},
+      {"aten::avg_pool3d_backward", F::kElementwise},
+      {"aten::_adaptive_avg_pool2d", F::kElementwise},
+      {"aten::_adaptive_avg_pool2d_backward", F::kElementwise},
+      {"aten::adaptive_max_pool2d", F::kElementwise},
+      {"aten::adaptive_max_pool2d_backward", F::kElementwise},
+      {"aten::upsample_nearest2d", F::kElementwise},
+      {"aten::upsample_nearest2d_backward", F::kElementwise},
+      {"aten::upsample_bilinear2d", F::kElementwise},
+      {"aten::upsample_bilinear2d_backward", F::kElementwise},
+      {"aten::native_dropout", F::kElementwise},
+      {"aten::native_dropout_backward", F::kElementwise},
+      {"aten::fill_", F::kElementwise},
+      {"aten::zero_", F::kElementwise},
+      {"aten::uniform_", F::kElementwise},
+      {"aten::normal_", F::kElementwise},
+      {"aten::bernoulli_", F::kElementwise},
+      {"aten::random_", F::kElementwise},
+      {"aten::arange", F::kElementwise},
+      {"aten::constant_pad_nd", F::kElementwise},
+      {"aten::reflection_pad2d", F::kElementwise},
       {"aten::masked_fill_", F::kElementwise},
       // Memory movement.
-      {"aten::cat", F::kCopy}, {"aten::stack", F::kCopy}, {"aten::clone", F::kCopy},
-      {"aten::_to_copy", F::kCopy}, {"aten::copy_", F::kCopy}, {"aten::repeat", F::kCopy},
-      {"aten::flip", F::kCopy}, {"aten::roll", F::kCopy}, {"aten::tril", F::kCopy}, {"aten::triu", F::kCopy},
+      {"aten::cat", F::kCopy},
+      {"aten::stack", F::kCopy},
+      {"aten::clone", F::kCopy},
+      {"aten::_to_copy", F::kCopy},
+      {"aten::copy_", F::kCopy},
+      {"aten::repeat", F::kCopy},
+      {"aten::flip", F::kCopy},
+      {"aten::roll", F::kCopy},
+      {"aten::tril", F::kCopy},
+      {"aten::triu", F::kCopy},
       // Scattered reads and writes.
-      {"aten::embedding", F::kGather}, {"aten::embedding_dense_backward", F::kGather},
-      {"aten::index_select", F::kGather}, {"aten::gather", F::kGather}, {"aten::scatter", F::kGather},
-      {"aten::scatter_add", F::kGather}, {"aten::scatter_add_", F::kGather}, {"aten::scatter_", F::kGather},
-      {"aten::index", F::kGather}, {"aten::index_put_", F::kGather}, {"aten::_index_put_impl_", F::kGather},
-      {"aten::index_add_", F::kGather}, {"aten::index_add", F::kGather}, {"aten::index_copy_", F::kGather},
-      {"aten::masked_scatter_", F::kGather}, {"aten::embedding_bag", F::kGather},
-      {"aten::_embedding_bag", F::kGather}, {"aten::_embedding_bag_backward", F::kGather},
+      {"aten::embedding", F::kGather},
+      {"aten::embedding_dense_backward", F::kGather},
+      {"aten::index_select", F::kGather},
+      {"aten::gather", F::kGather},
+      {"aten::scatter", F::kGather},
+      {"aten::scatter_add", F::kGather},
+      {"aten::scatter_add_", F::kGather},
+      {"aten::scatter_", F::kGather},
+      {"aten::index", F::kGather},
+      {"aten::index_put_", F::kGather},
+      {"aten::_index_put_impl_", F::kGather},
+      {"aten::index_add_", F::kGather},
+      {"aten::index_add", F::kGather},
+      {"aten::index_copy_", F::kGather},
+      {"aten::masked_scatter_", F::kGather},
+      {"aten::embedding_bag", F::kGather},
+      {"aten::_embedding_bag", F::kGather},
+      {"aten::_embedding_bag_backward", F::kGather},
       {"aten::_embedding_bag_dense_backward", F::kGather},
   };
   auto it = table.find(aten_name);
@@ -113,10 +169,8 @@ bool is_gemm_family(OpFamily f) {
     case OpFamily::kConv:
     case OpFamily::kConvBackward:
     case OpFamily::kAttention:
-    case OpFamily::kAttentionBackward:
-      return true;
-    default:
-      return false;
+    case OpFamily::kAttentionBackward: return true;
+    default: return false;
   }
 }
 
@@ -172,8 +226,8 @@ bool uses_cublas(OpFamily f) {
 bool uses_cudnn(OpFamily f) { return f == OpFamily::kConv || f == OpFamily::kConvBackward; }
 
 double matmul_flops(double batch, double m, double k, double n) {
-  EMUGPU_CHECK(batch >= 0 && m >= 0 && k >= 0 && n >= 0, kValue, "matmul sizes must be >= 0, got batch ", batch,
-               ", m ", m, ", k ", k, ", n ", n);
+  EMUGPU_CHECK(batch >= 0 && m >= 0 && k >= 0 && n >= 0, kValue, "matmul sizes must be >= 0, got batch ", batch, ", m ",
+               m, ", k ", k, ", n ", n);
   return 2.0 * batch * m * k * n;
 }
 
@@ -198,8 +252,8 @@ double spmm_flops(double nnz, double entry_numel, double n) {
 
 double spmm_bytes(double nnz, double sparse_bytes, double n, double element_size, double out_bytes) {
   EMUGPU_CHECK(nnz >= 0 && sparse_bytes >= 0 && n >= 0 && element_size >= 0 && out_bytes >= 0, kValue,
-               "SpMM sizes must be >= 0, got nnz ", nnz, ", sparse bytes ", sparse_bytes, ", n ", n,
-               ", element size ", element_size, ", output bytes ", out_bytes);
+               "SpMM sizes must be >= 0, got nnz ", nnz, ", sparse bytes ", sparse_bytes, ", n ", n, ", element size ",
+               element_size, ", output bytes ", out_bytes);
   return sparse_bytes + nnz * n * element_size + out_bytes;
 }
 

@@ -11,7 +11,7 @@ namespace emugpu {
 enum class OpFamily {
   kElementwise,  // one operation per output element: pointwise ops, pooling, fills, random
   kReduction,    // sums, means, softmax and losses: one operation per input element
-  kNorm,  // layer, group and RMS norms: a row per block, kept on chip
+  kNorm,         // layer, group and RMS norms: a row per block, kept on chip
   kMm,
   kBmm,
   kAddmm,
@@ -20,11 +20,11 @@ enum class OpFamily {
   kConvBackward,
   kAttention,
   kAttentionBackward,
-  kGather,     // embedding, index_select, gather/scatter, index_put: bytes moved, scattered
-  kOptimizer,  // _foreach_* and _fused_* kernels: a few launches over many tensors
-  kCopy,       // copies and concatenations within one GPU (read + write)
-  kUnmodelled, // no family known: charged by the bytes it moves, as an elementwise kernel
-  kBatchNorm,  // statistics over N*H*W per channel, then normalisation: strided, two passes
+  kGather,      // embedding, index_select, gather/scatter, index_put: bytes moved, scattered
+  kOptimizer,   // _foreach_* and _fused_* kernels: a few launches over many tensors
+  kCopy,        // copies and concatenations within one GPU (read + write)
+  kUnmodelled,  // no family known: charged by the bytes it moves, as an elementwise kernel
+  kBatchNorm,   // statistics over N*H*W per channel, then normalisation: strided, two passes
 };
 constexpr int kOpFamilyCount = 16;
 

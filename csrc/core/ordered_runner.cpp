@@ -25,7 +25,7 @@ struct OrderedRunner::State {
   std::deque<std::pair<Call, std::shared_ptr<Ticket>>> pending;
   std::shared_ptr<Ticket> last;
   bool stopping = false;
-  std::mutex running;  // held while one call runs: calls never overlap
+  std::mutex running;                // held while one call runs: calls never overlap
   std::condition_variable finished;  // (with queue_mutex) after each call
 
   // Runs the oldest pending call, if any; the caller holds `running`.

@@ -32,8 +32,8 @@ std::shared_ptr<PcieLinks> PcieLinks::in_process() {
 }
 
 std::shared_ptr<PcieLinks> PcieLinks::shared(const std::string& name) {
-  EMUGPU_CHECK(name.size() > 1 && name[0] == '/' && name.find('/', 1) == std::string::npos && name.size() < 250,
-               kValue, "PCIe uplinks: expected a shared-memory name '/word' under 250 characters, got '", name, "'");
+  EMUGPU_CHECK(name.size() > 1 && name[0] == '/' && name.find('/', 1) == std::string::npos && name.size() < 250, kValue,
+               "PCIe uplinks: expected a shared-memory name '/word' under 250 characters, got '", name, "'");
   const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   EMUGPU_CHECK(fd >= 0, kRuntime, "PCIe uplinks: could not open shared memory ", name, ": ", std::strerror(errno),
                "; unset EMUGPU_PCIE_SHARED_BY to give every GPU its own link");
@@ -42,8 +42,8 @@ std::shared_ptr<PcieLinks> PcieLinks::shared(const std::string& name) {
   if (fstat(fd, &st) != 0 || (static_cast<size_t>(st.st_size) != kLength && ftruncate(fd, kLength) != 0)) {
     const int err = errno;
     close(fd);
-    EMUGPU_CHECK(false, kRuntime, "PCIe uplinks: could not size ", name, " to ", kLength, " bytes: ",
-                 std::strerror(err));
+    EMUGPU_CHECK(false, kRuntime, "PCIe uplinks: could not size ", name, " to ", kLength,
+                 " bytes: ", std::strerror(err));
   }
   void* base = mmap(nullptr, kLength, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;

@@ -18,8 +18,7 @@ uint64_t PendingWrites::watermark() const {
 }
 
 std::shared_ptr<OrderedRunner::Ticket> PendingWrites::submit(const std::shared_ptr<OrderedRunner>& runner,
-                                                             std::vector<const void*> keys,
-                                                             OrderedRunner::Call call) {
+                                                             std::vector<const void*> keys, OrderedRunner::Call call) {
   // Registered under the lock that the call's removal takes, so the call
   // cannot end (and remove its entry) before the entry exists.
   std::lock_guard lock(mutex_);

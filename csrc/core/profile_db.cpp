@@ -36,15 +36,15 @@ std::string need_string(const json& obj, const char* key, const std::string& pat
 int64_t need_integer(const json& v, int64_t lo, int64_t hi, const std::string& path, const std::string& field) {
   const auto n = json_integer_in(v, lo, hi);
   if (!n) {
-    bad(path, field, "expected an integer >= " + std::to_string(lo) + " and <= " + std::to_string(hi) +
-                         ", got " + describe_json(v));
+    bad(path, field,
+        "expected an integer >= " + std::to_string(lo) + " and <= " + std::to_string(hi) + ", got " + describe_json(v));
   }
   return *n;
 }
 
 // Bounds far beyond any real measurement: they catch unit mix-ups (ms for s)
 // and keep interpolated values finite.
-constexpr double kMaxSeconds = 3600;                  // one iteration
+constexpr double kMaxSeconds = 3600;                 // one iteration
 constexpr double kMaxBytes = 1152921504606846976.0;  // 2^60
 
 double need_seconds(const json& obj, const char* key, const std::string& path, const std::string& where) {
@@ -56,8 +56,8 @@ double need_seconds(const json& obj, const char* key, const std::string& path, c
 }
 
 // Absent or null, or a finite number from 0 to `max` (`max` itself only when `max_included`).
-std::optional<double> maybe_in(const json& obj, const char* key, double max, bool max_included,
-                               const char* expected, const std::string& path, const std::string& where) {
+std::optional<double> maybe_in(const json& obj, const char* key, double max, bool max_included, const char* expected,
+                               const std::string& path, const std::string& where) {
   if (!obj.contains(key) || obj.at(key).is_null()) return std::nullopt;
   const json& v = obj.at(key);
   const bool in_range = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 &&
@@ -73,8 +73,7 @@ std::optional<double> maybe_seconds(const json& obj, const char* key, const std:
   return maybe_in(obj, key, kMaxSeconds, true, "expected a number of seconds >= 0 and <= 3600", path, where);
 }
 
-std::optional<double> maybe_bytes(const json& obj, const char* key, const std::string& path,
-                                  const std::string& where) {
+std::optional<double> maybe_bytes(const json& obj, const char* key, const std::string& path, const std::string& where) {
   return maybe_in(obj, key, kMaxBytes, false, "expected a number of bytes >= 0 and < 2^60", path, where);
 }
 
@@ -89,8 +88,9 @@ ProfileTable parse_table(const json& batches, int gpu_count, const std::string& 
     ProfilePoint p;
     p.batch_size = need_integer(need(b, "batch_size", path, at), 1, int64_t{1} << 31, path, at + "batch_size");
     if (!table.points.empty() && p.batch_size <= table.points.back().batch_size) {
-      bad(path, at + "batch_size", "batch sizes must increase strictly; " + std::to_string(p.batch_size) +
-                                       " follows " + std::to_string(table.points.back().batch_size));
+      bad(path, at + "batch_size",
+          "batch sizes must increase strictly; " + std::to_string(p.batch_size) + " follows " +
+              std::to_string(table.points.back().batch_size));
     }
     p.forward_s = need_seconds(b, "forward_s", path, at);
     p.backward_s = need_seconds(b, "backward_s", path, at);
@@ -107,8 +107,8 @@ double lerp(double x0, double y0, double x1, double y1, double x) {
   return x1 == x0 ? y0 : y0 + (y1 - y0) * (x - x0) / (x1 - x0);
 }
 
-std::optional<double> lerp_opt(const std::optional<double>& y0, const std::optional<double>& y1, double x0,
-                               double x1, double x) {
+std::optional<double> lerp_opt(const std::optional<double>& y0, const std::optional<double>& y1, double x0, double x1,
+                               double x) {
   if (!y0 || !y1) return std::nullopt;
   return std::max(0.0, lerp(x0, *y0, x1, *y1, x));
 }
@@ -161,8 +161,8 @@ Profile from_document(const json& doc, const std::string& path) {
   if (doc.contains("fingerprint") && !doc.at("fingerprint").is_null()) {
     // Beyond any model that exists (10^15 parameters) and exact as a double.
     constexpr int64_t kMaxParameters = 1'000'000'000'000'000;
-    p.parameters = need_integer(need(doc.at("fingerprint"), "parameters", path, "fingerprint."), 1,
-                                kMaxParameters, path, "fingerprint.parameters");
+    p.parameters = need_integer(need(doc.at("fingerprint"), "parameters", path, "fingerprint."), 1, kMaxParameters,
+                                path, "fingerprint.parameters");
   }
   p.tables.push_back(parse_table(need(doc, "batches", path, ""), 1, path, "batches"));
   if (doc.contains("data_parallel")) {
@@ -187,8 +187,8 @@ Profile parse_profile(std::string_view text, const std::string& path) {
 Profile load_profile_file(const std::string& path) { return parse_profile(read_text(path), path); }
 
 ProfileLookup interpolate(const Profile& profile, const ProfileTable& table, int64_t batch_size) {
-  EMUGPU_CHECK(batch_size >= 1, kValue, "batch size must be >= 1 for a profile lookup, got ", batch_size,
-               " (profile ", profile.path, ")");
+  EMUGPU_CHECK(batch_size >= 1, kValue, "batch size must be >= 1 for a profile lookup, got ", batch_size, " (profile ",
+               profile.path, ")");
   const auto& pts = table.points;
   ProfileLookup out;
   out.profile = &profile;
@@ -239,8 +239,8 @@ void ProfileDb::scan(const std::vector<std::string>& directories) {
     if (dir.empty() || !fs::is_directory(dir, ec)) continue;
     std::vector<std::string> files;
     for (const auto& entry : fs::recursive_directory_iterator(dir, ec)) {
-      if (entry.is_regular_file() && entry.path().extension() == ".json" &&
-          entry.path().filename() != "gpus.json" && entry.path().filename() != "schema.json") {
+      if (entry.is_regular_file() && entry.path().extension() == ".json" && entry.path().filename() != "gpus.json" &&
+          entry.path().filename() != "schema.json") {
         files.push_back(entry.path().string());
       }
     }

@@ -29,8 +29,8 @@ struct ProfileTable {
 
 struct Profile {
   std::string path;
-  std::string gpu;    // as written in the file
-  std::string model;  // e.g. "resnet50"
+  std::string gpu;                    // as written in the file
+  std::string model;                  // e.g. "resnet50"
   std::optional<int64_t> parameters;  // structural fingerprint, when known
   std::string source;                 // provenance.source
   std::string dtype;                  // provenance.dtype: what the model computed in
@@ -67,8 +67,7 @@ class ProfileDb {
   // `model`, or nullptr.
   const Profile* find(const Catalog& catalog, std::string_view gpu_name, std::string_view model) const;
   // `model` may be empty: then any profile whose fingerprint equals `parameters`.
-  const Profile* find_by_fingerprint(const Catalog& catalog, std::string_view gpu_name,
-                                     int64_t parameters) const;
+  const Profile* find_by_fingerprint(const Catalog& catalog, std::string_view gpu_name, int64_t parameters) const;
   const std::vector<Profile>& profiles() const { return profiles_; }
 
   // Every profile names a GPU of `catalog` (kValue naming file and field

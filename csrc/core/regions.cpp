@@ -13,8 +13,7 @@ constexpr size_t kRemembered = 8;  // occurrences whose largest estimate is expe
 
 }  // namespace
 
-void Regions::open(const std::string& key, RegionKind kind, TimeNs target, TimeNs start, int64_t stream,
-                   bool started) {
+void Regions::open(const std::string& key, RegionKind kind, TimeNs target, TimeNs start, int64_t stream, bool started) {
   EMUGPU_CHECK(!active_, kRuntime, "region '", key, "' opened while '", key_, "' is still open");
   EMUGPU_CHECK(target >= 0 || target == kUnbudgeted, kValue, "region '", key,
                "': expected a target >= 0 ns (or kUnbudgeted), got ", target);
@@ -46,10 +45,10 @@ TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
   }
   const TimeNs budget = deadline() - start;
   // At the profile's pace: the estimate scaled by target / expected.
-  const TimeNs paced =
-      expected_ > 0 ? static_cast<TimeNs>(static_cast<double>(estimate) * static_cast<double>(target_) /
-                                          static_cast<double>(expected_))
-                    : estimate;
+  const TimeNs paced = expected_ > 0
+                           ? static_cast<TimeNs>(static_cast<double>(estimate) * static_cast<double>(target_) /
+                                                 static_cast<double>(expected_))
+                           : estimate;
   TimeNs duration;
   if (budget <= 0) {
     duration = paced;  // host-bound: the region's time was over before this op could start

@@ -81,7 +81,8 @@ TEST(Calibration, PointsAtTheirOpsFloorOnlyBoundTheDeviceTime) {
     {"family": "elementwise", "op": "add", "shape": {"numel": 4096}, "dtype": "float32", "time_s": 9e-6,
      "flops": 4096, "bytes": 49152},
     {"family": "elementwise", "op": "add", "shape": {"numel": 268435456}, "dtype": "float32", "time_s": 1.2e-3,
-     "flops": 268435456, "bytes": 3221225472}])"), "cal.json", gpu);
+     "flops": 268435456, "bytes": 3221225472}])"),
+                                             "cal.json", gpu);
   ASSERT_EQ(cal.cases.size(), 3u);
   EXPECT_TRUE(cal.cases[0].upper_bound);
   EXPECT_TRUE(cal.cases[1].upper_bound);  // within 1.5x of the fastest: launch-bound
@@ -105,11 +106,12 @@ TEST(Calibration, LossAndSoftmaxPointsAreChargedAsTheirKernelsReadRows) {
     {"family": "cross_entropy", "op": "forward_backward", "shape": {"tokens": 8192, "classes": 50257},
      "dtype": "float32", "time_s": 5e-3, "flops": 1e9, "bytes": 3293708288, "kernels": 6},
     {"family": "norm", "op": "layer_norm_backward", "shape": {"tokens": 16384, "width": 2048},
-     "dtype": "float32", "time_s": 3e-4, "flops": 1e9, "bytes": 402677760}])"), "cal.json", gpu);
+     "dtype": "float32", "time_s": 3e-4, "flops": 1e9, "bytes": 402677760}])"),
+                                             "cal.json", gpu);
   ASSERT_EQ(cal.cases.size(), 4u);
   const double logits = 8192.0 * 50257 * 4;
   EXPECT_DOUBLE_EQ(cal.cases[0].ops.at(0).bytes, 2 * logits + 2 * logits);  // the row read thrice
-  EXPECT_DOUBLE_EQ(cal.cases[1].ops.at(0).bytes, 65536000);                  // on chip: once
+  EXPECT_DOUBLE_EQ(cal.cases[1].ops.at(0).bytes, 65536000);                 // on chip: once
   // Log-softmax, nll_loss (a gather), its backward (a zero-fill), log-softmax's
   // backward, the seed: the logits move 4 + 0 + 1 + 4 times, not twice.
   const auto& ce = cal.cases[2].ops;
@@ -139,7 +141,8 @@ TEST(Calibration, NamesTheFileAndFieldOfMalformedContent) {
   e = error_of(R"({"schema": "torch-emugpu profile v1", "gpu": "x", "measurements": []})", gpu);
   EXPECT_NE(e.find("field 'schema'"), std::string::npos) << e;
   e = error_of(document(gpu.name, R"([{"family": "gemm", "op": "mm", "shape": {"M": 1, "N": 1}, "dtype": "float32",
-                                      "time_s": 1e-5, "flops": 2, "bytes": 12}])"), gpu);
+                                      "time_s": 1e-5, "flops": 2, "bytes": 12}])"),
+               gpu);
   EXPECT_NE(e.find("measurements[0].shape.K"), std::string::npos) << e;
   e = error_of("{not json", gpu);
   EXPECT_NE(e.find("cal.json"), std::string::npos) << e;
@@ -170,11 +173,11 @@ TEST(Calibration, UnknownFamilyIsSkippedWithWarning) {
   EXPECT_NE(w.find("(conv/backward_bias, ssm_scan)"), std::string::npos) << w;
   EXPECT_NE(w.find("the other 3"), std::string::npos) << w;
   // Nothing to warn about in a file this version knows all of.
-  EXPECT_EQ(emugpu::calibration_warning(emugpu::parse_calibration(document(gpu.name, kPoints), "cal.json", gpu)),
-            "");
+  EXPECT_EQ(emugpu::calibration_warning(emugpu::parse_calibration(document(gpu.name, kPoints), "cal.json", gpu)), "");
   // With nothing left to fit the file is refused, naming what was not known.
   const std::string e = error_of(document(gpu.name, R"([{"family": "fft", "op": "x", "shape": {},
-      "dtype": "float32", "time_s": 1e-5, "flops": 2, "bytes": 12}])"), gpu);
+      "dtype": "float32", "time_s": 1e-5, "flops": 2, "bytes": 12}])"),
+                                 gpu);
   EXPECT_NE(e.find("no point"), std::string::npos) << e;
   EXPECT_NE(e.find("does not know fft"), std::string::npos) << e;
 }
@@ -192,7 +195,8 @@ TEST(Calibration, NewFamiliesAreFittedOnlyWhereTheCostModelHasTheirRule) {
      "flags": {"cudnn_tf32": true, "channels_last": true}, "time_s": 5e-4, "flops": 1.8e9, "bytes": 1.5e8},
     {"family": "attention", "op": "forward", "shape": {"B": 8, "H": 32, "Hkv": 8, "L": 1024, "E": 128},
      "dtype": "bfloat16", "flags": {"causal": true, "gqa": true}, "time_s": 2e-4, "flops": 1.4e11,
-     "bytes": 1.7e8, "kernels": 1, "backend": "flash"}])"), "cal.json", gpu);
+     "bytes": 1.7e8, "kernels": 1, "backend": "flash"}])"),
+                                             "cal.json", gpu);
   // No RNN rule and no eval-mode batch norm rule yet: measured, skipped, and no warning (they are known).
   EXPECT_EQ(cal.skipped, 2);
   EXPECT_TRUE(cal.unknown.empty());
@@ -224,8 +228,8 @@ TEST(Calibration, TheFitRecoversTheParametersThatMadeTheData) {
   }
   const auto start = emugpu::default_kernel_params(gpu);
   EXPECT_GT(emugpu::mean_abs_log_error(gpu, cases, start), 0.05);
-  const auto fit = emugpu::fit_kernel_params(gpu, cases, start, {"tensor_efficiency", "memory_efficiency",
-                                                                 "launch_ns"}, "calibration: test");
+  const auto fit = emugpu::fit_kernel_params(gpu, cases, start, {"tensor_efficiency", "memory_efficiency", "launch_ns"},
+                                             "calibration: test");
   EXPECT_NEAR(fit.tensor_efficiency, 0.45, 0.02);
   EXPECT_NEAR(fit.memory_efficiency, 0.55, 0.02);
   EXPECT_NEAR(fit.launch_ns, 7'000, 300);

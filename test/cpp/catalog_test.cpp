@@ -30,8 +30,8 @@ TEST(Catalog, FindsNamesSpelledTheWayToolsPrintThem) {
 }
 
 TEST(Catalog, CoversTheGpusTheIssueNames) {
-  for (const char* name : {"K80", "M40", "P100-16GB", "V100-16GB", "V100-32GB", "T4", "RTX 6000",
-                           "A10", "A100-40GB", "A100-80GB", "L4", "H100-SXM", "H100-PCIe", "H200"}) {
+  for (const char* name : {"K80", "M40", "P100-16GB", "V100-16GB", "V100-32GB", "T4", "RTX 6000", "A10", "A100-40GB",
+                           "A100-80GB", "L4", "H100-SXM", "H100-PCIe", "H200"}) {
     EXPECT_NO_THROW(catalog().find(name)) << name;
   }
 }
@@ -74,11 +74,17 @@ TEST(Catalog, NormalizationDropsCaseSeparatorsAndVendor) {
 
 // One GPU entry; `field` replaced by (or added with) `value`, as JSON text.
 std::string catalog_with(const std::string& field = "", const std::string& value = "") {
-  std::vector<std::pair<std::string, std::string>> fields = {
-      {"name", R"("Test GPU")"}, {"aliases", R"(["tg"])"}, {"memory_gib", "16"},
-      {"sm_count", "80"}, {"compute_capability", R"("7.0")"}, {"fp32_tflops", "15.7"},
-      {"fp16_tflops", "125"}, {"memory_bandwidth_gbps", "900"}, {"pcie_generation", "3"},
-      {"pcie_width", "16"}, {"nvlink_gbps", "150"}};
+  std::vector<std::pair<std::string, std::string>> fields = {{"name", R"("Test GPU")"},
+                                                             {"aliases", R"(["tg"])"},
+                                                             {"memory_gib", "16"},
+                                                             {"sm_count", "80"},
+                                                             {"compute_capability", R"("7.0")"},
+                                                             {"fp32_tflops", "15.7"},
+                                                             {"fp16_tflops", "125"},
+                                                             {"memory_bandwidth_gbps", "900"},
+                                                             {"pcie_generation", "3"},
+                                                             {"pcie_width", "16"},
+                                                             {"nvlink_gbps", "150"}};
   bool replaced = false;
   for (auto& [k, v] : fields) {
     if (k == field) v = value, replaced = true;
@@ -112,8 +118,8 @@ TEST(CatalogLimits, ValidEntryParsesWithIntegralFloatsAsIntegers) {
 
 TEST(CatalogLimits, DeeplyNestedDocumentsAreRefusedNamingTheFile) {
   const std::string deep(100000, '[');
-  for (const std::string& text : {deep, catalog_with("memory_gib", deep + std::string(100000, ']')),
-                                  catalog_with("aliases", deep)}) {
+  for (const std::string& text :
+       {deep, catalog_with("memory_gib", deep + std::string(100000, ']')), catalog_with("aliases", deep)}) {
     const std::string msg = catalog_error(text);
     EXPECT_NE(msg.find("x.json"), std::string::npos) << msg;
     EXPECT_NE(msg.find("deeper than 64 levels"), std::string::npos) << msg;
@@ -128,18 +134,35 @@ TEST(CatalogLimits, DeeplyNestedDocumentsAreRefusedNamingTheFile) {
 }
 
 TEST(CatalogLimits, OutOfRangeAndWronglyTypedFieldsNameTheField) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"memory_gib", "-1"},          {"memory_gib", "0"},           {"memory_gib", "16385"},
-      {"memory_gib", "1e300"},       {"sm_count", "1.5"},           {"sm_count", "0"},
-      {"sm_count", "10001"},         {"sm_count", "1e300"},         {"sm_count", "-1e300"},
-      {"sm_count", "18446744073709551615"},                         {"sm_count", R"("80")"},
-      {"compute_capability", R"("99999999999999999999.0")"},        {"compute_capability", R"("7.0abc")"},
-      {"compute_capability", R"("100.0")"},                         {"compute_capability", "7.0"},
-      {"fp32_tflops", "0"},          {"fp32_tflops", "1e7"},        {"fp16_tflops", "-1"},
-      {"bf16_tflops", R"("fast")"},  {"memory_bandwidth_gbps", "2e6"},
-      {"pcie_generation", "7"},      {"pcie_generation", "3.5"},    {"pcie_width", "0"},
-      {"pcie_width", "64"},          {"nvlink_gbps", "-5"},         {"nvlink_gbps", "1e9"},
-      {"aliases", "[1]"},            {"aliases", R"("tg")"},        {"name", "42"}};
+  const std::vector<std::pair<std::string, std::string>> cases = {{"memory_gib", "-1"},
+                                                                  {"memory_gib", "0"},
+                                                                  {"memory_gib", "16385"},
+                                                                  {"memory_gib", "1e300"},
+                                                                  {"sm_count", "1.5"},
+                                                                  {"sm_count", "0"},
+                                                                  {"sm_count", "10001"},
+                                                                  {"sm_count", "1e300"},
+                                                                  {"sm_count", "-1e300"},
+                                                                  {"sm_count", "18446744073709551615"},
+                                                                  {"sm_count", R"("80")"},
+                                                                  {"compute_capability", R"("99999999999999999999.0")"},
+                                                                  {"compute_capability", R"("7.0abc")"},
+                                                                  {"compute_capability", R"("100.0")"},
+                                                                  {"compute_capability", "7.0"},
+                                                                  {"fp32_tflops", "0"},
+                                                                  {"fp32_tflops", "1e7"},
+                                                                  {"fp16_tflops", "-1"},
+                                                                  {"bf16_tflops", R"("fast")"},
+                                                                  {"memory_bandwidth_gbps", "2e6"},
+                                                                  {"pcie_generation", "7"},
+                                                                  {"pcie_generation", "3.5"},
+                                                                  {"pcie_width", "0"},
+                                                                  {"pcie_width", "64"},
+                                                                  {"nvlink_gbps", "-5"},
+                                                                  {"nvlink_gbps", "1e9"},
+                                                                  {"aliases", "[1]"},
+                                                                  {"aliases", R"("tg")"},
+                                                                  {"name", "42"}};
   for (const auto& [field, value] : cases) {
     const std::string msg = catalog_error(catalog_with(field, value));
     EXPECT_NE(msg.find("field '" + field), std::string::npos) << field << " = " << value << ": " << msg;

@@ -228,8 +228,7 @@ TEST(CollectiveCost, NcclAlgoErrorsSayWhatIsAllowed) {
   EXPECT_NE(error_of([] { emugpu::parse_algorithms("Rign"); }).find("Ring, Tree, NVLS"), std::string::npos);
   EXPECT_NE(error_of([] { emugpu::parse_algorithms("^ring,tree,nvls"); }).find("leaves no algorithm"),
             std::string::npos);
-  EXPECT_NE(error_of([] { emugpu::parse_algorithms("CollNetDirect"); }).find("leaves no algorithm"),
-            std::string::npos);
+  EXPECT_NE(error_of([] { emugpu::parse_algorithms("CollNetDirect"); }).find("leaves no algorithm"), std::string::npos);
 }
 
 TEST(CollectiveCost, TimeGrowsWithSizeAndBarrierIsATinyAllReduce) {
@@ -247,7 +246,6 @@ TEST(CollectiveCost, TimeGrowsWithSizeAndBarrierIsATinyAllReduce) {
   EXPECT_EQ(solo.duration, kLaunch);
   EXPECT_EQ(solo.bus_factor, 0);
 }
-
 
 TEST(CollectiveCost, BadArgumentsSayWhatWasExpected) {
   const auto t = emugpu::make_topology(a100(), 8, 8);

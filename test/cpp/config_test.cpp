@@ -15,7 +15,8 @@ using emugpu::Mode;
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
     for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
-                          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_HOST_OP_US", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE", "NCCL_ALGO"}) {
+                          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_HOST_OP_US", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE",
+                          "LOCAL_WORLD_SIZE", "NCCL_ALGO"}) {
       unsetenv(v);
     }
   }
@@ -152,7 +153,8 @@ TEST_F(CleanEnvironment, TheExchangeTransportComesFromTheEnvironment) {
     ADD_FAILURE() << "gloo was accepted";
   } catch (const emugpu::Error& e) {
     EXPECT_NE(std::string(e.what()).find("EMUGPU_EXCHANGE: expected one of auto, tcp, shm, got 'gloo'"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -190,7 +190,7 @@ TEST(CostModel, BatchNormsWithFewChannelsLeaveSmsIdle) {
   const emugpu::CostModel m(g, {}, p);
   OpCost bn{0, 1e9, DType::kFloat32, OpFamily::kBatchNorm};
   EXPECT_EQ(m.kernel(bn), 500 + 2'000'000);  // channels unknown: the family's bandwidth alone
-  bn.channels = 80;                            // half rate at one channel per SM
+  bn.channels = 80;                          // half rate at one channel per SM
   EXPECT_EQ(m.kernel(bn), 500 + 4'000'000);
   bn.channels = 720;
   EXPECT_EQ(m.kernel(bn), 500 + 2'222'222);

@@ -136,8 +136,8 @@ TEST(DeviceRegions, AHostLateBetweenRegionsShrinksTheNextRegionInsteadOfAddingTo
   const TimeNs t0 = l.dev.record(0);
   l.dev.forward_begin(0, "m:forward", 5 * kMs);
   l.ops(10, 100 * kUs, 0, 0);
-  l.dev.synchronize_stream(0);           // the host waits for the forward's ops...
-  l.clock.advance(5 * kMs);              // ...and comes back after the forward's profiled end
+  l.dev.synchronize_stream(0);  // the host waits for the forward's ops...
+  l.clock.advance(5 * kMs);     // ...and comes back after the forward's profiled end
   l.dev.forward_end(0, "m:backward", 8 * kMs, true);
   l.dev.backward_reached(0, "m:backward", 8 * kMs);
   l.ops(10, 100 * kUs, 0, 0);

@@ -133,11 +133,11 @@ TEST(HeldWork, ACollectiveLaunchedWhileHeldLearnsItsStartWithoutBlocking) {
   Held h;
   const TimeNs t0 = h.clock.now();
   const int64_t comm = h.dev.pool_stream(false);
-  h.dev.stream_wait(0, h.end);                  // behind an earlier collective
+  h.dev.stream_wait(0, h.end);  // behind an earlier collective
   h.dev.launch(0, Engine::kCompute, 1 * kMs);
-  const auto after = h.dev.follow(comm, 0);     // the next collective follows stream 0
+  const auto after = h.dev.follow(comm, 0);  // the next collective follows stream 0
   h.clock.advance(1 * kMs);
-  h.dev.launch(0, Engine::kCompute, 5 * kMs);   // held work after it does not delay it
+  h.dev.launch(0, Engine::kCompute, 5 * kMs);  // held work after it does not delay it
   EXPECT_FALSE(after->known());
   EXPECT_EQ(h.clock.now(), t0 + 1 * kMs);
   h.end->set(t0 + 2 * kMs);

@@ -62,7 +62,7 @@ TEST(Timeline, CollectiveStartedByALateRankCountsAsIdle) {
 
 TEST(HostBoundMonitor, JudgesWindowsAfterWarmUp) {
   HostBoundMonitor m;
-  EXPECT_LT(m.observe(0, 0), 0);                                     // opens the warm-up window
+  EXPECT_LT(m.observe(0, 0), 0);                                    // opens the warm-up window
   EXPECT_LT(m.observe(HostBoundMonitor::kWindowNs, 400 * kMs), 0);  // warm-up: never judged
   EXPECT_EQ(m.stats().windows, 0);
   const TimeNs w = HostBoundMonitor::kWindowNs;

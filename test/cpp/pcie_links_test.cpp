@@ -16,9 +16,9 @@ namespace {
 TEST(PcieLinks, CopiesOnOneUplinkQueueInEachDirection) {
   auto links = emugpu::PcieLinks::in_process();
   EXPECT_EQ(links->reserve(0, true, 100, 50), 100);
-  EXPECT_EQ(links->reserve(0, true, 120, 50), 150);  // behind the first
-  EXPECT_EQ(links->reserve(0, false, 120, 50), 120);  // the other direction is free
-  EXPECT_EQ(links->reserve(1, true, 120, 50), 120);   // so is another uplink
+  EXPECT_EQ(links->reserve(0, true, 120, 50), 150);    // behind the first
+  EXPECT_EQ(links->reserve(0, false, 120, 50), 120);   // the other direction is free
+  EXPECT_EQ(links->reserve(1, true, 120, 50), 120);    // so is another uplink
   EXPECT_EQ(links->reserve(0, true, 1000, 10), 1000);  // an idle uplink does not delay
 }
 

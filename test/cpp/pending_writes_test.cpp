@@ -27,7 +27,10 @@ TEST(PendingWrites, AwaitSeesTheWritesOfEveryCallOnItsKey) {
   std::atomic<bool> release{false};
   std::atomic<int> value{0};
   writes.submit(runner, {&a}, blocked_until(release, value, 1));
-  writes.submit(runner, {&a, &b}, [&] { value.store(value.load() * 10 + 2); return int64_t{0}; });
+  writes.submit(runner, {&a, &b}, [&] {
+    value.store(value.load() * 10 + 2);
+    return int64_t{0};
+  });
   EXPECT_FALSE(writes.empty());
   EXPECT_EQ(writes.size(), 2u);
   std::thread releaser([&] {

@@ -74,8 +74,9 @@ TEST(ProfileDb, ExtrapolatesLinearlyAndSaysSo) {
 TEST(ProfileDb, MalformedFilesNameTheFileAndField) {
   EXPECT_NE(error_of(replaced(kProfile, R"("model": "resnet50",)", "")).find("p.json: field 'model': missing"),
             std::string::npos);
-  EXPECT_NE(error_of(replaced(kProfile, R"("forward_s": 0.025)", R"("forward_s": "fast")")).find("batches[1].forward_s"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(replaced(kProfile, R"("forward_s": 0.025)", R"("forward_s": "fast")")).find("batches[1].forward_s"),
+      std::string::npos);
   EXPECT_NE(error_of(replaced(kProfile, R"("batch_size": 16)", R"("batch_size": 64)")).find("increase strictly"),
             std::string::npos);
   EXPECT_NE(error_of(replaced(kProfile, R"("batch_size": 1,)", R"("batch_size": 0,)")).find("integer >= 1"),
@@ -90,8 +91,7 @@ TEST(ProfileLimits, DeeplyNestedDocumentsAreRefusedNamingTheFile) {
   const std::string deep(100000, '[');
   std::string deep_objects;
   for (int i = 0; i < 100000; ++i) deep_objects += R"({"a":)";
-  for (const std::string& text : {deep, deep_objects,
-                                  replaced(kProfile, "0.025", deep + std::string(100000, ']')),
+  for (const std::string& text : {deep, deep_objects, replaced(kProfile, "0.025", deep + std::string(100000, ']')),
                                   replaced(kProfile, R"("unit test")", deep)}) {
     const std::string msg = error_of(text);
     EXPECT_NE(msg.find("profile p.json"), std::string::npos) << msg.substr(0, 300);
@@ -104,11 +104,11 @@ TEST(ProfileLimits, WronglyTypedValuesAreEchoedBriefly) {
   const std::string msg = error_of(replaced(kProfile, "0.025", nested));
   EXPECT_NE(msg.find("batches[1].forward_s"), std::string::npos) << msg;
   EXPECT_LT(msg.size(), 300u) << msg;
-  const std::string huge = error_of(replaced(kProfile, R"("unit test")", "\"" + std::string(100000, 'x') + "\"" +
-                                                                                ", \"n\": 1, \"source2\": 2"));
+  const std::string huge = error_of(
+      replaced(kProfile, R"("unit test")", "\"" + std::string(100000, 'x') + "\"" + ", \"n\": 1, \"source2\": 2"));
   EXPECT_EQ(huge, "");  // long strings are fine where a string is expected
-  const std::string long_number = error_of(replaced(kProfile, R"("model": "resnet50")",
-                                                    R"("model": 0.)" + std::string(100000, '7')));
+  const std::string long_number =
+      error_of(replaced(kProfile, R"("model": "resnet50")", R"("model": 0.)" + std::string(100000, '7')));
   EXPECT_NE(long_number.find("field 'model'"), std::string::npos) << long_number.substr(0, 300);
   EXPECT_LT(long_number.size(), 300u);
   const std::string overflow = error_of(replaced(kProfile, "0.025", std::string(100000, '7')));

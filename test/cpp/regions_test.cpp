@@ -120,7 +120,7 @@ TEST(Regions, ACostModelRegionKeepsItsOpsTimesAndRecordsItsLength) {
   r.open("net@8:forward", RegionKind::kForward, emugpu::kUnbudgeted, 100, 0, true);
   EXPECT_EQ(r.retime(40, 100, 0), 40);  // never re-timed
   EXPECT_EQ(r.retime(25, 140, 0), 25);
-  EXPECT_EQ(r.pad_needed(165), 0);      // never padded
+  EXPECT_EQ(r.pad_needed(165), 0);                     // never padded
   r.close(emugpu::RegionOutcome::kCompleted, 200, 0);  // the host came late: a gap
   const auto report = r.report();
   ASSERT_EQ(report.size(), 1u);

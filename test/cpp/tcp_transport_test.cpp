@@ -59,7 +59,8 @@ std::vector<std::unique_ptr<TcpTransport>> group(MapRendezvous& rdv, int size) {
   std::vector<std::unique_ptr<TcpTransport>> ranks(static_cast<size_t>(size));
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] { ranks[static_cast<size_t>(r)] = std::make_unique<TcpTransport>(rdv, r, size, options()); });
+    threads.emplace_back(
+        [&, r] { ranks[static_cast<size_t>(r)] = std::make_unique<TcpTransport>(rdv, r, size, options()); });
   }
   for (auto& t : threads) t.join();
   return ranks;
@@ -189,8 +190,8 @@ TEST(TcpTransport, APeerThatConnectsAndSaysNothingTimesOutNamingIt) {
   });
   auto socket = stranger(io, rdv);
   rank0.join();
-  const std::string where = socket->local_endpoint().address().to_string() + ":" +
-                            std::to_string(socket->local_endpoint().port());
+  const std::string where =
+      socket->local_endpoint().address().to_string() + ":" + std::to_string(socket->local_endpoint().port());
   EXPECT_NE(error.find(where + " connected but sent no hello"), std::string::npos) << error;
   EXPECT_NE(error.find("rank(s) 1 did not connect"), std::string::npos) << error;
 }
@@ -243,8 +244,8 @@ TEST(ClockOffset, MeasuresAKnownOffsetOverTcp) {
   };
   constexpr emugpu::TimeNs kAhead = 5'000'000'000;  // rank 1's clock runs 5 s ahead of rank 0's
   std::thread server([&] { emugpu::serve_clock(*ranks[0], 1, steady, 16, 10s); });
-  const emugpu::TimeNs offset =
-      emugpu::measure_clock_offset(*ranks[1], 0, [&] { return steady() + kAhead; }, 16, 10s);
+  const emugpu::TimeNs offset = emugpu::measure_clock_offset(
+      *ranks[1], 0, [&] { return steady() + kAhead; }, 16, 10s);
   server.join();
   // The best of 16 loopback round trips: off by at most half of one (well under 50 ms even on a busy host).
   EXPECT_NEAR(static_cast<double>(offset), static_cast<double>(kAhead), 50e6);

@@ -5,8 +5,8 @@
 // breaks an invariant) is a finding.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -62,8 +62,8 @@ void fuzz_profile(std::string_view text) {
   for (const auto& table : profile.tables) {
     if (table.points.empty()) finding("a profile table without points was accepted");
     const int64_t last = table.points.back().batch_size;
-    for (int64_t b : {int64_t{1}, table.points.front().batch_size, last / 2 + 1, last, last + 1, last * 3,
-                      int64_t{1} << 31}) {
+    for (int64_t b :
+         {int64_t{1}, table.points.front().batch_size, last / 2 + 1, last, last + 1, last * 3, int64_t{1} << 31}) {
       check_point(emugpu::interpolate(profile, table, b).point);
     }
   }

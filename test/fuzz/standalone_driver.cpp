@@ -87,13 +87,56 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 const char* const kTokens[] = {
-    "[", "]", "{", "}", ",", ":", "\"", "null", "true", "false", "0", "-0", "1", "-1", "1.5", "2.0",
-    "1e9", "1e308", "-1e308", "1e400", "-1e400", "4e-320", "1e-400", "18446744073709551615",
-    "18446744073709551616", "-9223372036854775808", "9223372036854775807", "2147483648", "4294967296",
-    "\"\"", "\"x\"", "[]", "{}", "[[[[[[[[", "{\"a\":{\"a\":", "\"\\u0000\"", "\"\\ud800\"", "\xff",
-    "\"batch_size\": ", "\"forward_s\": ", "\"backward_s\": ", "\"gpu_count\": ", "\"sm_count\": ",
-    "\"memory_gib\": ", "\"compute_capability\": \"99999999999.99999999999\"", "\"peak_bytes\": ",
-    "\"data_parallel\": [", "\"gpus\": [", "\"aliases\": ", "\"fingerprint\": {\"parameters\": ",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ":",
+    "\"",
+    "null",
+    "true",
+    "false",
+    "0",
+    "-0",
+    "1",
+    "-1",
+    "1.5",
+    "2.0",
+    "1e9",
+    "1e308",
+    "-1e308",
+    "1e400",
+    "-1e400",
+    "4e-320",
+    "1e-400",
+    "18446744073709551615",
+    "18446744073709551616",
+    "-9223372036854775808",
+    "9223372036854775807",
+    "2147483648",
+    "4294967296",
+    "\"\"",
+    "\"x\"",
+    "[]",
+    "{}",
+    "[[[[[[[[",
+    "{\"a\":{\"a\":",
+    "\"\\u0000\"",
+    "\"\\ud800\"",
+    "\xff",
+    "\"batch_size\": ",
+    "\"forward_s\": ",
+    "\"backward_s\": ",
+    "\"gpu_count\": ",
+    "\"sm_count\": ",
+    "\"memory_gib\": ",
+    "\"compute_capability\": \"99999999999.99999999999\"",
+    "\"peak_bytes\": ",
+    "\"data_parallel\": [",
+    "\"gpus\": [",
+    "\"aliases\": ",
+    "\"fingerprint\": {\"parameters\": ",
 };
 
 class Mutator {
@@ -233,11 +276,13 @@ int main(int argc, char** argv) {
     // No coverage signal: keep a bounded, rotating set of mutants so that
     // mutations compound, while the seeds stay in the pool for good.
     if (mutator.below(8) == 0) {
-      if (pool.size() < seeds.size() + 256) pool.push_back(std::move(input));
-      else pool[seeds.size() + mutator.below(256)] = std::move(input);
+      if (pool.size() < seeds.size() + 256)
+        pool.push_back(std::move(input));
+      else
+        pool[seeds.size() + mutator.below(256)] = std::move(input);
     }
   }
-  std::fprintf(stderr, "emugpu_parser_fuzz: %zu seeds, %lld mutated inputs, seed %lld, no findings\n",
-               seeds.size(), done, seed);
+  std::fprintf(stderr, "emugpu_parser_fuzz: %zu seeds, %lld mutated inputs, seed %lld, no findings\n", seeds.size(),
+               done, seed);
   return 0;
 }

@@ -72,7 +72,7 @@ OpCost op_cost_from_dict(const py::dict& d) {
   }
   const auto v = d["conv"].cast<py::tuple>();
   EMUGPU_CHECK(v.size() == 11, kValue, "conv must hold 11 sizes, got ", v.size());
-  double* fields[] = {&c.conv.n, &c.conv.c, &c.conv.h, &c.conv.w, &c.conv.k, &c.conv.r,
+  double* fields[] = {&c.conv.n, &c.conv.c, &c.conv.h, &c.conv.w,      &c.conv.k,     &c.conv.r,
                       &c.conv.s, &c.conv.p, &c.conv.q, &c.conv.groups, &c.conv.stride};
   for (size_t i = 0; i < 11; ++i) *fields[i] = v[i].cast<double>();
   c.channels = d.contains("channels") ? d["channels"].cast<double>() : 0.0;
@@ -86,9 +86,12 @@ OpCost op_cost_from_dict(const py::dict& d) {
 void bind_cost(py::module_& m) {
   // The cost model's kernel parameters for the configured GPU: fitted to the
   // first calibration file for it on the search path, else its architecture's row.
-  m.def("_load_calibration", [](const std::vector<std::string>& directories) {
-    return guarded([&] { return kernel_params_dict(Runtime::get().load_calibration(directories)); });
-  }, "Sets every device's kernel parameters from the calibration on `directories`; returns them.");
+  m.def(
+      "_load_calibration",
+      [](const std::vector<std::string>& directories) {
+        return guarded([&] { return kernel_params_dict(Runtime::get().load_calibration(directories)); });
+      },
+      "Sets every device's kernel parameters from the calibration on `directories`; returns them.");
   m.def("_current_kernel_params", [](int index) {
     return guarded([&] { return kernel_params_dict(Runtime::get().device(index).cost().kernel_params()); });
   });
@@ -115,7 +118,8 @@ void bind_cost(py::module_& m) {
   m.def("_reset_cost_report", [](int index) { guarded([&] { Runtime::get().device(index).ledger().reset(); }); });
   // The ops the cost model timed, as it saw them (benchmarks/fit_cost_model.py).
   m.def("_cost_trace_start", [](int index, int64_t limit) {
-    guarded([&] { Runtime::get().device(index).ledger().start_trace(static_cast<size_t>(std::max<int64_t>(limit, 0))); });
+    guarded(
+        [&] { Runtime::get().device(index).ledger().start_trace(static_cast<size_t>(std::max<int64_t>(limit, 0))); });
   });
   m.def("_cost_trace", [](int index) {
     return guarded([&] {
@@ -163,34 +167,35 @@ void bind_cost(py::module_& m) {
     });
   });
   m.def("_kernel_params", [](const std::string& gpu) {
-    return guarded([&] {
-      return kernel_params_dict(default_kernel_params(Runtime::get().catalog().find(gpu)));
-    });
+    return guarded([&] { return kernel_params_dict(default_kernel_params(Runtime::get().catalog().find(gpu))); });
   });
   // The collective cost model for benchmarks/collective_model.py; a network
   // or algorithm set left as None comes from the configuration (EMUGPU_NET_*, NCCL_ALGO).
-  m.def("_collective_time", [](const std::string& kind, double bytes, const std::string& gpu, int ranks_per_node,
-                               int nodes, py::object net_gbps, py::object net_latency_us, py::object algorithms) {
-    return guarded([&] {
-      const Config c = Runtime::get().config();
-      const NetworkSpec net{(net_gbps.is_none() ? c.net_gbps : net_gbps.cast<double>()) * 1e9,
-                            net_latency_us.is_none() ? c.net_latency_us : net_latency_us.cast<double>()};
-      // The core range-checks the world size; clamping only keeps the product an int.
-      const int64_t world = std::clamp<int64_t>(int64_t{ranks_per_node} * nodes, -1, INT32_MAX);
-      const Topology t = make_topology(Runtime::get().catalog().find(gpu), static_cast<int>(world),
-                                       ranks_per_node, net);
-      const AlgorithmSet allowed =
-          parse_algorithms(algorithms.is_none() ? c.nccl_algo : algorithms.cast<std::string>());
-      const CollectiveCost r = collective_time(parse_collective(kind), bytes, t, allowed);
-      py::dict d;
-      d["seconds"] = r.duration * 1e-9;
-      d["algorithm"] = algorithm_name(r.algorithm);
-      d["protocol"] = protocol_name(r.protocol);
-      d["bus_factor"] = r.bus_factor;
-      return d;
-    });
-  }, py::arg("kind"), py::arg("bytes"), py::arg("gpu"), py::arg("ranks_per_node"), py::arg("nodes"),
-     py::arg("net_gbps") = py::none(), py::arg("net_latency_us") = py::none(), py::arg("algorithms") = py::none());
+  m.def(
+      "_collective_time",
+      [](const std::string& kind, double bytes, const std::string& gpu, int ranks_per_node, int nodes,
+         py::object net_gbps, py::object net_latency_us, py::object algorithms) {
+        return guarded([&] {
+          const Config c = Runtime::get().config();
+          const NetworkSpec net{(net_gbps.is_none() ? c.net_gbps : net_gbps.cast<double>()) * 1e9,
+                                net_latency_us.is_none() ? c.net_latency_us : net_latency_us.cast<double>()};
+          // The core range-checks the world size; clamping only keeps the product an int.
+          const int64_t world = std::clamp<int64_t>(int64_t{ranks_per_node} * nodes, -1, INT32_MAX);
+          const Topology t =
+              make_topology(Runtime::get().catalog().find(gpu), static_cast<int>(world), ranks_per_node, net);
+          const AlgorithmSet allowed =
+              parse_algorithms(algorithms.is_none() ? c.nccl_algo : algorithms.cast<std::string>());
+          const CollectiveCost r = collective_time(parse_collective(kind), bytes, t, allowed);
+          py::dict d;
+          d["seconds"] = r.duration * 1e-9;
+          d["algorithm"] = algorithm_name(r.algorithm);
+          d["protocol"] = protocol_name(r.protocol);
+          d["bus_factor"] = r.bus_factor;
+          return d;
+        });
+      },
+      py::arg("kind"), py::arg("bytes"), py::arg("gpu"), py::arg("ranks_per_node"), py::arg("nodes"),
+      py::arg("net_gbps") = py::none(), py::arg("net_latency_us") = py::none(), py::arg("algorithms") = py::none());
 }
 
 }  // namespace emugpu

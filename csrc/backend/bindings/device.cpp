@@ -81,9 +81,8 @@ void bind_device(py::module_& m) {
       return d;
     });
   });
-  m.def("_set_mode", [](const std::string& mode) {
-    guarded([&] { Runtime::get().set_mode(parse_mode(mode, "mode")); });
-  });
+  m.def("_set_mode",
+        [](const std::string& mode) { guarded([&] { Runtime::get().set_mode(parse_mode(mode, "mode")); }); });
   m.def("_mode", [] { return Runtime::get().compute_mode() ? "compute" : "timing"; });
   m.def("_device_count", [] { return guarded([&] { return Runtime::get().device_count(); }); });
   m.def("_current_device", [] { return current_device(); });
@@ -107,7 +106,7 @@ void bind_device(py::module_& m) {
   m.def("_synchronize", [](int index) {
     guarded([&] {
       Device& dev = Runtime::get().device(index);
-      py::gil_scoped_release no_gil;  // the wait checks for signals with the GIL
+      py::gil_scoped_release no_gil;    // the wait checks for signals with the GIL
       Runtime::get().drain_deferred();  // collectives whose end is not known yet (backend emu) are placed too
       dev.synchronize();
     });
@@ -123,9 +122,8 @@ void bind_device(py::module_& m) {
   m.def("_in_bad_fork", [] { return Runtime::get().in_bad_fork(); });
   m.def("_shape_cache_stats", [] { return shape_cache_stats(); });
   m.def("_host_now_ns", [] { return host_now(); });
-  m.def("_device_ready_ns", [](int index) {
-    return guarded([&] { return Runtime::get().device(index).device_ready(); });
-  });
+  m.def("_device_ready_ns",
+        [](int index) { return guarded([&] { return Runtime::get().device(index).device_ready(); }); });
   m.def("_engine_stats", [](int index) {
     return guarded([&] {
       py::dict d;
@@ -151,12 +149,8 @@ void bind_device(py::module_& m) {
       return d;
     });
   });
-  m.def("_reset_engine_stats", [](int index) {
-    guarded([&] { Runtime::get().device(index).reset_stats(); });
-  });
-  m.def("_utilization", [](int index) {
-    return guarded([&] { return Runtime::get().device(index).utilization(); });
-  });
+  m.def("_reset_engine_stats", [](int index) { guarded([&] { Runtime::get().device(index).reset_stats(); }); });
+  m.def("_utilization", [](int index) { return guarded([&] { return Runtime::get().device(index).utilization(); }); });
   m.def("_emulate_kernel", [](int index, double seconds) {
     return guarded([&] {
       const TimeNs duration = seconds_to_ns(seconds);

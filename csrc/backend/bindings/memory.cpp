@@ -52,12 +52,10 @@ void bind_memory(py::module_& m) {
       return d;
     });
   });
-  m.def("_reset_peak_memory_stats", [](int index) {
-    guarded([&] { Runtime::get().device(index).allocator().reset_peak_stats(); });
-  });
-  m.def("_reset_accumulated_memory_stats", [](int index) {
-    guarded([&] { Runtime::get().device(index).allocator().reset_accumulated_stats(); });
-  });
+  m.def("_reset_peak_memory_stats",
+        [](int index) { guarded([&] { Runtime::get().device(index).allocator().reset_peak_stats(); }); });
+  m.def("_reset_accumulated_memory_stats",
+        [](int index) { guarded([&] { Runtime::get().device(index).allocator().reset_accumulated_stats(); }); });
   m.def("_host_memory_stats", [] {
     const HostAllocatorStats s = host_allocator().stats();
     py::dict d;
@@ -93,8 +91,8 @@ void bind_memory(py::module_& m) {
   m.def("_open_shared_storage", [](int fd, uint64_t map_offset, uint64_t map_length, uint64_t data_offset,
                                    uint64_t nbytes, int device, bool materialized, int64_t ready_ns) {
     return guarded([&] {
-      const c10::Storage storage = open_shared_storage(
-          {fd, map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns});
+      const c10::Storage storage =
+          open_shared_storage({fd, map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns});
       return py::reinterpret_steal<py::object>(torch::createPyObject(storage));
     });
   });

@@ -74,8 +74,7 @@ void bind_regions(py::module_& m) {
   });
   m.def("_backward_reached", [](int index, const std::string& backward_key, double backward_s) {
     guarded([&] {
-      Runtime::get().device(index).backward_reached(current_stream_id(index), backward_key,
-                                                    region_target(backward_s));
+      Runtime::get().device(index).backward_reached(current_stream_id(index), backward_key, region_target(backward_s));
     });
   });
   m.def("_region_abort", [](int index) { guarded([&] { Runtime::get().device(index).region_abort(); }); });
@@ -102,29 +101,30 @@ void bind_regions(py::module_& m) {
       return out;
     });
   });
-  m.def("_profile_lookup", [](const std::string& gpu, const std::string& model, py::object parameters,
-                              int64_t batch_size, int gpu_count) {
-    return guarded([&]() -> py::object {
-      const auto db = Runtime::get().profiles();
-      if (db == nullptr) return py::none();
-      const auto r = db->lookup(Runtime::get().catalog(), gpu, model,
-                                parameters.is_none() ? std::nullopt : std::optional<int64_t>(parameters.cast<int64_t>()),
-                                batch_size, gpu_count);
-      if (!r) return py::none();
-      const Profile* p = r->profile;
-      py::dict d = profile_summary(*p);
-      d["kind"] = r->kind == LookupKind::kExact          ? "exact"
-                  : r->kind == LookupKind::kInterpolated ? "interpolated"
-                                                         : "extrapolated";
-      d["forward_s"] = r->point.forward_s;
-      d["backward_s"] = r->point.backward_s;
-      d["transfer_pageable_s"] = optional_number(r->point.transfer_pageable_s);
-      d["transfer_pinned_s"] = optional_number(r->point.transfer_pinned_s);
-      d["peak_bytes"] = optional_number(r->point.peak_bytes);
-      d["persistent_bytes"] = optional_number(r->point.persistent_bytes);
-      return d;
-    });
-  });
+  m.def("_profile_lookup",
+        [](const std::string& gpu, const std::string& model, py::object parameters, int64_t batch_size, int gpu_count) {
+          return guarded([&]() -> py::object {
+            const auto db = Runtime::get().profiles();
+            if (db == nullptr) return py::none();
+            const auto r =
+                db->lookup(Runtime::get().catalog(), gpu, model,
+                           parameters.is_none() ? std::nullopt : std::optional<int64_t>(parameters.cast<int64_t>()),
+                           batch_size, gpu_count);
+            if (!r) return py::none();
+            const Profile* p = r->profile;
+            py::dict d = profile_summary(*p);
+            d["kind"] = r->kind == LookupKind::kExact          ? "exact"
+                        : r->kind == LookupKind::kInterpolated ? "interpolated"
+                                                               : "extrapolated";
+            d["forward_s"] = r->point.forward_s;
+            d["backward_s"] = r->point.backward_s;
+            d["transfer_pageable_s"] = optional_number(r->point.transfer_pageable_s);
+            d["transfer_pinned_s"] = optional_number(r->point.transfer_pinned_s);
+            d["peak_bytes"] = optional_number(r->point.peak_bytes);
+            d["persistent_bytes"] = optional_number(r->point.persistent_bytes);
+            return d;
+          });
+        });
 }
 
 }  // namespace emugpu

@@ -83,12 +83,14 @@ std::vector<uint8_t> slice(const at::Tensor& host, int64_t offset, int64_t lengt
   return std::vector<uint8_t>(p, p + length);
 }
 
-void append(std::vector<uint8_t>& out, const std::vector<uint8_t>& more) { out.insert(out.end(), more.begin(), more.end()); }
+void append(std::vector<uint8_t>& out, const std::vector<uint8_t>& more) {
+  out.insert(out.end(), more.begin(), more.end());
+}
 
 // Checks that `row` from `rank` holds `want` bytes.
 void expect_bytes(const std::string& name, const std::vector<uint8_t>& row, int rank, int64_t want) {
-  TORCH_CHECK(static_cast<int64_t>(row.size()) >= want, "emu backend: ", name, " expected ", want,
-              " bytes from rank ", rank, ", got ", row.size(), "; every rank must pass the same shapes");
+  TORCH_CHECK(static_cast<int64_t>(row.size()) >= want, "emu backend: ", name, " expected ", want, " bytes from rank ",
+              rank, ", got ", row.size(), "; every rank must pass the same shapes");
 }
 
 void write(const at::Tensor& host, const uint8_t* bytes) {
@@ -251,9 +253,8 @@ Work all_gather_into_tensor(GroupCollectives& g, const std::vector<at::Tensor>& 
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "emu backend: ", name, " expected an output per input (",
                     inputs.size(), "), got ", outputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TORCH_CHECK_VALUE(nbytes(outputs[i]) == nbytes(inputs[i]) * size, "emu backend: ", name,
-                      " expected an output of ", size, " times the input's ", nbytes(inputs[i]), " bytes, got ",
-                      nbytes(outputs[i]));
+    TORCH_CHECK_VALUE(nbytes(outputs[i]) == nbytes(inputs[i]) * size, "emu backend: ", name, " expected an output of ",
+                      size, " times the input's ", nbytes(inputs[i]), " bytes, got ", nbytes(outputs[i]));
   }
   CollectiveCall c = base(name, "all_gather", static_cast<double>(total_bytes(inputs) * size), device);
   c.inputs = inputs;
@@ -269,8 +270,9 @@ Work all_gather_into_tensor(GroupCollectives& g, const std::vector<at::Tensor>& 
       int64_t at = 0;
       for (size_t i = 0; i < in.size(); ++i) {
         const int64_t n = nbytes(in[i]);
-        if (n > 0) std::memcpy(static_cast<uint8_t*>(out[i].data_ptr()) + static_cast<int64_t>(r) * n, rows[r].data() + at,
-                               static_cast<size_t>(n));
+        if (n > 0)
+          std::memcpy(static_cast<uint8_t*>(out[i].data_ptr()) + static_cast<int64_t>(r) * n, rows[r].data() + at,
+                      static_cast<size_t>(n));
         at += n;
       }
     }
@@ -338,9 +340,8 @@ Work reduce_scatter_tensor(GroupCollectives& g, const std::vector<at::Tensor>& o
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "emu backend: ", name, " expected an output per input (",
                     inputs.size(), "), got ", outputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TORCH_CHECK_VALUE(nbytes(inputs[i]) == nbytes(outputs[i]) * size, "emu backend: ", name,
-                      " expected an input of ", size, " times the output's ", nbytes(outputs[i]), " bytes, got ",
-                      nbytes(inputs[i]));
+    TORCH_CHECK_VALUE(nbytes(inputs[i]) == nbytes(outputs[i]) * size, "emu backend: ", name, " expected an input of ",
+                      size, " times the output's ", nbytes(outputs[i]), " bytes, got ", nbytes(inputs[i]));
   }
   CollectiveCall c = base(name, "reduce_scatter", static_cast<double>(total_bytes(inputs)), device);
   c.extra = op_name(op);
@@ -522,7 +523,8 @@ Work all_to_all_single(GroupCollectives& g, const at::Tensor& output, const at::
       TORCH_CHECK(static_cast<int64_t>(rows[r].size()) == got[r], "emu backend: ", name, " expected ", got[r],
                   " bytes from rank ", r, " (the output split sizes), got ", rows[r].size(),
                   "; each rank's output split for a peer must match that peer's input split");
-      if (got[r] > 0) std::memcpy(static_cast<uint8_t*>(out.data_ptr()) + at, rows[r].data(), static_cast<size_t>(got[r]));
+      if (got[r] > 0)
+        std::memcpy(static_cast<uint8_t*>(out.data_ptr()) + at, rows[r].data(), static_cast<size_t>(got[r]));
       at += got[r];
     }
   };

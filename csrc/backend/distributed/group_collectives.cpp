@@ -130,17 +130,24 @@ c10::intrusive_ptr<c10::ivalue::Future> EmuWork::getFuture() { return future_; }
 
 // --- GroupCollectives ----------------------------------------------------------
 
-GroupCollectives::GroupCollectives(GroupSpec spec, std::shared_ptr<Transport> words,
-                                   std::shared_ptr<TcpTransport> bulk, c10::intrusive_ptr<c10d::Store> reports)
-    : spec_(spec), words_(std::move(words)), bulk_(std::move(bulk)), reports_(std::move(reports)),
-      runner_(std::make_shared<OrderedRunner>()), poster_(std::make_shared<OrderedRunner>()) {
-  TORCH_CHECK(words_ != nullptr && bulk_ != nullptr && reports_, "emu backend: a process group needs its transports "
+GroupCollectives::GroupCollectives(GroupSpec spec, std::shared_ptr<Transport> words, std::shared_ptr<TcpTransport> bulk,
+                                   c10::intrusive_ptr<c10d::Store> reports)
+    : spec_(spec),
+      words_(std::move(words)),
+      bulk_(std::move(bulk)),
+      reports_(std::move(reports)),
+      runner_(std::make_shared<OrderedRunner>()),
+      poster_(std::make_shared<OrderedRunner>()) {
+  TORCH_CHECK(words_ != nullptr && bulk_ != nullptr && reports_,
+              "emu backend: a process group needs its transports "
               "and its store");
 }
 
 int64_t GroupCollectives::comm_stream(int device) {
-  TORCH_CHECK_INDEX(device >= 0 && device < static_cast<int>(comm_.size()), "emu backend: expected a device index in "
-                    "[0, ", comm_.size(), "), got ", device);
+  TORCH_CHECK_INDEX(device >= 0 && device < static_cast<int>(comm_.size()),
+                    "emu backend: expected a device index in "
+                    "[0, ",
+                    comm_.size(), "), got ", device);
   auto& slot = comm_[static_cast<size_t>(device)];
   int64_t id = slot.load();
   if (id != 0) return id;
@@ -179,8 +186,7 @@ void GroupCollectives::check_signatures(const GatheredWords& words, uint64_t sig
   }
 }
 
-TimeNs GroupCollectives::place(int device, int64_t comm, const GatheredWords& words,
-                               const std::string& model_kind) {
+TimeNs GroupCollectives::place(int device, int64_t comm, const GatheredWords& words, const std::string& model_kind) {
   const TimeNs start = words.start() + spec_.clock_offset;
   const auto bytes = static_cast<double>(words.max(CollectiveWords::kModelBytes));
   const TimeNs duration =
@@ -188,8 +194,9 @@ TimeNs GroupCollectives::place(int device, int64_t comm, const GatheredWords& wo
   return Runtime::get().device(device).collective_launch(comm, start, duration);
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> GroupCollectives::completed_future(
-    int device, const std::vector<at::Tensor>& outputs, std::shared_ptr<PendingTime> end) const {
+c10::intrusive_ptr<c10::ivalue::Future> GroupCollectives::completed_future(int device,
+                                                                           const std::vector<at::Tensor>& outputs,
+                                                                           std::shared_ptr<PendingTime> end) const {
   auto future = device_future(device);
   EventTimeScope scope(std::move(end));
   future->markCompleted(c10::IValue(outputs));
@@ -199,7 +206,8 @@ c10::intrusive_ptr<c10::ivalue::Future> GroupCollectives::completed_future(
 c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& name,
                                                             const std::vector<at::Tensor>& tensors,
                                                             c10d::ReduceOp::RedOpType op) {
-  TORCH_CHECK(all_reduce_args_ok(tensors, op), "emu backend: ", name, " reached the group with arguments its checks "
+  TORCH_CHECK(all_reduce_args_ok(tensors, op), "emu backend: ", name,
+              " reached the group with arguments its checks "
               "refuse; please report this");
   const bool compute = Runtime::get().compute_mode();
   int64_t largest = 0;
@@ -230,8 +238,8 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& n
       touches.push_back(t.storage().unsafeGetStorageImpl());
     }
     const int64_t comm = comm_stream(device);
-    auto place = [self = weak_from_this(), name, extra, op, signature, largest, payload, compute, device, comm,
-                  tensors, hosts, storages](TimeNs start) {
+    auto place = [self = weak_from_this(), name, extra, op, signature, largest, payload, compute, device, comm, tensors,
+                  hosts, storages](TimeNs start) {
       const auto group = self.lock();
       TORCH_CHECK(group != nullptr, "emu backend: ", name, " was placed after its process group was destroyed");
       // Whether the bytes are real is read here: collectives before it in launch order may change it.
@@ -303,7 +311,8 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
     Rows to_root = bulk_->exchange(chunks, lengths, spec_.timeout);
     std::fill(lengths.begin(), lengths.end(), 0);
     if (spec_.rank == kRoot) {
-      for (int r = 0; r < spec_.size; ++r) add(r, to_root[static_cast<size_t>(r)].data(), to_root[static_cast<size_t>(r)].size());
+      for (int r = 0; r < spec_.size; ++r)
+        add(r, to_root[static_cast<size_t>(r)].data(), to_root[static_cast<size_t>(r)].size());
       finish_into(mine);
       std::fill(chunks.begin(), chunks.end(), mine.data());
       std::fill(lengths.begin(), lengths.end(), mine.size());
@@ -327,8 +336,8 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
                                                        double model_bytes, int64_t largest, int64_t payload, bool real,
                                                        const std::vector<at::Tensor>& received,
                                                        const std::vector<at::Tensor>& outputs,
-                                                       const std::vector<at::Tensor>& signed_,
-                                                       const std::string& extra, int device) {
+                                                       const std::vector<at::Tensor>& signed_, const std::string& extra,
+                                                       int device) {
   return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
     for (const auto& t : received) set_tensor_materialized(t, false);  // after the collectives still writing it
     const int64_t comm = comm_stream(device);
@@ -338,8 +347,8 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
                   model_kind, device, comm](TimeNs start) {
       const auto group = self.lock();
       TORCH_CHECK(group != nullptr, "emu backend: ", name, " was placed after its process group was destroyed");
-      const uint64_t ticket = group->gather_words(
-          {start, real, false, signature, static_cast<int64_t>(model_bytes), largest, payload});
+      const uint64_t ticket =
+          group->gather_words({start, real, false, signature, static_cast<int64_t>(model_bytes), largest, payload});
       const GatheredWords words = group->finish(ticket, name);
       group->check_signatures(words, signature, ticket, name, extra, signed_);
       return group->place(device, comm, words, model_kind);
@@ -390,8 +399,8 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer_call(int device, const st
     // is this collective's start: the runner learns it, then exchanges it,
     // and the host goes on. One that autograd launches (a DDP bucket, an
     // FSDP reduce-scatter) is part of the backward, not the end of it.
-    const LaterStart later{dev.follow(comm, current_stream_id(device), !in_backward()), device, comm,
-                           dev.clock().now(), spec_.clock_offset};
+    const LaterStart later{dev.follow(comm, current_stream_id(device), !in_backward()), device, comm, dev.clock().now(),
+                           spec_.clock_offset};
     auto end = std::make_shared<PendingTime>();
     OrderedRunner::Call call = [later, end, place = std::move(place)]() {
       return translate_errors([&] {
@@ -486,8 +495,8 @@ TimeNs GroupCollectives::exchange_and_place(CollectiveCall& call, int64_t comm, 
   if (!compute) {
     for (const auto& t : call.inputs) real = real && is_materialized(t.storage());
   }
-  const uint64_t ticket = gather_words(
-      {start, real, compute, signature, static_cast<int64_t>(call.model_bytes), largest, call.payload});
+  const uint64_t ticket =
+      gather_words({start, real, compute, signature, static_cast<int64_t>(call.model_bytes), largest, call.payload});
   const GatheredWords words = finish(ticket, call.name);
   check_signatures(words, signature, ticket, call.name, call.extra, call.signed_);
   const bool moves = words.moves_bytes(spec_.data_threshold);
@@ -513,11 +522,12 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::run(CollectiveCall call) {
     const int device = call.device;
     const int64_t comm = comm_stream(device);
     auto& dev = Runtime::get().device(device);
-    if (call.blocks_host) {  // barrier: the host waits for it, as ProcessGroupNCCL's does
+    if (call.blocks_host) {           // barrier: the host waits for it, as ProcessGroupNCCL's does
       without_gil([&] { drain(); });  // the collectives before it gather their words on the runner first
       dev.stream_wait(comm, dev.record_pending(current_stream_id(device), !in_backward()));
       const TimeNs start = without_gil([&] { return dev.collective_start(comm); }) - spec_.clock_offset;
-      const TimeNs end = without_gil([&] { return exchange_and_place(call, comm, compute, largest, signature, start); });
+      const TimeNs end =
+          without_gil([&] { return exchange_and_place(call, comm, compute, largest, signature, start); });
       auto known = std::make_shared<PendingTime>(end);
       return c10::make_intrusive<EmuWork>(call.outputs, device, completed_future(device, call.outputs, known), known,
                                           nullptr, /*blocks_host=*/true);

@@ -32,11 +32,11 @@
 #include <vector>
 
 #include "core/clock.h"
-#include "core/ordered_runner.h"
-#include "core/pending_time.h"
 #include "core/exchange/tcp_transport.h"
 #include "core/exchange/transport.h"
 #include "core/exchange/words.h"
+#include "core/ordered_runner.h"
+#include "core/pending_time.h"
 
 namespace emugpu {
 
@@ -86,8 +86,7 @@ class GroupCollectives;
 class EmuWork : public c10d::Work {
  public:
   EmuWork(std::vector<at::Tensor> outputs, int device, c10::intrusive_ptr<c10::ivalue::Future> future,
-          std::shared_ptr<PendingTime> end, std::shared_ptr<OrderedRunner::Ticket> ticket,
-          bool blocks_host = false);
+          std::shared_ptr<PendingTime> end, std::shared_ptr<OrderedRunner::Ticket> ticket, bool blocks_host = false);
 
   bool wait(std::chrono::milliseconds timeout) override;
   bool isCompleted() override;
@@ -130,9 +129,8 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   // arguments Python checked and whose bytes stay put.
   c10::intrusive_ptr<c10d::Work> defer(const std::string& name, const std::string& model_kind, double model_bytes,
                                        int64_t largest, int64_t payload, bool real,
-                                       const std::vector<at::Tensor>& received,
-                                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& signed_,
-                                       const std::string& extra, int device);
+                                       const std::vector<at::Tensor>& received, const std::vector<at::Tensor>& outputs,
+                                       const std::vector<at::Tensor>& signed_, const std::string& extra, int device);
 
   // A deferred collective whose exchange and placement `place` does on the
   // runner: given this rank's start (rank 0's clock), it gathers the ranks'
@@ -141,8 +139,7 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   // `touches`: the storages (StorageImpl) whose bytes `place` reads or
   // writes; the host awaits it before it touches them (pending_writes()).
   c10::intrusive_ptr<c10d::Work> defer_call(int device, const std::vector<at::Tensor>& outputs,
-                                            std::function<TimeNs(TimeNs)> place,
-                                            std::vector<const void*> touches = {});
+                                            std::function<TimeNs(TimeNs)> place, std::vector<const void*> touches = {});
 
   // Python's deferred work (a send/recv), in this group's launch order; its
   // value is a device time (its end), also returned as a PendingTime known
@@ -193,9 +190,8 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   std::string mismatch_message(const std::string& key, const std::string& name, const std::string& extra,
                                const std::vector<at::Tensor>& signed_, int other) const;
   // Throws the ranks' disagreement (ValueError) if any signature differs.
-  void check_signatures(const GatheredWords& words, uint64_t signature, uint64_t ticket,
-                        const std::string& name, const std::string& extra,
-                        const std::vector<at::Tensor>& signed_) const;
+  void check_signatures(const GatheredWords& words, uint64_t signature, uint64_t ticket, const std::string& name,
+                        const std::string& extra, const std::vector<at::Tensor>& signed_) const;
   TimeNs place(int device, int64_t comm, const GatheredWords& words, const std::string& model_kind);
   // A future completed now, its events at `end`.
   c10::intrusive_ptr<c10::ivalue::Future> completed_future(int device, const std::vector<at::Tensor>& outputs,
@@ -206,7 +202,7 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   std::shared_ptr<TcpTransport> bulk_;
   c10::intrusive_ptr<c10d::Store> reports_;
   std::shared_ptr<OrderedRunner> runner_;
-  std::shared_ptr<OrderedRunner> poster_;  // defer_post
+  std::shared_ptr<OrderedRunner> poster_;        // defer_post
   std::array<std::atomic<int64_t>, 64> comm_{};  // 0: not taken yet
   std::atomic<uint64_t> payload_moved_{0};
 };

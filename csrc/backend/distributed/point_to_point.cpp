@@ -45,8 +45,8 @@ void complete(const c10::intrusive_ptr<c10::ivalue::Future>& future, const std::
 class MessageWork : public c10d::Work {
  public:
   MessageWork(std::shared_ptr<GroupCollectives> group, std::vector<at::Tensor> outputs, int device,
-              std::function<void()> pending, std::pair<std::shared_ptr<OrderedRunner::Ticket>,
-                                                       std::shared_ptr<PendingTime>> resolved,
+              std::function<void()> pending,
+              std::pair<std::shared_ptr<OrderedRunner::Ticket>, std::shared_ptr<PendingTime>> resolved,
               c10::intrusive_ptr<c10::ivalue::Future> future)
       : group_(std::move(group)),
         outputs_(std::move(outputs)),
@@ -110,9 +110,9 @@ struct PointToPoint::Batch {
   int device = -1;
   std::optional<TimeNs> start;  // the earliest op's start on this rank's clock, once posted
   std::vector<at::Tensor> tensors;
-  bool carries = false;  // whether some send moves bytes
+  bool carries = false;                          // whether some send moves bytes
   std::shared_ptr<OrderedRunner::Ticket> posts;  // its last post deferred to the post lane
-  std::vector<TimeNs> ends;  // each message's end, as the runner learns it
+  std::vector<TimeNs> ends;                      // each message's end, as the runner learns it
 
   void started(TimeNs t) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -156,8 +156,10 @@ c10::intrusive_ptr<c10d::Work> PointToPoint::post_and_resolve(bool sends, const 
     auto batch = batch_;
     if (batch) {
       std::lock_guard<std::mutex> lock(batch->mutex);
-      TORCH_CHECK_VALUE(batch->device < 0 || batch->device == dev, "emu backend: a batch of sends and recvs "
-                        "expected one device, got emugpu:", batch->device, " and emugpu:", dev);
+      TORCH_CHECK_VALUE(batch->device < 0 || batch->device == dev,
+                        "emu backend: a batch of sends and recvs "
+                        "expected one device, got emugpu:",
+                        batch->device, " and emugpu:", dev);
       batch->device = dev;
       batch->tensors.insert(batch->tensors.end(), tensors.begin(), tensors.end());
       batch->carries = batch->carries || carries;
@@ -206,10 +208,11 @@ c10::intrusive_ptr<c10d::Work> PointToPoint::post_and_resolve(bool sends, const 
                                                 std::to_string(spec.size) + ": " + what +
                                                 " failed: another rank exited or did not arrive within the process "
                                                 "group's timeout. Check the other ranks' output for their error. "
-                                                "Transport said: " + e.what());
+                                                "Transport said: " +
+                                                e.what());
         }
-        TORCH_CHECK(message.size() == sizeof(int64_t) * kPostWords, "emu backend: ", what, " expected ",
-                    kPostWords, " words from rank ", peer, ", got ", message.size(), " bytes");
+        TORCH_CHECK(message.size() == sizeof(int64_t) * kPostWords, "emu backend: ", what, " expected ", kPostWords,
+                    " words from rank ", peer, ", got ", message.size(), " bytes");
         int64_t theirs[kPostWords];
         std::memcpy(theirs, message.data(), sizeof(theirs));
         TORCH_CHECK_VALUE(theirs[2] == shape, "emu backend: rank ", spec.rank, " ", kind, "s [",
@@ -220,8 +223,8 @@ c10::intrusive_ptr<c10d::Work> PointToPoint::post_and_resolve(bool sends, const 
           if (arrived) {
             for (const auto& h : hosts) {
               const std::vector<uint8_t> bytes = group->bulk().recv(peer, channel(tag, kBytes), spec.timeout);
-              TORCH_CHECK_VALUE(static_cast<int64_t>(bytes.size()) == nbytes(h), "emu backend: ", what,
-                                " expected ", nbytes(h), " bytes, got ", bytes.size(),
+              TORCH_CHECK_VALUE(static_cast<int64_t>(bytes.size()) == nbytes(h), "emu backend: ", what, " expected ",
+                                nbytes(h), " bytes, got ", bytes.size(),
                                 "; the send and the recv must have the same size");
               if (!bytes.empty()) std::memcpy(h.data_ptr(), bytes.data(), bytes.size());
             }
@@ -272,7 +275,8 @@ void PointToPoint::start_coalescing() {
 c10::intrusive_ptr<c10d::Work> PointToPoint::end_coalescing() {
   auto batch = std::move(batch_);
   batch_ = nullptr;
-  TORCH_CHECK_VALUE(batch != nullptr, "emu backend: end_coalescing expected a batch started by start_coalescing, "
+  TORCH_CHECK_VALUE(batch != nullptr,
+                    "emu backend: end_coalescing expected a batch started by start_coalescing, "
                     "got none");
   return translate_errors([&]() -> c10::intrusive_ptr<c10d::Work> {
     const int dev = batch->device >= 0 ? batch->device : current_device();
@@ -296,7 +300,8 @@ c10::intrusive_ptr<c10d::Work> PointToPoint::end_coalescing() {
         auto& device = Runtime::get().device(dev);
         TimeNs end = 0;
         if (!ends.empty()) {
-          TORCH_CHECK(start.has_value(), "emu backend: a batch of sends and recvs ended before any of them was "
+          TORCH_CHECK(start.has_value(),
+                      "emu backend: a batch of sends and recvs ended before any of them was "
                       "posted; please report this");  // every op's post runs before its resolve
           const TimeNs last = *std::max_element(ends.begin(), ends.end());
           end = device.collective_launch(comm, *start, last - *start);

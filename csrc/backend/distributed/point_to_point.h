@@ -45,7 +45,7 @@ class PointToPoint {
                                                   int tag);
 
   std::shared_ptr<GroupCollectives> group_;
-  std::shared_ptr<Batch> batch_;  // between start_coalescing and end_coalescing
+  std::shared_ptr<Batch> batch_;                      // between start_coalescing and end_coalescing
   std::shared_ptr<OrderedRunner::Ticket> last_post_;  // the latest post deferred to the post lane
 };
 

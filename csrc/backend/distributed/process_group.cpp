@@ -34,7 +34,6 @@ void register_group(const std::shared_ptr<GroupCollectives>& group) {
   Runtime::get().set_drain_hook(&drain_all_groups);
 }
 
-
 }  // namespace
 
 void drain_all_groups() {
@@ -70,14 +69,15 @@ EmuProcessGroup::EmuProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, i
       C10_THROW_ERROR(DistBackendError, "emu backend: rank " + std::to_string(rank) + " of " + std::to_string(size) +
                                             ": process group set-up failed: another rank exited or did not arrive "
                                             "within the process group's timeout. Check the other ranks' output for "
-                                            "their error. Transport said: " + e.what());
+                                            "their error. Transport said: " +
+                                            e.what());
     }
   }
   auto shm_store = c10::make_intrusive<c10d::PrefixStore>("shm/", prefixed);
   std::shared_ptr<ShmExchange> shm = shared_memory(*shm_store, rank, size, *tcp_, wait);
   words_ = shm ? std::static_pointer_cast<Transport>(shm) : std::static_pointer_cast<Transport>(tcp_);
-  const std::vector<int64_t> keys = gather_setup_words(*words_, {node_key(), clock_key()}, wait,
-                                                       "process group set-up");
+  const std::vector<int64_t> keys =
+      gather_setup_words(*words_, {node_key(), clock_key()}, wait, "process group set-up");
   std::vector<int64_t> nodes;
   std::vector<int64_t> clocks;
   for (int r = 0; r < size; ++r) {
@@ -86,9 +86,9 @@ EmuProcessGroup::EmuProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, i
   }
   const GroupTopology topo = topology(nodes, size);
   const TimeNs offset = align_clocks(*tcp_, *words_, clocks, rank, wait);
-  group_ = std::make_shared<GroupCollectives>(
-      GroupSpec{rank, size, topo.ranks_per_node, offset, wait, kDataThresholdBytes}, words_, tcp_,
-      c10::make_intrusive<c10d::PrefixStore>("reports/", prefixed));
+  group_ =
+      std::make_shared<GroupCollectives>(GroupSpec{rank, size, topo.ranks_per_node, offset, wait, kDataThresholdBytes},
+                                         words_, tcp_, c10::make_intrusive<c10d::PrefixStore>("reports/", prefixed));
   p2p_ = std::make_unique<PointToPoint>(group_);
   register_group(group_);
 }
@@ -161,7 +161,8 @@ c10::intrusive_ptr<c10d::Work> EmuProcessGroup::allreduce_coalesced(std::vector<
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::allreduce_sparse(std::vector<at::Tensor>&,
                                                                  const c10d::AllreduceOptions&) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "emu backend: all_reduce of sparse tensors is not supported yet (implemented: "
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "emu backend: all_reduce of sparse tensors is not supported yet (implemented: "
                               "every collective, send and recv but recv from any source and sparse all_reduce)");
 }
 
@@ -263,7 +264,8 @@ c10::intrusive_ptr<c10d::Work> EmuProcessGroup::recv(std::vector<at::Tensor>& te
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::recvAnysource(std::vector<at::Tensor>&, int) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "emu backend: recv from any source is not supported yet (implemented: every "
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "emu backend: recv from any source is not supported yet (implemented: every "
                               "collective, send and recv but recv from any source and sparse all_reduce)");
 }
 

@@ -27,8 +27,7 @@ class EmuProcessGroup : public c10d::Backend {
  public:
   static constexpr const char* kName = "emu";
 
-  EmuProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                  std::chrono::milliseconds timeout);
+  EmuProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout);
   ~EmuProcessGroup() override;
 
   const std::string getBackendName() const override { return kName; }

@@ -2,9 +2,9 @@
 
 #include <c10/util/Exception.h>
 #include <netdb.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -48,8 +48,8 @@ std::optional<int64_t> env_int(const char* name, int64_t minimum) {
   char* end = nullptr;
   const long long parsed = std::strtoll(value, &end, 10);
   const bool number = end != value && *end == '\0';
-  TORCH_CHECK_VALUE(number && parsed >= minimum, "emu backend: ", name, " (set by torchrun) expected an integer >= ",
-                    minimum, ", got '", value, "'");
+  TORCH_CHECK_VALUE(number && parsed >= minimum, "emu backend: ", name,
+                    " (set by torchrun) expected an integer >= ", minimum, ", got '", value, "'");
   return parsed;
 }
 
@@ -91,12 +91,13 @@ std::vector<int64_t> gather_setup_words(Transport& transport, const std::vector<
     const uint64_t ticket = transport.start_gather(words.data(), static_cast<int>(words.size()), timeout);
     transport.finish_gather(ticket, out.data(), static_cast<int>(words.size()), timeout);
   } catch (const Error& e) {
-    C10_THROW_ERROR(DistBackendError, "emu backend: rank " + std::to_string(transport.rank()) + " of " +
-                                          std::to_string(transport.size()) + ": " + what +
-                                          " failed: another rank exited or did not arrive within the process "
-                                          "group's timeout (" + seconds_text(timeout) +
-                                          " s). Check the other ranks' output for their error. Transport said: " +
-                                          e.what());
+    C10_THROW_ERROR(DistBackendError,
+                    "emu backend: rank " + std::to_string(transport.rank()) + " of " +
+                        std::to_string(transport.size()) + ": " + what +
+                        " failed: another rank exited or did not arrive within the process "
+                        "group's timeout (" +
+                        seconds_text(timeout) +
+                        " s). Check the other ranks' output for their error. Transport said: " + e.what());
   }
   return out;
 }
@@ -106,10 +107,13 @@ void check_layout(int size) {
   const auto local_rank = env_int("LOCAL_RANK", 0);
   const int devices = Runtime::get().device_count();
   const char* fix = "set EMUGPU_DEVICE_COUNT to LOCAL_WORLD_SIZE or more (unset, it defaults to LOCAL_WORLD_SIZE)";
-  TORCH_CHECK_VALUE(!local || *local <= devices, "emu backend: expected an emulated GPU per rank of the node "
-                    "(LOCAL_WORLD_SIZE=", *local, "), got ", devices, " emulated device(s); ", fix);
+  TORCH_CHECK_VALUE(!local || *local <= devices,
+                    "emu backend: expected an emulated GPU per rank of the node "
+                    "(LOCAL_WORLD_SIZE=",
+                    *local, "), got ", devices, " emulated device(s); ", fix);
   TORCH_CHECK_VALUE(!local_rank || *local_rank < devices, "emu backend: LOCAL_RANK=", *local_rank,
-                    " expected an emulated device emugpu:", *local_rank, ", got ", devices, " emulated device(s); ", fix);
+                    " expected an emulated device emugpu:", *local_rank, ", got ", devices, " emulated device(s); ",
+                    fix);
   const auto world = env_int("WORLD_SIZE", 1);
   // The default group (a subgroup may span nodes partly) is whole nodes.
   TORCH_CHECK_VALUE(!local || !world || size != *world || size % *local == 0,
@@ -125,7 +129,8 @@ std::string fresh_namespace(c10d::Store& store, int rank, int size, std::chrono:
     C10_THROW_ERROR(DistBackendError, "emu backend: rank " + std::to_string(rank) + " of " + std::to_string(size) +
                                           ": process group set-up failed: " + waiting_for +
                                           " did not arrive within the process group's timeout (" +
-                                          seconds_text(timeout) + " s). Check the other ranks' output for their "
+                                          seconds_text(timeout) +
+                                          " s). Check the other ranks' output for their "
                                           "error.");
   };
   if (rank != 0) {
@@ -231,8 +236,10 @@ std::shared_ptr<ShmExchange> shared_memory(c10d::Store& store, int rank, int siz
       for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
       why = "rank(s) [" + list + "] could not open rank 0's segment (another machine, or another /dev/shm)";
     }
-    TORCH_CHECK_VALUE(false, "emu backend: EMUGPU_EXCHANGE=shm expected every rank of the group on this machine, "
-                      "but ", why, "; unset EMUGPU_EXCHANGE (auto) or set it to tcp");
+    TORCH_CHECK_VALUE(false,
+                      "emu backend: EMUGPU_EXCHANGE=shm expected every rank of the group on this machine, "
+                      "but ",
+                      why, "; unset EMUGPU_EXCHANGE (auto) or set it to tcp");
   }
   return nullptr;
 }

@@ -13,8 +13,8 @@ std::string StoreRendezvous::get(const std::string& key, std::chrono::nanosecond
   try {
     store_->wait({key}, std::max(ms, std::chrono::milliseconds(1)));
   } catch (const std::exception& e) {
-    EMUGPU_CHECK(false, kRuntime, "the store had no '", key, "' within ", static_cast<double>(ms.count()) / 1e3,
-                 " s (", e.what(), ")");
+    EMUGPU_CHECK(false, kRuntime, "the store had no '", key, "' within ", static_cast<double>(ms.count()) / 1e3, " s (",
+                 e.what(), ")");
   }
   const std::vector<uint8_t> value = store_->get(key);
   return std::string(value.begin(), value.end());

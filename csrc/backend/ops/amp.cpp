@@ -12,17 +12,14 @@ using at::Scalar;
 using at::ScalarType;
 using at::Tensor;
 
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFallthrough());
-}
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
 #define EMUGPU_LOWER_PRECISION(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
 #define EMUGPU_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
 #define EMUGPU_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
 #define EMUGPU_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
-#define EMUGPU_DIFFERENT_REDISPATCH(REDISPATCH_FUNC, REGISTER_NAME, REGISTER_SIGNATURE, REDISPATCH_SIGNATURE, \
-                                    POLICY)                                                                 \
-  KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE(REDISPATCH_FUNC, REGISTER_NAME, REGISTER_SIGNATURE,   \
+#define EMUGPU_DIFFERENT_REDISPATCH(REDISPATCH_FUNC, REGISTER_NAME, REGISTER_SIGNATURE, REDISPATCH_SIGNATURE, POLICY) \
+  KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE(REDISPATCH_FUNC, REGISTER_NAME, REGISTER_SIGNATURE,             \
                                                       REDISPATCH_SIGNATURE, POLICY)
 
 // As on CUDA: binary_cross_entropy is refused under autocast.

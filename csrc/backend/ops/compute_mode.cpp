@@ -21,9 +21,12 @@ void compute_on_host(const c10::OperatorHandle& op, const std::vector<c10::IValu
                      torch::jit::Stack& host_results) {
   host_results.clear();
   for (const auto& a : args) {
-    if (a.isDevice() && a.toDevice().type() == kEmu) host_results.emplace_back(c10::Device(c10::kCPU));
-    else if (a.isGenerator()) host_results.emplace_back();  // host default generator
-    else host_results.push_back(map_tensors(a, [](const at::Tensor& t) { return is_emu(t) ? host_alias(t) : t; }));
+    if (a.isDevice() && a.toDevice().type() == kEmu)
+      host_results.emplace_back(c10::Device(c10::kCPU));
+    else if (a.isGenerator())
+      host_results.emplace_back();  // host default generator
+    else
+      host_results.push_back(map_tensors(a, [](const at::Tensor& t) { return is_emu(t) ? host_alias(t) : t; }));
   }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &host_results);
 }

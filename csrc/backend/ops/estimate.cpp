@@ -56,7 +56,8 @@ void set_conv(OpCost& cost, const OpInfo& info, const std::vector<at::Tensor>& o
     if (v.isIntList() && !v.toIntVector().empty()) {
       const auto list = v.toIntVector();
       return std::all_of(list.begin(), list.end(), [&](int64_t x) { return x == list[0]; })
-                 ? static_cast<double>(list[0]) : 0.0;  // mixed strides: no Winograd
+                 ? static_cast<double>(list[0])
+                 : 0.0;  // mixed strides: no Winograd
     }
     return fallback;
   };
@@ -123,9 +124,7 @@ bool batch_norm_on_cudnn(const std::vector<c10::IValue>& args, bool backward) {
 // target (its backward zero-fills the gradient and scatters into it: the
 // logits only give the shape).
 double reduction_extra_bytes(const OpInfo& info, const std::vector<c10::IValue>& args) {
-  auto tensor = [&](size_t i) {
-    return i < args.size() && args[i].isTensor() ? args[i].toTensor() : at::Tensor();
-  };
+  auto tensor = [&](size_t i) { return i < args.size() && args[i].isTensor() ? args[i].toTensor() : at::Tensor(); };
   auto row_bytes = [&](const at::Tensor& t, size_t dim_arg) {
     if (!t.defined() || t.dim() == 0 || dim_arg >= args.size() || !args[dim_arg].isInt()) return 0.0;
     const int64_t d = at::maybe_wrap_dim(args[dim_arg].toInt(), t.dim());
@@ -186,22 +185,12 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
     cost.gemms[0] = {batch, m, n, k, false};
   };
   switch (info.family) {
-    case OpFamily::kMm:
-      set_gemm(1, size(0, 0), size(0, 1), size(1, 1));
-      break;
-    case OpFamily::kAddmm:
-      set_gemm(1, size(1, 0), size(1, 1), size(2, 1));
-      break;
-    case OpFamily::kBmm:
-      set_gemm(size(0, 0), size(0, 1), size(0, 2), size(1, 2));
-      break;
-    case OpFamily::kBaddbmm:
-      set_gemm(size(1, 0), size(1, 1), size(1, 2), size(2, 2));
-      break;
+    case OpFamily::kMm: set_gemm(1, size(0, 0), size(0, 1), size(1, 1)); break;
+    case OpFamily::kAddmm: set_gemm(1, size(1, 0), size(1, 1), size(2, 1)); break;
+    case OpFamily::kBmm: set_gemm(size(0, 0), size(0, 1), size(0, 2), size(1, 2)); break;
+    case OpFamily::kBaddbmm: set_gemm(size(1, 0), size(1, 1), size(1, 2), size(2, 2)); break;
     case OpFamily::kConv:
-    case OpFamily::kConvBackward:
-      set_conv(cost, info, outputs, args);
-      break;
+    case OpFamily::kConvBackward: set_conv(cost, info, outputs, args); break;
     case OpFamily::kAttention:
     case OpFamily::kAttentionBackward: {
       const bool backward = info.family == OpFamily::kAttentionBackward;
@@ -245,17 +234,12 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
         }
       }
       break;
-    case OpFamily::kOptimizer:
-      cost.kernels = foreach_kernels(args);
-      break;
-    case OpFamily::kReduction:
-      cost.bytes = std::max(cost.bytes + reduction_extra_bytes(info, args), 0.0);
-      break;
+    case OpFamily::kOptimizer: cost.kernels = foreach_kernels(args); break;
+    case OpFamily::kReduction: cost.bytes = std::max(cost.bytes + reduction_extra_bytes(info, args), 0.0); break;
     case OpFamily::kElementwise:
     case OpFamily::kGather:
     case OpFamily::kCopy:
-    case OpFamily::kUnmodelled:
-      break;
+    case OpFamily::kUnmodelled: break;
   }
   const bool tf32 = (uses_cublas(info.family) && at::globalContext().allowTF32CuBLAS()) ||
                     (uses_cudnn(info.family) && at::globalContext().allowTF32CuDNN());
@@ -295,10 +279,10 @@ OpCost estimate_sparse(const OpInfo& info, const std::vector<c10::IValue>& args,
   }
   const at::ScalarType dtype = sparse.defined() ? sparse.scalar_type() : at::kFloat;
   cost.dtype = dtype_class(dtype, /*tensor_core_fp32=*/false);  // cuSPARSE runs on the CUDA cores
-  const bool accumulates = info.family == OpFamily::kAddmm || info.family == OpFamily::kBaddbmm ||
-                           info.name == "aten::addmv";
-  const bool product = accumulates || info.family == OpFamily::kMm || info.family == OpFamily::kBmm ||
-                       info.name == "aten::mv";
+  const bool accumulates =
+      info.family == OpFamily::kAddmm || info.family == OpFamily::kBaddbmm || info.name == "aten::addmv";
+  const bool product =
+      accumulates || info.family == OpFamily::kMm || info.family == OpFamily::kBmm || info.name == "aten::mv";
   if (product && sparse.defined() && outputs.size() == 1 && !is_sparse_layout(outputs[0])) {
     const at::Tensor& out = outputs[0];
     const double nnz = static_cast<double>(sparse_nnz(sparse));

@@ -20,10 +20,10 @@ namespace emugpu {
 
 at::Tensor host_alias(const at::Tensor& t) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
-                       c10::DataPtr(const_cast<void*>(t.storage().data()), c10::Device(c10::kCPU)),
-                       nullptr, /*resizable=*/false);
-  auto host = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+                       c10::DataPtr(const_cast<void*>(t.storage().data()), c10::Device(c10::kCPU)), nullptr,
+                       /*resizable=*/false);
+  auto host = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                       t.dtype());
   host.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return host;
 }
@@ -53,7 +53,6 @@ TimeNs charge_and_wait(int device, Engine engine, TimeNs estimate) {
   return paced(device).launch_and_wait(current_stream_id(device), engine, estimate);
 }
 
-
 namespace {
 
 // Values decide the output sizes and the inputs hold real values (always in
@@ -73,7 +72,10 @@ void run_with_host_values(const c10::OperatorHandle& op, const OpInfo& info, con
     outputs.push_back(out);
     stack->emplace_back(out);
   }
-  for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { if (is_emu(t)) inputs.push_back(t); });
+  for (const auto& a : args)
+    for_each_tensor(a, [&](const at::Tensor& t) {
+      if (is_emu(t)) inputs.push_back(t);
+    });
   translate_errors([&] {
     charge_and_wait(device, Engine::kCompute,
                     Runtime::get().device(device).cost().kernel(estimate(info, inputs, outputs, args)));
@@ -136,7 +138,9 @@ Outputs make_outputs(const OpInfo& info, const std::vector<OutDesc>& outs, const
     } else if (r.alias_arg >= 0) {
       const c10::IValue& base = args[r.alias_arg];
       at::Tensor self;
-      for_each_tensor(base, [&](const at::Tensor& t) { if (!self.defined()) self = t; });
+      for_each_tensor(base, [&](const at::Tensor& t) {
+        if (!self.defined()) self = t;
+      });
       if (d.kind == OutDesc::Kind::kTensor && r.write && base.isTensor()) {
         adopt_metadata(self, d.tensors[0]);
         o.written.push_back(self);
@@ -184,8 +188,8 @@ std::vector<at::Tensor> mark_writes(const OpInfo& info, const std::vector<c10::I
 }
 
 // Step 3 (compute mode): values from the CPU kernel over host aliases.
-void compute_values(const c10::OperatorHandle& op, const OpInfo& info, const std::vector<c10::IValue>& args,
-                    int device, std::vector<c10::IValue>& results) {
+void compute_values(const c10::OperatorHandle& op, const OpInfo& info, const std::vector<c10::IValue>& args, int device,
+                    std::vector<c10::IValue>& results) {
   torch::jit::Stack host;
   compute_on_host(op, args, host);
   for (size_t i = 0; i < host.size() && i < results.size(); ++i) {
@@ -230,7 +234,10 @@ void charge_time(const OpInfo& info, const std::vector<c10::IValue>& args, int d
 
 void await_collective_writes(const std::vector<c10::IValue>& args) {
   if (pending_writes().empty()) return;
-  for (const auto& a : args) for_each_tensor(a, [](const at::Tensor& t) { if (is_emu(t)) await_collective_writes(t); });
+  for (const auto& a : args)
+    for_each_tensor(a, [](const at::Tensor& t) {
+      if (is_emu(t)) await_collective_writes(t);
+    });
 }
 
 void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
@@ -254,8 +261,6 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   for (auto& r : outputs.results) stack->push_back(std::move(r));
 }
 
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>());
-}
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&emugpu_fallback>()); }
 
 }  // namespace emugpu

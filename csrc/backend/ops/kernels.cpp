@@ -2,12 +2,12 @@
 // reading scalars, and ops routed explicitly into the shape-only fallback.
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
-#include <c10/core/SymIntArrayRef.h>
-#include <c10/util/strides.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/transformers/attention.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/SymIntArrayRef.h>
+#include <c10/util/strides.h>
 
 #include <cstring>
 
@@ -28,8 +28,7 @@ c10::DeviceIndex resolve(std::optional<c10::Device> device) {
 // aten::empty.memory_format: a fresh tensor on the emulated allocator.
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                               std::optional<bool> pin_memory,
-                               std::optional<c10::MemoryFormat> memory_format) {
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   const c10::DeviceGuard guard(c10::Device(kEmu, resolve(device)));
   return at::detail::empty_generic(size, &device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
@@ -50,8 +49,7 @@ bool is_emu(const at::Tensor& t) { return t.device().type() == kEmu; }
 // Copies bytes between tensors that are both host-addressable.
 void move_bytes(const at::Tensor& dst_host_view, const at::Tensor& src_host_view) {
   if (dst_host_view.is_contiguous() && src_host_view.is_contiguous() &&
-      dst_host_view.scalar_type() == src_host_view.scalar_type() &&
-      dst_host_view.sizes() == src_host_view.sizes()) {
+      dst_host_view.scalar_type() == src_host_view.scalar_type() && dst_host_view.sizes() == src_host_view.sizes()) {
     std::memcpy(dst_host_view.data_ptr(), src_host_view.data_ptr(), dst_host_view.nbytes());
   } else {
     dst_host_view.copy_(src_host_view);
@@ -99,8 +97,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       move_bytes(host_alias(dst), src.device().is_cpu() ? src : src.cpu());
       set_materialized(dst.storage(), true);
       // Pageable copies are staged and synchronous, as cudaMemcpy's are.
-      if (pinned && non_blocking) charge(d, Engine::kHostToDevice, cost);
-      else charge_and_wait(d, Engine::kHostToDevice, cost);
+      if (pinned && non_blocking)
+        charge(d, Engine::kHostToDevice, cost);
+      else
+        charge_and_wait(d, Engine::kHostToDevice, cost);
       return dst;
     }
     if (is_emu(self) && !is_emu(dst)) {  // device -> host
@@ -115,8 +115,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         host_dst.zero_();
       }
       if (!host_dst.is_same(dst)) dst.copy_(host_dst);
-      if (non_blocking && dst.is_pinned()) charge(d, Engine::kDeviceToHost, cost);
-      else charge_and_wait(d, Engine::kDeviceToHost, cost);
+      if (non_blocking && dst.is_pinned())
+        charge(d, Engine::kDeviceToHost, cost);
+      else
+        charge_and_wait(d, Engine::kDeviceToHost, cost);
       return dst;
     }
     // device -> device
@@ -127,7 +129,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (s == d) {
       const TimeNs duration = dev.cost().device_copy(bytes);
       const double peak_ns = 2 * bytes / dev.gpu().memory_bandwidth * 1e9;
-      dev.ledger().record({0, 2 * bytes, DType::kFloat32, OpFamily::kCopy}, {duration, 0, peak_ns, false}, "aten::copy_");
+      dev.ledger().record({0, 2 * bytes, DType::kFloat32, OpFamily::kCopy}, {duration, 0, peak_ns, false},
+                          "aten::copy_");
       charge(d, Engine::kCompute, duration);
     } else {
       // Peer to peer over NVLink, else PCIe. As PyTorch orders CUDA peer
@@ -172,15 +175,15 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
 // given geometry, growing the storage if the geometry needs more bytes.
 at::Tensor& set_storage_offset(at::Tensor& self, at::Storage source, c10::SymInt storage_offset,
                                c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
-  TORCH_CHECK(source.device() == self.device(), "emugpu set_: expected a storage on ", self.device(),
-              ", got one on ", source.device());
+  TORCH_CHECK(source.device() == self.device(), "emugpu set_: expected a storage on ", self.device(), ", got one on ",
+              source.device());
   const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
-  c10::DimVector strides = stride.empty() ? c10::contiguous_strides(sizes)
-                                           : c10::DimVector(C10_AS_INTARRAYREF_SLOW(stride));
+  c10::DimVector strides =
+      stride.empty() ? c10::contiguous_strides(sizes) : c10::DimVector(C10_AS_INTARRAYREF_SLOW(stride));
   const int64_t offset = storage_offset.expect_int();
   TORCH_CHECK(offset >= 0, "emugpu set_: expected a storage offset >= 0, got ", offset);
-  const size_t needed = at::detail::computeStorageNbytes(sizes, strides, self.dtype().itemsize(),
-                                                         static_cast<size_t>(offset));
+  const size_t needed =
+      at::detail::computeStorageNbytes(sizes, strides, self.dtype().itemsize(), static_cast<size_t>(offset));
   if (source.nbytes() < needed) resize_storage(source, needed);
   self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
   self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
@@ -208,8 +211,8 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 // aten::equal: a sync point, like every op that returns a host value.
 bool equal(const at::Tensor& self, const at::Tensor& other) {
-  TORCH_CHECK(self.device() == other.device(), "emugpu equal: expected both tensors on ", self.device(),
-              ", got ", other.device());
+  TORCH_CHECK(self.device() == other.device(), "emugpu equal: expected both tensors on ", self.device(), ", got ",
+              other.device());
   await_collective_writes(self);
   await_collective_writes(other);
   return translate_errors([&] {
@@ -249,7 +252,8 @@ void record_stream(at::Tensor&, c10::Stream) {}
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
   if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
   const auto dense = [](c10::DispatchKeySet ks) {
-    constexpr auto backends = c10::DispatchKeySet({c10::BackendComponent::CPUBit, c10::BackendComponent::PrivateUse1Bit});
+    constexpr auto backends =
+        c10::DispatchKeySet({c10::BackendComponent::CPUBit, c10::BackendComponent::PrivateUse1Bit});
     return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(backends) &&
            !ks.has(c10::DispatchKey::Python);
   };
@@ -303,8 +307,8 @@ namespace {
 struct ForeachRegistrations {
   std::unique_ptr<torch::Library> library;
   ForeachRegistrations()
-      : library(std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
-                                                 __FILE__, __LINE__)) {
+      : library(std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                                 __LINE__)) {
     auto& dispatcher = c10::Dispatcher::singleton();
     for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::_foreach_", 0) != 0) continue;

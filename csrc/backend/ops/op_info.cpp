@@ -11,12 +11,9 @@ bool depends_on_values(DataDependent d, const std::string& name) {
   switch (d) {
     case DataDependent::kNone:
     case DataDependent::kGruCell:
-    case DataDependent::kGruCellBackward:
-      return false;
-    case DataDependent::kIndexWithMask:
-      return name == "aten::index";
-    default:
-      return true;
+    case DataDependent::kGruCellBackward: return false;
+    case DataDependent::kIndexWithMask: return name == "aten::index";
+    default: return true;
   }
 }
 const c10::AliasInfo* element_alias(const c10::Argument& a) {
@@ -57,9 +54,15 @@ OpInfo analyze(const c10::OperatorHandle& op) {
   info.per_tensor_devices = info.name.rfind("aten::_foreach", 0) == 0 || info.name.rfind("aten::_fused", 0) == 0 ||
                             info.name.rfind("aten::_amp_foreach", 0) == 0;
   static const std::unordered_map<std::string, bool> host_index_ops = {
-      {"aten::index", true}, {"aten::index_put", true}, {"aten::index_put_", true},
-      {"aten::_index_put_impl_", true}, {"aten::lstm", true}, {"aten::gru", true}, {"aten::rnn_tanh", true},
-      {"aten::rnn_relu", true}, {"aten::_pack_padded_sequence", true},
+      {"aten::index", true},
+      {"aten::index_put", true},
+      {"aten::index_put_", true},
+      {"aten::_index_put_impl_", true},
+      {"aten::lstm", true},
+      {"aten::gru", true},
+      {"aten::rnn_tanh", true},
+      {"aten::rnn_relu", true},
+      {"aten::_pack_padded_sequence", true},
   };
   info.host_index_tensors = host_index_ops.count(info.name) != 0;
   info.keeps_values = info.name == "aten::resize_" || info.name == "aten::resize_as_";

@@ -16,9 +16,16 @@ namespace emugpu {
 // on values (taken from real bytes where the inputs hold them, else an upper
 // bound, else an error), and a few ops PyTorch ships without a Meta kernel.
 enum class DataDependent {
-  kNone, kNonzero, kMaskedSelect, kUnique2, kUniqueDim, kUniqueConsecutive, kIndexWithMask,
+  kNone,
+  kNonzero,
+  kMaskedSelect,
+  kUnique2,
+  kUniqueDim,
+  kUniqueConsecutive,
+  kIndexWithMask,
   kNeedsValues,  // no bound exists (bincount, repeat_interleave): real inputs or an error
-  kGruCell, kGruCellBackward,  // fused GRU cell: no Meta kernel in PyTorch
+  kGruCell,
+  kGruCellBackward,  // fused GRU cell: no Meta kernel in PyTorch
 };
 
 struct ReturnInfo {
@@ -32,12 +39,12 @@ struct OpInfo {
   DataDependent data_dependent = DataDependent::kNone;
   bool value_dependent = false;  // output sizes depend on input values
   std::vector<ReturnInfo> returns;
-  std::vector<bool> writes;  // per argument: mutated by the op
-  std::vector<bool> reads;   // per argument: read by the op (all but out= arguments)
-  bool metadata_only = true;  // only views: no kernel runs on the device
+  std::vector<bool> writes;         // per argument: mutated by the op
+  std::vector<bool> reads;          // per argument: read by the op (all but out= arguments)
+  bool metadata_only = true;        // only views: no kernel runs on the device
   bool per_tensor_devices = false;  // foreach / fused ops: list entries may sit on different devices
   bool host_index_tensors = false;  // CPU index or length tensors are accepted, as CUDA does
-  bool keeps_values = false;  // resize_: its write changes the geometry, the bytes already there stay real
+  bool keeps_values = false;        // resize_: its write changes the geometry, the bytes already there stay real
   // Arguments the cost estimate reads by name (-1: the schema has none).
   int groups_arg = -1;
   int stride_arg = -1;

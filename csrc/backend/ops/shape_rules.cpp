@@ -9,10 +9,10 @@ namespace {
 
 at::Tensor to_meta(const at::Tensor& t) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
-                       c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
-                       c10::GetAllocator(c10::kMeta), /*resizable=*/true);
-  auto meta = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
+                       c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta),
+                       /*resizable=*/true);
+  auto meta = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                       t.dtype());
   meta.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return meta;
 }
@@ -34,9 +34,7 @@ void run_data_dependent(const OpInfo& info, const c10::OperatorHandle& op, torch
   const at::Tensor self = args[0].isTensor() ? args[0].toTensor() : at::Tensor();
   std::vector<c10::IValue> results;
   switch (info.data_dependent) {
-    case DataDependent::kNonzero:
-      results.emplace_back(meta_empty({self.numel(), self.dim()}, at::kLong));
-      break;
+    case DataDependent::kNonzero: results.emplace_back(meta_empty({self.numel(), self.dim()}, at::kLong)); break;
     case DataDependent::kMaskedSelect: {
       const auto shape = at::infer_size(self.sizes(), args[1].toTensor().sizes());
       results.emplace_back(meta_empty({c10::multiply_integers(shape)}, self.scalar_type()));
@@ -55,11 +53,12 @@ void run_data_dependent(const OpInfo& info, const c10::OperatorHandle& op, torch
     case DataDependent::kUniqueDim:
     case DataDependent::kUniqueConsecutive: {
       std::optional<int64_t> dim;
-      if (info.data_dependent == DataDependent::kUniqueDim) dim = args[1].toInt();
-      else if (!args[3].isNone()) dim = args[3].toInt();
+      if (info.data_dependent == DataDependent::kUniqueDim)
+        dim = args[1].toInt();
+      else if (!args[3].isNone())
+        dim = args[3].toInt();
       const int64_t n = dim ? self.size(*dim) : self.numel();
-      results.emplace_back(dim ? meta_empty(self.sizes(), self.scalar_type())
-                               : meta_empty({n}, self.scalar_type()));
+      results.emplace_back(dim ? meta_empty(self.sizes(), self.scalar_type()) : meta_empty({n}, self.scalar_type()));
       results.emplace_back(meta_empty(dim ? at::IntArrayRef{n} : self.sizes(), at::kLong));
       results.emplace_back(meta_empty({n}, at::kLong));
       break;
@@ -100,19 +99,17 @@ void run_data_dependent(const OpInfo& info, const c10::OperatorHandle& op, torch
       break;
     }
     case DataDependent::kNeedsValues:  // handled before the Meta kernel runs
-    case DataDependent::kNone:
-      break;
+    case DataDependent::kNone: break;
   }
   torch::jit::drop(meta_stack, num_args);
   for (auto& r : results) meta_stack.push_back(std::move(r));
 }
 
 [[noreturn]] void no_shape_rule(const std::string& name, const std::string& why) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      false, "emugpu: operator '", name,
-      "' has no shape rule in timing mode (its Meta kernel failed: ", why,
-      "). Run it on the CPU (move its inputs with .cpu()), use EMUGPU_MODE=compute, "
-      "or report the operator to torch-emugpu.");
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "emugpu: operator '", name,
+                              "' has no shape rule in timing mode (its Meta kernel failed: ", why,
+                              "). Run it on the CPU (move its inputs with .cpu()), use EMUGPU_MODE=compute, "
+                              "or report the operator to torch-emugpu.");
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ namespace {
 // Products with one sparse matrix operand whose result is dense; the
 // sparse operand's argument index (or -1).
 int sparse_product_operand(const OpInfo& info, const std::vector<c10::IValue>& args) {
-  static const std::unordered_set<std::string> products = {
-      "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mv", "aten::addmv", "aten::_to_dense"};
+  static const std::unordered_set<std::string> products = {"aten::mm", "aten::addmm", "aten::bmm",      "aten::baddbmm",
+                                                           "aten::mv", "aten::addmv", "aten::_to_dense"};
   if (products.count(info.name) == 0) return -1;
   if (std::any_of(info.writes.begin(), info.writes.end(), [](bool w) { return w; })) return -1;
   int sparse = -1;
@@ -69,8 +69,8 @@ std::vector<c10::IValue> product_outputs(const c10::OperatorHandle& op, const Op
   const at::Tensor s = args[sparse].toTensor();
   TensorDesc out;
   if (info.name == "aten::_to_dense") {
-    const auto dtype = args.size() > 1 && !args[1].isNone() ? c10::scalarTypeToTypeMeta(args[1].toScalarType())
-                                                            : s.dtype();
+    const auto dtype =
+        args.size() > 1 && !args[1].isNone() ? c10::scalarTypeToTypeMeta(args[1].toScalarType()) : s.dtype();
     out = contiguous_desc(s.sizes(), dtype);
   } else {
     std::vector<c10::IValue> dense_args = args;
@@ -86,8 +86,8 @@ struct HostRun {
 };
 
 // The CPU kernel over host twins of the arguments.
-HostRun run_on_host(const c10::OperatorHandle& op, const OpInfo& info, const std::vector<c10::IValue>& args,
-                    int device, bool compute) {
+HostRun run_on_host(const c10::OperatorHandle& op, const OpInfo& info, const std::vector<c10::IValue>& args, int device,
+                    bool compute) {
   // A dense input's sparsity is unknown in timing mode: every element counts
   // as stored (the upper bound, as for nonzero).
   const bool to_sparse = info.name.rfind("aten::_to_sparse", 0) == 0;
@@ -156,8 +156,10 @@ void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, 
   const bool compute = Runtime::get().compute_mode();
   const int product = compute ? -1 : sparse_product_operand(info, args);
   HostRun run;
-  if (product >= 0) run.results = product_outputs(op, info, args, product, device);
-  else run = run_on_host(op, info, args, device, compute);
+  if (product >= 0)
+    run.results = product_outputs(op, info, args, product, device);
+  else
+    run = run_on_host(op, info, args, device, compute);
   if (runs_kernel(info, run.results)) {
     std::vector<at::Tensor> outputs;
     for (const auto& r : run.results) for_each_tensor(r, [&](const at::Tensor& t) { outputs.push_back(t); });
@@ -167,8 +169,10 @@ void sparse_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, 
       const KernelCost charged = dev.cost().kernel_cost(cost);
       dev.ledger().record(cost, charged, info.name);
       const TimeNs d = charged.duration;
-      if (run.nnz_from_values) charge_and_wait(device, Engine::kCompute, d);
-      else charge(device, Engine::kCompute, d);
+      if (run.nnz_from_values)
+        charge_and_wait(device, Engine::kCompute, d);
+      else
+        charge(device, Engine::kCompute, d);
     });
   }
   torch::jit::drop(*stack, static_cast<int64_t>(num_args));
@@ -188,8 +192,8 @@ void unsupported_sparse(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
 struct SparseRegistrations {
   std::unique_ptr<torch::Library> dense, coo, compressed;
   SparseRegistrations()
-      : dense(std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
-                                               __FILE__, __LINE__)),
+      : dense(std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                               __LINE__)),
         coo(std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1,
                                              __FILE__, __LINE__)),
         compressed(std::make_unique<torch::Library>(torch::Library::IMPL, "aten",

@@ -19,7 +19,8 @@ at::SparseTensorImpl* coo(const at::Tensor& t) { return at::sparse::get_sparse_i
 at::SparseCsrTensorImpl* compressed(const at::Tensor& t) { return at::sparse_csr::get_sparse_csr_impl(t); }
 
 c10::DispatchKeySet sparse_keys(c10::Layout layout, bool host) {
-  if (layout == c10::kSparse) return c10::DispatchKeySet(host ? c10::DispatchKey::SparseCPU : c10::DispatchKey::SparsePrivateUse1);
+  if (layout == c10::kSparse)
+    return c10::DispatchKeySet(host ? c10::DispatchKey::SparseCPU : c10::DispatchKey::SparsePrivateUse1);
   return c10::DispatchKeySet(host ? c10::DispatchKey::SparseCsrCPU : c10::DispatchKey::SparseCsrPrivateUse1);
 }
 

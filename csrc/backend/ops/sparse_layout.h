@@ -49,8 +49,8 @@ class HostMap {
   bool timing_;
   double placeholder_;
   bool all_real_ = true;
-  std::vector<std::pair<const void*, at::Tensor>> aliases_;   // host data pointer -> emugpu tensor
-  std::vector<std::pair<at::Tensor, at::Tensor>> twins_;      // (emugpu sparse, host twin)
+  std::vector<std::pair<const void*, at::Tensor>> aliases_;  // host data pointer -> emugpu tensor
+  std::vector<std::pair<at::Tensor, at::Tensor>> twins_;     // (emugpu sparse, host twin)
 };
 
 }  // namespace emugpu

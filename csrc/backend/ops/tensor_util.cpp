@@ -24,8 +24,10 @@ int op_device(const OpInfo& info, const std::vector<c10::IValue>& args) {
     for_each_tensor(a, [&](const at::Tensor& t) {
       if (!t.defined() || stray) return;
       if (is_emu(t)) {
-        if (device < 0) device = t.device().index();
-        else if (t.device().index() != device && !info.per_tensor_devices) stray = t.device();
+        if (device < 0)
+          device = t.device().index();
+        else if (t.device().index() != device && !info.per_tensor_devices)
+          stray = t.device();
       } else if (!(t.device().is_cpu() && (t.dim() == 0 || info.host_index_tensors))) {
         stray = t.device();
       }
@@ -36,7 +38,8 @@ int op_device(const OpInfo& info, const std::vector<c10::IValue>& args) {
   }
   if (device < 0) device = current_device();
   TORCH_CHECK(!stray, "Expected all tensors to be on the same device, but found at least two devices, emugpu:", device,
-              " and ", *stray, "! (when checking the arguments of ", info.name, "); move them to one device with .to()");
+              " and ", *stray, "! (when checking the arguments of ", info.name,
+              "); move them to one device with .to()");
   return device;
 }
 
@@ -51,7 +54,7 @@ void adopt_metadata(const at::Tensor& self, const TensorDesc& d) {
 
 at::Tensor view_of(const at::Tensor& base, const TensorDesc& d) {
   auto out = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
-                                                       base.key_set(), d.dtype);
+                                                      base.key_set(), d.dtype);
   out.unsafeGetTensorImpl()->set_sizes_and_strides(d.sizes, d.strides, d.offset);
   return out;
 }
@@ -59,8 +62,8 @@ at::Tensor view_of(const at::Tensor& base, const TensorDesc& d) {
 at::Tensor new_device_tensor(int device, const TensorDesc& d) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), d.nbytes, device_allocator().allocate_on(device, d.nbytes),
                        &device_allocator(), /*resizable=*/true);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), d.dtype);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), d.dtype);
   out.unsafeGetTensorImpl()->set_sizes_and_strides(d.sizes, d.strides, d.offset);
   return out;
 }

@@ -42,12 +42,16 @@ c10::IValue map_tensors(const c10::IValue& v, Fn&& fn) {
 
 template <typename Fn>
 void for_each_tensor(const c10::IValue& v, Fn&& fn) {
-  if (v.isTensor()) fn(v.toTensor());
-  else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) fn(t);
+  if (v.isTensor())
+    fn(v.toTensor());
+  else if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorList()) fn(t);
   else if (v.isOptionalTensorList()) {
-    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) if (t) fn(*t);
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
+      if (t) fn(*t);
   } else if (v.isList()) {
-    for (const c10::IValue& e : v.toList()) if (e.isTensor()) fn(e.toTensor());
+    for (const c10::IValue& e : v.toList())
+      if (e.isTensor()) fn(e.toTensor());
   }
 }
 

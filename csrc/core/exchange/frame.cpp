@@ -80,8 +80,8 @@ bool FrameParser::header_ready_locked() {
   if (buffer_.size() - consumed_ < kFrameHeaderBytes) return false;
   const uint8_t* h = buffer_.data() + consumed_;
   const auto magic = get<uint32_t>(h);
-  EMUGPU_CHECK(magic == kMagic, kRuntime, "tcp exchange: ", peer_, " sent bytes that are not a frame (magic ",
-               magic, "); is something else connected to the exchange's port?");
+  EMUGPU_CHECK(magic == kMagic, kRuntime, "tcp exchange: ", peer_, " sent bytes that are not a frame (magic ", magic,
+               "); is something else connected to the exchange's port?");
   EMUGPU_CHECK(known_kind(h[4]) && h[5] == 0 && h[6] == 0 && h[7] == 0, kRuntime, "tcp exchange: ", peer_,
                " sent a frame of unknown kind ", static_cast<int>(h[4]), "; every rank must run the same torch-emugpu");
   const auto length = get<uint64_t>(h + 16);

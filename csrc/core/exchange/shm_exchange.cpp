@@ -38,8 +38,7 @@ bool process_gone(int pid) {
   std::string text;
   std::getline(stat, text);
   const size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() &&
-         (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+  return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
 }
 }  // namespace
 
@@ -124,8 +123,8 @@ std::unique_ptr<ShmExchange> ShmExchange::create(const std::string& name, int si
 }
 
 std::unique_ptr<ShmExchange> ShmExchange::open(const std::string& name, int rank, int size, uint64_t token) {
-  EMUGPU_CHECK(rank >= 0 && rank < size, kValue, "shared-memory exchange: expected a rank in [0, ", size,
-               "), got ", rank);
+  EMUGPU_CHECK(rank >= 0 && rank < size, kValue, "shared-memory exchange: expected a rank in [0, ", size, "), got ",
+               rank);
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
   EMUGPU_CHECK(fd >= 0, kRuntime, "shared-memory exchange: could not open ", name, ": ", std::strerror(errno));
   struct stat st {};
@@ -138,8 +137,7 @@ std::unique_ptr<ShmExchange> ShmExchange::open(const std::string& name, int rank
   void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   close(fd);
-  EMUGPU_CHECK(base != MAP_FAILED, kRuntime, "shared-memory exchange: could not map ", name, ": ",
-               std::strerror(err));
+  EMUGPU_CHECK(base != MAP_FAILED, kRuntime, "shared-memory exchange: could not map ", name, ": ", std::strerror(err));
   auto* header = static_cast<Header*>(base);
   const bool ours = std::atomic_ref<uint64_t>(header->magic).load(std::memory_order_acquire) == kMagic &&
                     header->token == token && header->size == size;
@@ -182,8 +180,8 @@ int ShmExchange::first_behind(bool data, uint64_t ticket) const {
 void ShmExchange::wait_for_room(bool data, uint64_t reused, std::chrono::nanoseconds timeout, const char* what,
                                 uint64_t ticket) const {
   auto behind = [&] { return first_behind(data, reused); };
-  wait_until(header_->consumed, [&] { return behind() < 0; }, behind, timeout, what, ticket,
-             " to read earlier gathers");
+  wait_until(
+      header_->consumed, [&] { return behind() < 0; }, behind, timeout, what, ticket, " to read earlier gathers");
 }
 
 void ShmExchange::notify(Signal& signal) const {
@@ -229,8 +227,8 @@ void ShmExchange::wait_until(Signal& signal, const std::function<bool()>& ready,
 }
 
 uint64_t ShmExchange::start_gather(const int64_t* words, int count, std::chrono::nanoseconds timeout) {
-  EMUGPU_CHECK(count >= 0 && count <= kMaxWords, kValue, "shared-memory exchange: expected at most ",
-               kMaxWords, " words per gather, got ", count);
+  EMUGPU_CHECK(count >= 0 && count <= kMaxWords, kValue, "shared-memory exchange: expected at most ", kMaxWords,
+               " words per gather, got ", count);
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -257,12 +255,13 @@ void ShmExchange::finish_gather(uint64_t ticket, int64_t* out, int count, std::c
       if (word_slot(ticket, r).ticket_plus_one.load(std::memory_order_seq_cst) != ticket + 1) return r;
     return -1;
   };
-  wait_until(header_->arrived, [&] { return first_missing() < 0; }, first_missing, timeout, "word gather", ticket,
-             ", which did not arrive");
+  wait_until(
+      header_->arrived, [&] { return first_missing() < 0; }, first_missing, timeout, "word gather", ticket,
+      ", which did not arrive");
   for (int r = 0; r < size_; ++r) {
     const WordSlot& slot = word_slot(ticket, r);
-    EMUGPU_CHECK(slot.count == count, kRuntime, "rank ", rank_, " of ", size_, ": word gather ", ticket,
-                 " expected ", count, " words from every rank, got ", slot.count, " from rank ", r,
+    EMUGPU_CHECK(slot.count == count, kRuntime, "rank ", rank_, " of ", size_, ": word gather ", ticket, " expected ",
+                 count, " words from every rank, got ", slot.count, " from rank ", r,
                  "; the ranks' collectives are out of step");
     std::memcpy(out + static_cast<ptrdiff_t>(r) * count, slot.words, sizeof(int64_t) * static_cast<size_t>(count));
   }
@@ -301,8 +300,9 @@ void ShmExchange::gather_bytes(const void* data, size_t length, std::chrono::nan
     return -1;
   };
   if (first_missing() < 0) notify(header_->arrived);
-  wait_until(header_->arrived, [&] { return first_missing() < 0; }, first_missing, timeout, "byte gather", ticket,
-             ", which did not arrive");
+  wait_until(
+      header_->arrived, [&] { return first_missing() < 0; }, first_missing, timeout, "byte gather", ticket,
+      ", which did not arrive");
   for (int r = 0; r < size_; ++r) {
     const DataSlot& slot = data_slot(ticket, r);
     read(r, reinterpret_cast<const char*>(&slot) + sizeof(DataSlot), slot.length);

@@ -56,8 +56,7 @@ class ShmExchange : public Transport {
   // All-gathers up to kDataCapacity bytes per rank (lengths may differ):
   // calls `read(rank, bytes, length)` for each rank, in rank order, while
   // the bytes are valid. One at a time per process.
-  void gather_bytes(const void* data, size_t length, std::chrono::nanoseconds timeout,
-                    const ByteReader& read) override;
+  void gather_bytes(const void* data, size_t length, std::chrono::nanoseconds timeout, const ByteReader& read) override;
   size_t bytes_capacity() const override { return kDataCapacity; }
   const char* kind() const override { return "shm"; }
 
@@ -90,7 +89,7 @@ class ShmExchange : public Transport {
   int rank_;
   int size_;
   Header* header_;
-  std::mutex mutex_;          // tickets and the finished set (main thread and resolver thread)
+  std::mutex mutex_;  // tickets and the finished set (main thread and resolver thread)
   uint64_t next_ticket_ = 0;
   uint64_t low_unfinished_ = 0;
   std::set<uint64_t> finished_above_low_;

@@ -5,11 +5,11 @@
 #include <boost/asio.hpp>
 
 #include <algorithm>
-#include <cstring>
-#include <functional>
 #include <array>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -117,8 +117,7 @@ struct TcpTransport::Impl {
       case FrameKind::kWords: arrive(words[frame.key], r, std::move(frame.payload)); break;
       case FrameKind::kBytes: arrive(bytes[frame.key], r, std::move(frame.payload)); break;
       case FrameKind::kMessage: messages[{r, frame.key}].push_back(std::move(frame.payload)); break;
-      case FrameKind::kHello:
-        EMUGPU_CHECK(false, kRuntime, "rank ", r, " said hello twice");
+      case FrameKind::kHello: EMUGPU_CHECK(false, kRuntime, "rank ", r, " said hello twice");
     }
     changed.notify_all();
   }
@@ -148,25 +147,24 @@ struct TcpTransport::Impl {
   void write_next(int r) {
     Peer& p = *peers[static_cast<size_t>(r)];
     p.writing = true;
-    asio::async_write(p.socket, asio::buffer(*p.writes.front()), [this, r](const boost::system::error_code& ec,
-                                                                           size_t) {
-      Peer& peer = *peers[static_cast<size_t>(r)];
-      peer.writes.pop_front();
-      peer.writing = false;
-      if (ec) {
-        lost(r, "lost its connection while this rank wrote to it: " + ec.message());
-        peer.writes.clear();
-        return;
-      }
-      if (!peer.writes.empty()) write_next(r);
-    });
+    asio::async_write(p.socket, asio::buffer(*p.writes.front()),
+                      [this, r](const boost::system::error_code& ec, size_t) {
+                        Peer& peer = *peers[static_cast<size_t>(r)];
+                        peer.writes.pop_front();
+                        peer.writing = false;
+                        if (ec) {
+                          lost(r, "lost its connection while this rank wrote to it: " + ec.message());
+                          peer.writes.clear();
+                          return;
+                        }
+                        if (!peer.writes.empty()) write_next(r);
+                      });
   }
 
   // --- waits (any thread) -----------------------------------------------------
   // Waits for gather `ticket` of `table` to be whole; throws naming the
   // first missing rank that died, or the missing ones at the timeout.
-  Gather take(std::map<uint64_t, Gather>& table, uint64_t ticket, std::chrono::nanoseconds timeout,
-              const char* what) {
+  Gather take(std::map<uint64_t, Gather>& table, uint64_t ticket, std::chrono::nanoseconds timeout, const char* what) {
     const auto deadline = Clock::now() + timeout;
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
@@ -201,8 +199,8 @@ void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
 
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(options.host, ec);
-  EMUGPU_CHECK(!ec, kValue, who(), ": expected an IP address to listen on, got '", options.host, "' (",
-               ec.message(), ")");
+  EMUGPU_CHECK(!ec, kValue, who(), ": expected an IP address to listen on, got '", options.host, "' (", ec.message(),
+               ")");
   tcp::acceptor acceptor(io);
   acceptor.open(address.is_v6() ? tcp::v6() : tcp::v4(), ec);
   if (!ec) acceptor.bind(tcp::endpoint(address, 0), ec);
@@ -237,7 +235,7 @@ void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
   // sends no frame is not a rank of this group (a stale attempt, a port
   // scan): it is ignored, and named if the set-up times out.
   int expected = size - 1 - rank;
-  std::vector<std::shared_ptr<tcp::socket>> greeting;  // accepted, hello not read yet
+  std::vector<std::shared_ptr<tcp::socket>> greeting;   // accepted, hello not read yet
   std::map<const tcp::socket*, std::string> strangers;  // said nothing, or something that is not a hello
   std::string failure;
   std::function<void()> accept_next = [&]() {
@@ -251,42 +249,43 @@ void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
       strangers[socket.get()] = from + " connected but sent no hello";
       greeting.push_back(socket);
       auto hello_bytes = std::make_shared<std::array<uint8_t, kFrameHeaderBytes + 20>>();
-      asio::async_read(*socket, asio::buffer(*hello_bytes), [&, socket, hello_bytes, from](
-                                                                const boost::system::error_code& e, size_t) {
-        if (e) {
-          if (e != asio::error::operation_aborted) strangers[socket.get()] = from + " hung up before saying hello";
-          return;
-        }
-        Frame frame;
-        try {
-          FrameParser parser(from);
-          parser.feed(hello_bytes->data(), hello_bytes->size());
-          if (!parser.next(frame) || frame.kind != FrameKind::kHello) throw Error(ErrorKind::kRuntime, "");
-        } catch (const Error&) {
-          strangers[socket.get()] = from + " sent bytes that are not a hello";
-          return;
-        }
-        try {
-          const Hello h = decode_hello(frame);
-          if (h.token != options.token) {
-            strangers[socket.get()] = from + " belongs to another instance of this group";
-            return;
-          }
-          EMUGPU_CHECK(h.size == size, kRuntime, who(), ": ", from, " says it is rank ", h.rank, " of ", h.size,
-                       ", expected a group of ", size);
-          EMUGPU_CHECK(h.rank > rank && h.rank < size, kRuntime, who(), ": ", from, " says it is rank ", h.rank,
-                       ", expected one of ranks ", rank + 1, "..", size - 1);
-          auto& slot = peers[static_cast<size_t>(h.rank)];
-          EMUGPU_CHECK(slot == nullptr, kRuntime, who(), ": rank ", h.rank, " connected twice (", from, ")");
-          slot = std::make_unique<Peer>(io, h.rank);
-          slot->socket = std::move(*socket);
-          strangers.erase(socket.get());
-          if (--expected == 0) acceptor.close();
-        } catch (const Error& err) {
-          if (failure.empty()) failure = err.what();
-          acceptor.close();
-        }
-      });
+      asio::async_read(
+          *socket, asio::buffer(*hello_bytes),
+          [&, socket, hello_bytes, from](const boost::system::error_code& e, size_t) {
+            if (e) {
+              if (e != asio::error::operation_aborted) strangers[socket.get()] = from + " hung up before saying hello";
+              return;
+            }
+            Frame frame;
+            try {
+              FrameParser parser(from);
+              parser.feed(hello_bytes->data(), hello_bytes->size());
+              if (!parser.next(frame) || frame.kind != FrameKind::kHello) throw Error(ErrorKind::kRuntime, "");
+            } catch (const Error&) {
+              strangers[socket.get()] = from + " sent bytes that are not a hello";
+              return;
+            }
+            try {
+              const Hello h = decode_hello(frame);
+              if (h.token != options.token) {
+                strangers[socket.get()] = from + " belongs to another instance of this group";
+                return;
+              }
+              EMUGPU_CHECK(h.size == size, kRuntime, who(), ": ", from, " says it is rank ", h.rank, " of ", h.size,
+                           ", expected a group of ", size);
+              EMUGPU_CHECK(h.rank > rank && h.rank < size, kRuntime, who(), ": ", from, " says it is rank ", h.rank,
+                           ", expected one of ranks ", rank + 1, "..", size - 1);
+              auto& slot = peers[static_cast<size_t>(h.rank)];
+              EMUGPU_CHECK(slot == nullptr, kRuntime, who(), ": rank ", h.rank, " connected twice (", from, ")");
+              slot = std::make_unique<Peer>(io, h.rank);
+              slot->socket = std::move(*socket);
+              strangers.erase(socket.get());
+              if (--expected == 0) acceptor.close();
+            } catch (const Error& err) {
+              if (failure.empty()) failure = err.what();
+              acceptor.close();
+            }
+          });
     });
   };
   if (expected > 0) {
@@ -316,8 +315,7 @@ void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
   }
 }
 
-TcpTransport::TcpTransport(Rendezvous& rendezvous, int rank, int size, Options options)
-    : rank_(rank), size_(size) {
+TcpTransport::TcpTransport(Rendezvous& rendezvous, int rank, int size, Options options) : rank_(rank), size_(size) {
   EMUGPU_CHECK(size >= 1 && rank >= 0 && rank < size, kValue, "tcp exchange: expected 0 <= rank < size, got rank ",
                rank, " of ", size);
   impl_ = std::make_unique<Impl>(rank, size, std::move(options));
@@ -346,8 +344,8 @@ TcpTransport::~TcpTransport() {
 }
 
 uint64_t TcpTransport::start_gather(const int64_t* words, int count, std::chrono::nanoseconds /*timeout*/) {
-  EMUGPU_CHECK(count >= 0 && count <= kMaxWords, kValue, "tcp exchange: expected at most ", kMaxWords,
-               " words, got ", count);
+  EMUGPU_CHECK(count >= 0 && count <= kMaxWords, kValue, "tcp exchange: expected at most ", kMaxWords, " words, got ",
+               count);
   const size_t n = static_cast<size_t>(count) * 8;
   std::vector<uint8_t> mine(n);
   if (n > 0) std::memcpy(mine.data(), words, n);
@@ -399,15 +397,15 @@ void TcpTransport::gather_bytes(const void* data, size_t length, std::chrono::na
 }
 
 void TcpTransport::send(int peer, uint64_t channel, const void* data, size_t length) {
-  EMUGPU_CHECK(peer >= 0 && peer < size_ && peer != rank_, kValue, "tcp exchange: expected a peer rank in [0, ",
-               size_, ") other than ", rank_, ", got ", peer);
-  impl_->write(peer, std::make_shared<const std::vector<uint8_t>>(
-                         encode_frame(FrameKind::kMessage, channel, data, length)));
+  EMUGPU_CHECK(peer >= 0 && peer < size_ && peer != rank_, kValue, "tcp exchange: expected a peer rank in [0, ", size_,
+               ") other than ", rank_, ", got ", peer);
+  impl_->write(peer,
+               std::make_shared<const std::vector<uint8_t>>(encode_frame(FrameKind::kMessage, channel, data, length)));
 }
 
 std::vector<uint8_t> TcpTransport::recv(int peer, uint64_t channel, std::chrono::nanoseconds timeout) {
-  EMUGPU_CHECK(peer >= 0 && peer < size_ && peer != rank_, kValue, "tcp exchange: expected a peer rank in [0, ",
-               size_, ") other than ", rank_, ", got ", peer);
+  EMUGPU_CHECK(peer >= 0 && peer < size_ && peer != rank_, kValue, "tcp exchange: expected a peer rank in [0, ", size_,
+               ") other than ", rank_, ", got ", peer);
   const auto deadline = Clock::now() + timeout;
   std::unique_lock<std::mutex> lock(impl_->mutex);
   while (true) {

@@ -45,8 +45,7 @@ class TcpTransport : public Transport {
   uint64_t start_gather(const int64_t* words, int count, std::chrono::nanoseconds timeout) override;
   void finish_gather(uint64_t ticket, int64_t* out, int count, std::chrono::nanoseconds timeout) override;
   size_t bytes_capacity() const override;
-  void gather_bytes(const void* data, size_t length, std::chrono::nanoseconds timeout,
-                    const ByteReader& read) override;
+  void gather_bytes(const void* data, size_t length, std::chrono::nanoseconds timeout, const ByteReader& read) override;
 
   // Queues a message to `peer` on `channel` and returns; messages on one
   // channel reach the peer's recv() in the order sent.
@@ -59,8 +58,8 @@ class TcpTransport : public Transport {
   // chunk copied), in rank order. Collectives whose ranks need different
   // bytes (reduce-scatter, all-to-all, a rooted reduce) move only those.
   // Exchanges pair up across ranks in the order each rank calls them.
-  std::vector<std::vector<uint8_t>> exchange(const std::vector<const void*>& chunks,
-                                             const std::vector<size_t>& lengths, std::chrono::nanoseconds timeout);
+  std::vector<std::vector<uint8_t>> exchange(const std::vector<const void*>& chunks, const std::vector<size_t>& lengths,
+                                             std::chrono::nanoseconds timeout);
 
   // The local address from which this machine reaches `host` (the route's
   // source address): one the other ranks reach if they all reach `host`.

@@ -24,8 +24,7 @@ GatheredWords::GatheredWords(std::vector<int64_t> rows, int size) : rows_(std::m
 }
 
 int64_t GatheredWords::at(int rank, CollectiveWords::Index w) const {
-  EMUGPU_CHECK(rank >= 0 && rank < size_, kIndex, "collective words: expected a rank in [0, ", size_, "), got ",
-               rank);
+  EMUGPU_CHECK(rank >= 0 && rank < size_, kIndex, "collective words: expected a rank in [0, ", size_, "), got ", rank);
   return rows_[static_cast<size_t>(rank) * CollectiveWords::kCount + w];
 }
 
@@ -50,8 +49,7 @@ int GatheredWords::first_disagreeing(uint64_t signature) const {
 }
 
 bool GatheredWords::moves_bytes(int64_t threshold) const {
-  return all(CollectiveWords::kCompute) ||
-         (max(CollectiveWords::kLargest) <= threshold && all(CollectiveWords::kReal));
+  return all(CollectiveWords::kCompute) || (max(CollectiveWords::kLargest) <= threshold && all(CollectiveWords::kReal));
 }
 
 CollectiveSignature::CollectiveSignature(const std::string& name, const std::string& extra, size_t tensors) {

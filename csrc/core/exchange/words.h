@@ -20,13 +20,13 @@ constexpr int64_t kDataThresholdBytes = 64 * 1024;
 struct CollectiveWords {
   enum Index : int { kStart, kReal, kCompute, kSignature, kModelBytes, kLargest, kPayload, kCount };
 
-  TimeNs start = 0;        // where the collective starts on this rank (rank 0's clock)
-  bool real = false;       // every input tensor holds real bytes on this rank
-  bool compute = false;    // this rank runs in compute mode
-  uint64_t signature = 0;  // CollectiveSignature of name, extra and tensors
-  int64_t model_bytes = 0; // bytes the cost model charges (ranks may differ: all_to_all)
-  int64_t largest = 0;     // largest tensor's bytes (the data rule's per-tensor threshold)
-  int64_t payload = 0;     // bytes this rank contributes if bytes move
+  TimeNs start = 0;         // where the collective starts on this rank (rank 0's clock)
+  bool real = false;        // every input tensor holds real bytes on this rank
+  bool compute = false;     // this rank runs in compute mode
+  uint64_t signature = 0;   // CollectiveSignature of name, extra and tensors
+  int64_t model_bytes = 0;  // bytes the cost model charges (ranks may differ: all_to_all)
+  int64_t largest = 0;      // largest tensor's bytes (the data rule's per-tensor threshold)
+  int64_t payload = 0;      // bytes this rank contributes if bytes move
 
   void encode(int64_t* out) const;
 };
