@@ -16,6 +16,8 @@ import torch_emugpu
 from torch_emugpu.distributed import _parallel
 from torch_emugpu.timing import profiles
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 
 @pytest.fixture
 def compute_mode():

@@ -25,6 +25,8 @@ from conftest import write_synthetic_profile
 from distributed_ranks import run_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 SEED = 100  # rank 0's initial parameters, and the reference's
 STEPS = 3
 BATCH = 8  # per step (per micro-batch with no_sync), split evenly over the 2 ranks

@@ -24,6 +24,8 @@ import torch.distributed as dist
 from conftest import REPO
 from distributed_ranks import PG_TIMEOUT
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 
 def run_ranks(scenario: str, **kwargs: Any) -> dict[int, Any]:
     """distributed_ranks.run_ranks on one of this module's SCENARIOS, by name."""

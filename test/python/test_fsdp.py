@@ -13,10 +13,13 @@ import importlib.util
 import pathlib
 from types import ModuleType
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 from distributed_ranks import run_ranks
+
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "fsdp_gpt.py"
 TINY = {"vocab": 64, "dim": 32, "layers": 2, "heads": 4, "context": 8}

@@ -33,6 +33,8 @@ from conftest import REPO
 
 import torch_emugpu
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 JOB = os.path.join(REPO, "test", "python", "torchrun_job.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TIMEOUT = 240  # seconds for one test's torchruns together

@@ -15,6 +15,7 @@ import atexit
 import datetime
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
 
 __all__ = ["BACKEND_NAME", "DATA_THRESHOLD_BYTES", "create_backend"]
 
@@ -23,7 +24,7 @@ BACKEND_NAME = "emu"
 DATA_THRESHOLD_BYTES = 64 * 1024
 
 
-def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> dist.ProcessGroup:
+def create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> _C10dBackend:
     """The creator c10d calls for backend `emu` (Backend.register_backend)."""
     from .. import _C
 
