@@ -11,6 +11,8 @@ from torch_emugpu import cli
 from torch_emugpu.cli import train
 from torch_emugpu.measure.models import GPT
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 BIN = os.path.join(os.path.dirname(sys.executable), "torch-emugpu")
 
 

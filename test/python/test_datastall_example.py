@@ -14,6 +14,8 @@ from types import ModuleType
 import pytest
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 EXAMPLE = pathlib.Path(REPO) / "examples" / "datastall.py"
 
 

@@ -15,6 +15,8 @@ import pytest
 import torch
 from conftest import REPO, run_python
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 
 def test_a_cpu_backward_before_the_first_emugpu_use_leaves_emugpu_backward_working():
     r = run_python(

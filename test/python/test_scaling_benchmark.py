@@ -15,6 +15,8 @@ import sys
 import pytest
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 SCRIPT = os.path.join(REPO, "benchmarks", "ddp_scaling.py")
 ROW = re.compile(r"^\| (\d+x\d+ (?:standalone|rdzv)) \|(.*)\|$", re.M)
 NUMBER = r"[-+]?\d+(?:\.\d+)?"

@@ -19,6 +19,8 @@ from conftest import child_env, run_python
 
 import torch_emugpu
 
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
+
 TIMEOUT = 120  # seconds for any one wait on a child
 CTX = mp.get_context("spawn")
 
