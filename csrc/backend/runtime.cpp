@@ -16,6 +16,7 @@
 
 #include "backend/ops/common.h"
 #include "core/calibration.h"
+#include "core/shm_segment.h"
 
 namespace emugpu {
 namespace {
@@ -99,8 +100,9 @@ namespace {
 // Under torchrun every rank drives emugpu:LOCAL_RANK, so a device index is
 // the GPU's index on its node in every process: GPU i sits behind uplink
 // i / shared_by. The node's processes share the segment; each removes its
-// name at exit (not a fork()ed child's exit), so none outlives the job, and
-// a process that opens it after another rank ended gets uplinks of its own.
+// name at exit or SIGTERM (not a fork()ed child's), so none outlives the
+// job, and a process that opens it after another rank ended gets uplinks of
+// its own; a SIGKILLed job's segment is swept by the next one.
 void attach_shared_pcie(const Config& config, const GpuSpec& gpu, std::vector<std::unique_ptr<Device>>& devices) {
   static std::mutex opened_mutex;
   static std::shared_ptr<PcieLinks> opened;  // one per process: a reconfigure keeps the node's uplinks
@@ -110,7 +112,9 @@ void attach_shared_pcie(const Config& config, const GpuSpec& gpu, std::vector<st
     if (config.pcie_segment.empty()) {
       opened = PcieLinks::in_process();
     } else {
+      sweep_stale_segments();  // what SIGKILLed jobs of this user left behind
       opened = PcieLinks::shared(config.pcie_segment);
+      unlink_on_sigterm(config.pcie_segment);
       static pid_t owner = 0;
       static std::string to_unlink;
       if (owner == 0) {

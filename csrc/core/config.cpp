@@ -3,13 +3,23 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 
 #include "error.h"
+#include "shm_segment.h"
 
 namespace emugpu {
 namespace {
+
+// A stable 64-bit hash (FNV-1a): every process of a job must derive the same name.
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
+  return h;
+}
 
 std::string trim(const std::string& s) {
   const auto first = s.find_first_not_of(" \t\r\n");
@@ -171,12 +181,14 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
                  c.pcie_uplink_gbps);
   }
   if (auto run = env("TORCHELASTIC_RUN_ID")) {
-    // One segment per emulated node of one torchrun job; names keep [A-Za-z0-9_-].
-    std::string key;
-    for (char ch : *run + "-" + env("GROUP_RANK").value_or("0")) {
-      key.push_back(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' ? ch : '_');
-    }
-    c.pcie_segment = "/emugpu-pcie-" + key.substr(0, 200);
+    // One segment per emulated node of one torchrun job. The run id alone
+    // does not name a job (torchrun's default is "none" for every job), the
+    // rendezvous endpoint does: two live jobs cannot share it.
+    const std::string endpoint = env("MASTER_ADDR").value_or("") + ":" + env("MASTER_PORT").value_or("");
+    char hash[17];
+    std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(fnv1a(*run + "|" + endpoint)));
+    c.pcie_segment = private_segment_name(
+        "pcie", run->substr(0, 40) + "-" + hash + "-" + env("GROUP_RANK").value_or("0").substr(0, 16));
   }
   c.catalog_path = env("EMUGPU_CATALOG").value_or(default_catalog);
   return c;

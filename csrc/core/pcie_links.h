@@ -17,6 +17,7 @@
 #include <string>
 
 #include "clock.h"
+#include "shm_segment.h"
 
 namespace emugpu {
 
@@ -25,26 +26,30 @@ class PcieLinks {
   static constexpr int kMaxUplinks = 64;
 
   static std::shared_ptr<PcieLinks> in_process();
-  // Opens the node's segment `name` ("/..." as shm_open wants), creating it
-  // if no process of the node has yet; every opener sees the same uplinks.
+  // Opens the node's segment `name` ("/..." as shm_open wants; see
+  // private_segment_name), creating it if no live process of the node holds
+  // it; every opener sees the same uplinks. Refuses a segment another user
+  // could have written.
   static std::shared_ptr<PcieLinks> shared(const std::string& name);
   // Removes the segment's name (each process keeps its mapping).
   static void unlink(const std::string& name);
-  ~PcieLinks();
+  ~PcieLinks() = default;
   PcieLinks(const PcieLinks&) = delete;
   PcieLinks& operator=(const PcieLinks&) = delete;
 
   // When a copy that may start at `earliest` does start on `uplink`
   // (0..kMaxUplinks-1) in its direction: `earliest`, or later while earlier
-  // copies still occupy it; the copy then occupies it for `occupancy` ns.
+  // copies still occupy it; the copy then occupies it for `occupancy` ns
+  // (at most kMaxBacklogNs). A free time read from the segment more than
+  // kMaxBacklogNs after `earliest` is refused as corrupt, never summed.
+  static constexpr TimeNs kMaxBacklogNs = 86'400'000'000'000;  // a day of queued copies
   TimeNs reserve(int uplink, bool to_device, TimeNs earliest, TimeNs occupancy);
 
  private:
-  PcieLinks(std::atomic<int64_t>* slots, void* mapping, size_t length);
+  explicit PcieLinks(std::atomic<int64_t>* slots);
 
-  std::atomic<int64_t>* slots_;  // free-at time per uplink and direction
-  void* mapping_;                // the shared segment, or nullptr
-  size_t length_;
+  std::atomic<int64_t>* slots_;          // free-at time per uplink and direction
+  std::unique_ptr<ShmSegment> segment_;  // the node's, or none
   std::unique_ptr<std::atomic<int64_t>[]> own_;
 };
 

@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -14,9 +15,10 @@ using emugpu::Mode;
 
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
-    for (const char* v : {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
-                          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_HOST_OP_US", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE",
-                          "LOCAL_WORLD_SIZE", "NCCL_ALGO"}) {
+    for (const char* v :
+         {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
+          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_HOST_OP_US", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE",
+          "NCCL_ALGO", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"}) {
       unsetenv(v);
     }
   }
@@ -31,6 +33,21 @@ TEST_F(CleanEnvironment, DefaultsNeedNothingSet) {
   EXPECT_EQ(c.catalog_path, "/x/gpus.json");
   EXPECT_EQ(c.net_gbps, 100);  // 4 x 200 Gb/s InfiniBand per node
   EXPECT_EQ(c.net_latency_us, 3);
+}
+
+TEST_F(CleanEnvironment, PcieSegmentsAreNamedByUserJobAndNode) {
+  EXPECT_EQ(emugpu::resolve_config({}, "").pcie_segment, "");  // not under torchrun: in-process uplinks
+  setenv("TORCHELASTIC_RUN_ID", "none", 1);                    // torchrun's default for every job
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  const std::string first = emugpu::resolve_config({}, "").pcie_segment;
+  EXPECT_EQ(first.rfind("/emugpu-u" + std::to_string(geteuid()) + "-pcie-none-", 0), 0u) << first;
+  EXPECT_EQ(emugpu::resolve_config({}, "").pcie_segment, first);  // every rank of the node derives it
+  setenv("MASTER_PORT", "29501", 1);                              // another job on the same machine
+  EXPECT_NE(emugpu::resolve_config({}, "").pcie_segment, first);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("GROUP_RANK", "1", 1);  // another emulated node of the same job
+  EXPECT_NE(emugpu::resolve_config({}, "").pcie_segment, first);
 }
 
 TEST_F(CleanEnvironment, NcclAlgoIsKeptAsSetForTheCollectiveModel) {

@@ -40,7 +40,7 @@ TEST(PcieLinks, ConcurrentReservationsNeverOverlap) {
 }
 
 TEST(PcieLinks, ProcessesOfANodeShareTheSegment) {
-  const std::string name = "/emugpu-pcie-test-" + std::to_string(getpid());
+  const std::string name = emugpu::private_segment_name("pcie-test", std::to_string(getpid()));
   auto parent = emugpu::PcieLinks::shared(name);
   EXPECT_EQ(parent->reserve(2, true, 1000, 500), 1000);
   const pid_t child = fork();

@@ -17,6 +17,7 @@
 
 #include "backend/runtime.h"
 #include "core/error.h"
+#include "core/shm_segment.h"
 
 namespace emugpu {
 
@@ -198,10 +199,12 @@ std::shared_ptr<ShmExchange> shared_memory(c10d::Store& store, int rank, int siz
   std::shared_ptr<ShmExchange> shm;
   std::string name;
   if (rank == 0) {
-    name = "/emugpu-" + random_hex(32);
+    sweep_stale_segments();  // what SIGKILLed groups of this user left behind
+    name = private_segment_name("x", random_hex(32));
     const uint64_t token = std::stoull(random_hex(15), nullptr, 16);
     try {
       shm = ShmExchange::create(name, size, token);
+      unlink_on_sigterm(name);
     } catch (const Error&) {
       name.clear();
     }
@@ -210,7 +213,12 @@ std::shared_ptr<ShmExchange> shared_memory(c10d::Store& store, int rank, int siz
     const std::string segment = text(store.get("segment"));
     const size_t space = segment.find(' ');
     name = segment.substr(0, space);
-    const uint64_t token = std::stoull(segment.substr(space + 1));
+    uint64_t token = 0;
+    try {
+      token = std::stoull(segment.substr(space == std::string::npos ? segment.size() : space + 1));
+    } catch (const std::exception&) {
+      name.clear();  // not rank 0's words: fall back to TCP
+    }
     if (!name.empty()) {
       try {
         shm = ShmExchange::open(name, rank, size, token);
@@ -219,9 +227,18 @@ std::shared_ptr<ShmExchange> shared_memory(c10d::Store& store, int rank, int siz
       }
     }
   }
+  // Rank 0 removes the name once every rank opened it, or when set-up fails
+  // (a rank that died in set-up must not leave it behind).
+  struct Unlink {
+    std::string name;
+    ~Unlink() {
+      if (name.empty()) return;
+      ShmExchange::unlink(name);
+      forget_on_sigterm(name);
+    }
+  } unlink_after{rank == 0 ? name : std::string()};
   const std::vector<int64_t> words = gather_setup_words(tcp, {shm != nullptr ? 1 : 0, pid_namespace()}, timeout,
                                                         "process group set-up (shared memory)");
-  if (rank == 0 && !name.empty()) ShmExchange::unlink(name);
   std::vector<int> missing;
   bool one_namespace = true;
   for (int r = 0; r < size; ++r) {

@@ -95,68 +95,42 @@ T* at(void* base, size_t offset) {
 size_t ShmExchange::segment_bytes(int size) { return Layout(size).total; }
 
 std::unique_ptr<ShmExchange> ShmExchange::create(const std::string& name, int size, uint64_t token) {
-  EMUGPU_CHECK(size >= 1, kValue, "shared-memory exchange: expected at least 1 rank, got ", size);
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  EMUGPU_CHECK(fd >= 0, kRuntime, "shared-memory exchange: could not create ", name, ": ", std::strerror(errno));
-  const size_t length = segment_bytes(size);
+  EMUGPU_CHECK(size >= 1 && size <= kMaxRanks, kValue, "shared-memory exchange: expected 1 to ", kMaxRanks,
+               " ranks, got ", size);
   // Sparse on tmpfs: pages cost memory only once written.
-  if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
-    const int err = errno;
-    close(fd);
-    shm_unlink(name.c_str());
-    EMUGPU_CHECK(false, kRuntime, "shared-memory exchange: could not size ", name, " to ", length,
-                 " bytes: ", std::strerror(err));
-  }
-  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    EMUGPU_CHECK(false, kRuntime, "shared-memory exchange: could not map ", name, ": ", std::strerror(err));
-  }
-  auto* header = static_cast<Header*>(base);
+  ShmSegment segment = ShmSegment::create(name, segment_bytes(size));
+  auto* header = static_cast<Header*>(segment.data());
   header->token = token;
   header->size = size;
   // The magic last: a rank that opens early sees a segment that is not ready.
   std::atomic_ref<uint64_t>(header->magic).store(kMagic, std::memory_order_release);
-  return std::unique_ptr<ShmExchange>(new ShmExchange(base, length, 0, size));
+  return std::unique_ptr<ShmExchange>(new ShmExchange(std::move(segment), 0, size));
 }
 
 std::unique_ptr<ShmExchange> ShmExchange::open(const std::string& name, int rank, int size, uint64_t token) {
-  EMUGPU_CHECK(rank >= 0 && rank < size, kValue, "shared-memory exchange: expected a rank in [0, ", size, "), got ",
-               rank);
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  EMUGPU_CHECK(fd >= 0, kRuntime, "shared-memory exchange: could not open ", name, ": ", std::strerror(errno));
-  struct stat st {};
-  const size_t length = segment_bytes(size);
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != length) {
-    close(fd);
-    EMUGPU_CHECK(false, kRuntime, "shared-memory exchange: ", name, " expected ", length, " bytes for ", size,
-                 " ranks, found ", st.st_size);
-  }
-  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  EMUGPU_CHECK(base != MAP_FAILED, kRuntime, "shared-memory exchange: could not map ", name, ": ", std::strerror(err));
-  auto* header = static_cast<Header*>(base);
+  EMUGPU_CHECK(size >= 1 && size <= kMaxRanks && rank >= 0 && rank < size, kValue,
+               "shared-memory exchange: expected a rank in [0, ", size, ") of 1 to ", kMaxRanks, " ranks, got rank ",
+               rank, " of ", size);
+  ShmSegment segment = ShmSegment::attach(name, segment_bytes(size));
+  auto* header = static_cast<Header*>(segment.data());
   const bool ours = std::atomic_ref<uint64_t>(header->magic).load(std::memory_order_acquire) == kMagic &&
                     header->token == token && header->size == size;
-  if (!ours) {
-    munmap(base, length);
-    EMUGPU_CHECK(false, kRuntime, "shared-memory exchange: ", name, " is not this group's segment (token or ",
-                 "size differ)");
-  }
-  return std::unique_ptr<ShmExchange>(new ShmExchange(base, length, rank, size));
+  EMUGPU_CHECK(ours, kRuntime, "shared-memory exchange: ", name, " is not this group's segment (token or size differ)");
+  return std::unique_ptr<ShmExchange>(new ShmExchange(std::move(segment), rank, size));
 }
 
-void ShmExchange::unlink(const std::string& name) { shm_unlink(name.c_str()); }
+void ShmExchange::unlink(const std::string& name) { ShmSegment::unlink(name); }
 
-ShmExchange::ShmExchange(void* base, size_t length, int rank, int size)
-    : base_(base), length_(length), rank_(rank), size_(size), header_(static_cast<Header*>(base)) {
+ShmExchange::ShmExchange(ShmSegment segment, int rank, int size)
+    : segment_(std::move(segment)),
+      base_(segment_.data()),
+      rank_(rank),
+      size_(size),
+      header_(static_cast<Header*>(base_)) {
   at<std::atomic<int32_t>>(base_, Layout(size_).pids)[rank_].store(static_cast<int32_t>(getpid()));
 }
 
-ShmExchange::~ShmExchange() { munmap(base_, length_); }
+ShmExchange::~ShmExchange() = default;
 
 ShmExchange::WordSlot& ShmExchange::word_slot(uint64_t ticket, int rank) const {
   auto* slots = at<WordSlot>(base_, Layout(size_).words);
@@ -305,6 +279,9 @@ void ShmExchange::gather_bytes(const void* data, size_t length, std::chrono::nan
       ", which did not arrive");
   for (int r = 0; r < size_; ++r) {
     const DataSlot& slot = data_slot(ticket, r);
+    EMUGPU_CHECK(slot.length <= kDataCapacity, kRuntime, "rank ", rank_, " of ", size_, ": byte gather ", ticket,
+                 " read a length of ", slot.length, " bytes from rank ", r, "'s slot, expected at most ", kDataCapacity,
+                 "; the segment was written by something other than this group's ranks");
     read(r, reinterpret_cast<const char*>(&slot) + sizeof(DataSlot), slot.length);
   }
   consumed[rank_].value.store(ticket + 1, std::memory_order_seq_cst);

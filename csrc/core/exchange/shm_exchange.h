@@ -22,6 +22,7 @@
 #include <string>
 
 #include "exchange/transport.h"
+#include "shm_segment.h"
 
 namespace emugpu {
 
@@ -31,10 +32,12 @@ class ShmExchange : public Transport {
   static constexpr uint64_t kDataDepth = 2;
   static constexpr size_t kDataCapacity = 256 * 1024;
   static constexpr int64_t kPollNs = 50'000'000;
+  static constexpr int kMaxRanks = 4096;
 
   // Rank 0 creates the segment `name` ("/..." as shm_open wants, unique per
-  // group), stamped with `token`; the other ranks open it with the same
-  // token (a stale or foreign segment fails to open).
+  // group; see private_segment_name), stamped with `token`; the other ranks
+  // open it with the same token (a stale, foreign or other user's segment
+  // fails to open).
   static std::unique_ptr<ShmExchange> create(const std::string& name, int size, uint64_t token);
   static std::unique_ptr<ShmExchange> open(const std::string& name, int rank, int size, uint64_t token);
   ~ShmExchange() override;
@@ -69,7 +72,7 @@ class ShmExchange : public Transport {
   struct DataSlot;
 
  private:
-  ShmExchange(void* base, size_t length, int rank, int size);
+  ShmExchange(ShmSegment segment, int rank, int size);
   static size_t segment_bytes(int size);
   WordSlot& word_slot(uint64_t ticket, int rank) const;
   DataSlot& data_slot(uint64_t ticket, int rank) const;
@@ -84,8 +87,8 @@ class ShmExchange : public Transport {
   void wait_for_room(bool data, uint64_t reused, std::chrono::nanoseconds timeout, const char* what,
                      uint64_t ticket) const;
 
+  ShmSegment segment_;  // mapped and locked for as long as the exchange lives
   void* base_;
-  size_t length_;
   int rank_;
   int size_;
   Header* header_;
