@@ -64,7 +64,10 @@ def _in_bad_fork() -> bool:
     """Whether this is a forked child of a process that used the devices."""
 
 def _shape_cache_stats() -> tuple[int, int]:
-    """(hits, misses) of the ops' shape caches."""
+    """(hits, misses) of the ops' shape cache."""
+
+def _shape_cache_entries() -> int:
+    """Entries the process's shape cache holds now (at most 100,000)."""
 
 def _host_now_ns() -> int:
     """The host clock the timeline runs on."""

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -138,9 +139,36 @@ void attach_shared_pcie(const Config& config, const GpuSpec& gpu, std::vector<st
 
 }  // namespace
 
+namespace {
+
+// How many device threads PyTorch's autograd engine started (it names them
+// pt_autograd_<index>), or 0 before the process's first backward. The
+// engine sizes them once, from the device count it sees then.
+int autograd_device_threads() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int threads = 0;
+  for (const auto& task : fs::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.rfind("pt_autograd_", 0) == 0) ++threads;
+  }
+  return threads;
+}
+
+}  // namespace
+
 void Runtime::configure_locked(const ConfigRequest& request) {
   const Config config = resolve_config(request, default_catalog());
   if (const State* old = state_.load(std::memory_order_acquire)) {
+    const int engine_devices = autograd_device_threads();
+    EMUGPU_CHECK(engine_devices == 0 || config.device_count <= engine_devices, kRuntime,
+                 "configure(): expected at most ", engine_devices, " emulated GPUs once autograd has run, got ",
+                 config.device_count, ": PyTorch's autograd engine sized its device threads for ", engine_devices,
+                 " at this process's first backward and cannot add more. Set the device count before the first "
+                 "backward (configure(device_count=",
+                 config.device_count, ") or EMUGPU_DEVICE_COUNT=", config.device_count, "), or use a fresh process");
     for (const auto& d : old->devices) {
       const auto in_use = d->allocator().stats().allocated_bytes[kAggregate].current;
       EMUGPU_CHECK(in_use == 0, kRuntime, "cannot reconfigure torch-emugpu: emulated device ", d->index(),

@@ -15,7 +15,9 @@ namespace {
 std::mutex g_interrupt_mutex;
 std::function<void()> g_interrupt_check;
 
-void check_interrupt() {
+}  // namespace
+
+void check_wait_interrupt() {
   std::function<void()> check;
   {
     std::lock_guard<std::mutex> lock(g_interrupt_mutex);
@@ -23,8 +25,6 @@ void check_interrupt() {
   }
   if (check) check();
 }
-
-}  // namespace
 
 TimeNs host_now() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -38,14 +38,14 @@ void SteadyClock::sleep_until(TimeNs deadline) {
   // sleep short of the deadline and spin the rest. Long sleeps wake up every
   // kSlice to let the host interrupt them.
   constexpr TimeNs kSpin = 200'000;
-  constexpr TimeNs kSlice = 50'000'000;
+  constexpr TimeNs kSlice = kInterruptSliceNs;
   auto sleep_to = [](TimeNs t) {
     std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::nanoseconds(t)));
   };
   TimeNs now = host_now();
   while (deadline - now > kSpin + kSlice) {
     sleep_to(now + kSlice);
-    check_interrupt();
+    check_wait_interrupt();
     now = host_now();
   }
   if (deadline - now > kSpin) sleep_to(deadline - kSpin);

@@ -59,6 +59,10 @@ TimeNs host_now();
 // milliseconds; it may throw to abandon the wait (Ctrl-C in Python). Waits
 // shorter than that never call it, so short waits stay accurate.
 void set_wait_interrupt_check(std::function<void()> check);
+// Runs that function, if any: for waits that are not sleeps (a peer's
+// message, a store key), called between slices of at most kInterruptSliceNs.
+void check_wait_interrupt();
+constexpr TimeNs kInterruptSliceNs = 50'000'000;
 
 // Clamps a duration in seconds to nanoseconds without overflowing.
 TimeNs seconds_to_ns(double seconds);

@@ -18,17 +18,20 @@ void CostLedger::record(const OpCost& cost, const KernelCost& charged, std::stri
   f.peak_memory_ns += charged.peak_memory_ns;
   f.compute_bound += charged.compute_bound ? 1 : 0;
   if (trace_.size() < trace_limit_) trace_.push_back({std::string(name), cost, charged.duration});
+  if (trace_.size() >= trace_limit_) tracing_.store(false, std::memory_order_relaxed);  // full: back to cached costs
 }
 
 void CostLedger::start_trace(size_t limit) {
   std::lock_guard<std::mutex> lock(mutex_);
   trace_.clear();
   trace_limit_ = limit;
+  tracing_.store(limit > 0, std::memory_order_relaxed);
 }
 
 std::vector<TracedOp> CostLedger::take_trace() {
   std::lock_guard<std::mutex> lock(mutex_);
   trace_limit_ = 0;
+  tracing_.store(false, std::memory_order_relaxed);
   return std::move(trace_);
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -42,6 +43,7 @@ class CostLedger {
   // take_trace() hands them over and stops.
   void start_trace(size_t limit);
   std::vector<TracedOp> take_trace();
+  bool tracing() const { return tracing_.load(std::memory_order_relaxed); }
   // Families that ran kernels, the most time first.
   std::vector<FamilyCost> report() const;
   void reset();
@@ -51,6 +53,7 @@ class CostLedger {
   std::array<FamilyCost, kOpFamilyCount> families_{};
   std::vector<TracedOp> trace_;
   size_t trace_limit_ = 0;
+  std::atomic<bool> tracing_{false};  // trace_limit_ > 0, read without the lock on every op
 };
 
 }  // namespace emugpu

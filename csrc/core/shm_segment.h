@@ -55,7 +55,7 @@ class ShmSegment {
 // are older than `min_age_s` (younger ones may be between creation and
 // lock). Returns the names removed. Segments of other users are never
 // touched.
-std::vector<std::string> sweep_stale_segments(double min_age_s = 10.0);
+std::vector<std::string> sweep_stale_segments(double min_age_s = 2.0);
 
 // Names this process removes when SIGTERM ends it (normal exits remove
 // them through their owners). The handler is installed only where SIGTERM

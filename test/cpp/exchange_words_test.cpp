@@ -109,4 +109,18 @@ TEST(CollectiveWords, DisagreementMessageSaysBothCallsAndWhatToDo) {
   EXPECT_NE(m.find("every rank must call the same collective"), std::string::npos);
 }
 
+TEST(CollectiveWords, AReportFromTheStoreIsOnlyQuotedPrintableAndShort) {
+  // What a hostile store client could plant: a pickle that runs a command, and megabytes of it.
+  const std::string planted = std::string(
+                                  "\x80\x04\x95"
+                                  "cos\nsystem\n(S'touch /tmp/x'\ntR.",
+                                  30) +
+                              std::string(1 << 20, 'A');
+  const std::string m = emugpu::disagreement_message(0, "barrier", 1, planted);
+  EXPECT_NE(m.find("rank 1 called \\x80\\x04\\x95cos\\x0asystem\\x0a"), std::string::npos) << m.substr(0, 200);
+  EXPECT_NE(m.find("(1048606 bytes)"), std::string::npos);
+  EXPECT_LT(m.size(), 1000u);
+  for (char ch : m) EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << "a control byte reached the message";
+}
+
 }  // namespace

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "clock.h"
 #include "error.h"
 
 namespace {
@@ -20,7 +21,7 @@ using namespace std::chrono_literals;
 
 std::string fresh_name() {
   static std::atomic<int> counter{0};
-  return "/emugpu-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  return emugpu::private_segment_name("test", std::to_string(getpid()) + "-" + std::to_string(counter++));
 }
 
 // Every rank's exchange over one segment, its name already unlinked.
@@ -102,6 +103,19 @@ TEST(ShmExchange, TimesOutNamingTheRankThatDidNotArrive) {
     EXPECT_NE(std::string(e.what()).find("for rank 1"), std::string::npos) << e.what();
   }
   EXPECT_GE(std::chrono::steady_clock::now() - start, 150ms);
+}
+
+TEST(ShmExchange, AWaitForAMissingRankStopsAtAnInterrupt) {
+  struct Interrupted {};
+  auto ranks = group(2);
+  const int64_t word = 1;
+  ranks[0]->start_gather(&word, 1, 1s);
+  emugpu::set_wait_interrupt_check([] { throw Interrupted{}; });  // as Ctrl-C does in Python
+  std::array<int64_t, 2> out{};
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(ranks[0]->finish_gather(0, out.data(), 1, 60s), Interrupted);
+  emugpu::set_wait_interrupt_check(nullptr);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "the wait ran on towards its timeout";
 }
 
 TEST(ShmExchange, NoticesARankThatExitedLongBeforeTheTimeout) {

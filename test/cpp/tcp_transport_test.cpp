@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "clock.h"
 #include "error.h"
 #include "exchange/clock_offset.h"
 #include "exchange/frame.h"
@@ -163,6 +164,40 @@ TEST(TcpTransport, AGatherARankNeverStartsTimesOutNamingIt) {
   } catch (const emugpu::Error& e) {
     EXPECT_NE(std::string(e.what()).find("rank(s) 1 did not arrive"), std::string::npos) << e.what();
   }
+}
+
+struct Interrupted {};
+
+// Installs an interrupt check that throws (as Ctrl-C does in Python) and removes it at scope end.
+struct InterruptAfter {
+  explicit InterruptAfter(int calls) {
+    emugpu::set_wait_interrupt_check([this, calls] {
+      if (++seen >= calls) throw Interrupted{};
+    });
+  }
+  ~InterruptAfter() { emugpu::set_wait_interrupt_check(nullptr); }
+  std::atomic<int> seen{0};
+};
+
+TEST(TcpTransport, AWaitForAMissingRankStopsAtAnInterrupt) {
+  MapRendezvous rdv;
+  auto ranks = group(rdv, 2);
+  const int64_t word = 1;
+  const uint64_t ticket = ranks[0]->start_gather(&word, 1, 1s);
+  InterruptAfter interrupt(2);
+  const auto start = std::chrono::steady_clock::now();
+  std::array<int64_t, 2> out{};
+  EXPECT_THROW(ranks[0]->finish_gather(ticket, out.data(), 1, 60s), Interrupted);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "the wait ran on towards its timeout";
+  EXPECT_THROW(ranks[0]->recv(1, 7, 60s), Interrupted);
+}
+
+TEST(TcpTransport, SetUpWaitingForAPeerStopsAtAnInterrupt) {
+  MapRendezvous rdv;
+  InterruptAfter interrupt(3);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(TcpTransport(rdv, 0, 2, options(60s)), Interrupted);  // rank 1 never comes
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
 
 namespace asio = boost::asio;

@@ -122,3 +122,29 @@ def test_catalog_has_the_gpus_the_docs_name():
         "NVIDIA H200",
     ]:
         assert needed in names
+
+
+def test_more_devices_after_autograd_ran_is_refused_with_a_clear_error():
+    # PyTorch's autograd engine sizes its device threads at the first backward; more devices after that
+    # used to end in its INTERNAL ASSERT (engine.cpp) at the next backward on a new device.
+    r = run_python(
+        """
+import torch, torch_emugpu
+torch_emugpu.configure(device_count=1)
+x = torch.ones(2, device="emugpu", requires_grad=True)
+x.sum().backward()
+del x
+try:
+    torch_emugpu.configure(device_count=4)
+except RuntimeError as e:
+    print("refused:", e)
+torch_emugpu.configure(device_count=1)  # as many as the engine has: fine
+y = torch.ones(2, device="emugpu", requires_grad=True)
+y.sum().backward()
+print("backward ok")
+"""
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused: configure(): expected at most 1 emulated GPUs once autograd has run, got 4" in r.stdout
+    assert "EMUGPU_DEVICE_COUNT=4" in r.stdout and "INTERNAL ASSERT" not in r.stdout + r.stderr
+    assert "backward ok" in r.stdout

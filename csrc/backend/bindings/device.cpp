@@ -121,6 +121,7 @@ void bind_device(py::module_& m) {
   });
   m.def("_in_bad_fork", [] { return Runtime::get().in_bad_fork(); });
   m.def("_shape_cache_stats", [] { return shape_cache_stats(); });
+  m.def("_shape_cache_entries", [] { return shape_cache_entries(); });
   m.def("_host_now_ns", [] { return host_now(); });
   m.def("_device_ready_ns",
         [](int index) { return guarded([&] { return Runtime::get().device(index).device_ready(); }); });

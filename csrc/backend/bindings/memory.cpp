@@ -74,7 +74,12 @@ void bind_memory(py::module_& m) {
   });
   m.def("_host_reset_peak_stats", [] { host_allocator().reset_peak_stats(); });
   m.def("_host_reset_accumulated_stats", [] { host_allocator().reset_accumulated_stats(); });
-  m.def("_empty_cache", [] { guarded([&] { device_allocator().emptyCache({0, 0}); }); });
+  m.def("_empty_cache", [] {
+    guarded([&] {
+      device_allocator().emptyCache({0, 0});
+      invalidate_shape_caches();  // host memory too: a sweep over many shapes leaves many entries
+    });
+  });
   m.def("_mem_get_info", [](int index) {
     return guarded([&] { return device_allocator().getMemoryInfo(static_cast<c10::DeviceIndex>(index)); });
   });

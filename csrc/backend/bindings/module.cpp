@@ -1,5 +1,7 @@
 // The module torch_emugpu._C (torch's bundled pybind11): process-wide
 // set-up, then each area's bindings (bindings/*.cpp).
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "backend/bindings/common.h"
 #include "backend/runtime.h"
 #include "core/host_bound.h"
@@ -13,7 +15,9 @@ namespace {
 // Long host waits give Python a chance to run its signal handlers, so that
 // Ctrl-C interrupts them as it does CUDA's; the KeyboardInterrupt propagates.
 void check_python_signals() {
-  if (!Py_IsInitialized()) return;
+  // Python runs signal handlers on its main thread only (the process's first
+  // thread, whose id is the pid): elsewhere taking the GIL would buy nothing.
+  if (!Py_IsInitialized() || syscall(SYS_gettid) != getpid()) return;
   py::gil_scoped_acquire gil;
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }

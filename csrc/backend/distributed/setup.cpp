@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "backend/runtime.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/shm_segment.h"
 
@@ -138,10 +139,10 @@ std::string fresh_namespace(c10d::Store& store, int rank, int size, std::chrono:
     const std::string nonce = random_hex(32);
     store.set("hello/" + std::to_string(rank), bytes(nonce));
     const std::string welcome = "welcome/" + std::to_string(rank) + "/" + nonce;
-    try {
-      store.wait({welcome}, timeout);
-    } catch (const std::exception&) {
-      too_late("rank 0");
+    while (!store.check({welcome})) {  // polled: Ctrl-C must reach a rank whose rank 0 never comes
+      if (Steady::now() > deadline) too_late("rank 0");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      check_wait_interrupt();
     }
     const std::string name = text(store.get(welcome));
     store.set(name + "/joined/" + std::to_string(rank), bytes("1"));
@@ -174,6 +175,7 @@ std::string fresh_namespace(c10d::Store& store, int rank, int size, std::chrono:
       too_late(list);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    check_wait_interrupt();
   }
   return name;
 }

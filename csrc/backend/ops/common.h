@@ -22,10 +22,12 @@ at::Tensor host_alias(const at::Tensor& t);
 // storage offset, storage size and dtype.
 at::Tensor new_device_tensor(int device, const at::Tensor& like);
 
-// Forgets cached shape results (their durations depend on the configuration).
+// Forgets cached shape results (their durations depend on the configuration) and frees them.
 void invalidate_shape_caches();
 // (hits, misses) of the shape caches since the process started.
 std::pair<int64_t, int64_t> shape_cache_stats();
+// Entries the process's shape cache holds now.
+size_t shape_cache_entries();
 
 // Charges `estimate` to the current stream of `device` on `engine`.
 TimeNs charge(int device, Engine engine, TimeNs estimate);

@@ -84,7 +84,7 @@ void run_with_host_values(const c10::OperatorHandle& op, const OpInfo& info, con
 
 // Step 1: output shapes, from the shape cache or from the op's shape rule.
 struct Shapes {
-  const ShapeResult* cached = nullptr;
+  std::shared_ptr<const ShapeResult> cached;
   bool cacheable = true;
   Key miss_key;
   std::vector<OutDesc> fresh;
@@ -104,11 +104,7 @@ Shapes find_shapes(const c10::OperatorHandle& op, const OpInfo& info, const std:
       break;
     }
   }
-  if (shapes.cacheable) {
-    const ShapeCache& cache = shape_cache();
-    auto it = cache.entries.find(key);
-    if (it != cache.entries.end()) shapes.cached = &it->second;
-  }
+  if (shapes.cacheable) shapes.cached = find_shape(key);
   count_shape_lookup(shapes.cached != nullptr);
   if (shapes.cached == nullptr) {
     shapes.miss_key = key;  // the shape rule may re-enter the fallback and reuse `key`
@@ -214,15 +210,17 @@ void charge_time(const OpInfo& info, const std::vector<c10::IValue>& args, int d
   OpCost cost;
   KernelCost charged;
   Device& dev = Runtime::get().device(device);
-  if (shapes.cached != nullptr) {
-    cost = shapes.cached->cost;
+  // A trace keeps each op's full cost (GEMM and convolution shapes), which the cache does not.
+  const bool estimate_now = shapes.cached == nullptr || dev.ledger().tracing();
+  if (!estimate_now) {
+    cost = shapes.cached->cost.expand();
     charged = shapes.cached->charged;
   } else if (!info.metadata_only) {
     cost = translate_errors([&] { return estimate(info, inputs, o.written, args); });
     charged = translate_errors([&] { return dev.cost().kernel_cost(cost); });
   }
   if (shapes.cached == nullptr && shapes.cacheable) {
-    shape_cache().entries.emplace(std::move(shapes.miss_key), ShapeResult{std::move(shapes.fresh), cost, charged});
+    remember_shape(shapes.miss_key, ShapeResult{std::move(shapes.fresh), CostSummary::of(cost), charged});
   }
   if (!info.metadata_only) {
     dev.ledger().record(cost, charged, info.name);
@@ -254,7 +252,8 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   }
   Shapes shapes = find_shapes(op, info, args);
   Outputs outputs = make_outputs(info, shapes.outs(), args, device);
-  const std::vector<at::Tensor> inputs = mark_writes(info, args, outputs, compute, shapes.cached == nullptr);
+  const bool need_inputs = shapes.cached == nullptr || Runtime::get().device(device).ledger().tracing();
+  const std::vector<at::Tensor> inputs = mark_writes(info, args, outputs, compute, need_inputs);
   if (compute && !info.metadata_only) compute_values(op, info, args, device, outputs.results);
   charge_time(info, args, device, shapes, inputs, outputs);
   torch::jit::drop(*stack, static_cast<int64_t>(num_args));

@@ -2,7 +2,10 @@
 
 #include <atomic>
 #include <bit>
+#include <mutex>
+#include <shared_mutex>
 #include <string_view>
+#include <unordered_map>
 
 #include "backend/ops/common.h"
 
@@ -28,12 +31,6 @@ void encode_tensor(const at::Tensor& t, Key& key) {
 }
 
 }  // namespace
-
-size_t KeyHash::operator()(const Key& k) const noexcept {
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t w : k) h = (h ^ static_cast<uint64_t>(w)) * 1099511628211ull;
-  return static_cast<size_t>(h);
-}
 
 bool encode(const c10::IValue& v, Key& key) {
   // Each kind pushes its own tag first, so different kinds never collide.
@@ -89,20 +86,89 @@ bool encode(const c10::IValue& v, Key& key) {
   return true;
 }
 
-ShapeCache& shape_cache() {
-  thread_local ShapeCache cache;
-  const int64_t generation = g_cache_generation.load(std::memory_order_relaxed);
-  if (cache.generation != generation || cache.entries.size() > 200000) {
-    cache.entries.clear();
-    cache.generation = generation;
+OpCost CostSummary::expand() const {
+  OpCost c;
+  c.flops = flops;
+  c.bytes = bytes;
+  c.kernels = kernels;
+  c.family = family;
+  c.dtype = dtype;
+  return c;
+}
+
+namespace {
+
+struct Fingerprint {
+  uint64_t a = 0, b = 0;
+  bool operator==(const Fingerprint&) const = default;
+};
+
+struct FingerprintHash {
+  size_t operator()(const Fingerprint& f) const noexcept { return static_cast<size_t>(f.a); }
+};
+
+// Two independent 64-bit hashes: FNV-1a, and a multiply-rotate mix.
+Fingerprint fingerprint(const Key& key) {
+  uint64_t a = 1469598103934665603ull;
+  uint64_t b = 0x9e3779b97f4a7c15ull ^ key.size();
+  for (int64_t w : key) {
+    const auto u = static_cast<uint64_t>(w);
+    a = (a ^ u) * 1099511628211ull;
+    b = std::rotl((b ^ u) * 0xbf58476d1ce4e5b9ull, 31) * 0x94d049bb133111ebull;
   }
-  return cache;
+  return {a, b};
+}
+
+struct Cache {
+  std::shared_mutex mutex;
+  int64_t generation = -1;
+  std::unordered_map<Fingerprint, std::shared_ptr<const ShapeResult>, FingerprintHash> entries;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();  // never destroyed: ops may run during static destruction
+  return *c;
+}
+
+}  // namespace
+
+std::shared_ptr<const ShapeResult> find_shape(const Key& key) {
+  const Fingerprint f = fingerprint(key);
+  Cache& c = cache();
+  std::shared_lock<std::shared_mutex> lock(c.mutex);
+  if (c.generation != g_cache_generation.load(std::memory_order_relaxed)) return nullptr;
+  const auto it = c.entries.find(f);
+  return it == c.entries.end() ? nullptr : it->second;
+}
+
+void remember_shape(const Key& key, ShapeResult result) {
+  const Fingerprint f = fingerprint(key);
+  auto entry = std::make_shared<const ShapeResult>(std::move(result));
+  Cache& c = cache();
+  std::unique_lock<std::shared_mutex> lock(c.mutex);
+  const int64_t generation = g_cache_generation.load(std::memory_order_relaxed);
+  if (c.generation != generation || c.entries.size() >= kMaxShapeEntries) {
+    c.entries = {};  // releases the buckets too
+    c.generation = generation;
+  }
+  c.entries.emplace(f, std::move(entry));
 }
 
 void count_shape_lookup(bool hit) { (hit ? g_cache_hits : g_cache_misses).fetch_add(1, std::memory_order_relaxed); }
 
-void invalidate_shape_caches() { g_cache_generation.fetch_add(1); }
+void invalidate_shape_caches() {
+  g_cache_generation.fetch_add(1);
+  Cache& c = cache();
+  std::unique_lock<std::shared_mutex> lock(c.mutex);
+  c.entries = {};
+}
 
 std::pair<int64_t, int64_t> shape_cache_stats() { return {g_cache_hits.load(), g_cache_misses.load()}; }
+
+size_t shape_cache_entries() {
+  Cache& c = cache();
+  std::shared_lock<std::shared_mutex> lock(c.mutex);
+  return c.generation == g_cache_generation.load() ? c.entries.size() : 0;
+}
 
 }  // namespace emugpu

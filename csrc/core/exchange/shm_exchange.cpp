@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "clock.h"
 #include "error.h"
 
 namespace emugpu {
@@ -28,7 +29,7 @@ struct alignas(kLine) PaddedCounter {
   std::atomic<uint64_t> value;
 };
 
-using SteadyClock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 
 // Whether process `pid` is gone: no such process, or a zombie nobody reaped.
 bool process_gone(int pid) {
@@ -174,7 +175,8 @@ void ShmExchange::wait_until(Signal& signal, const std::function<bool()>& ready,
     std::this_thread::yield();
     if (ready()) return;
   }
-  const auto deadline = SteadyClock::now() + timeout;
+  const auto deadline = Steady::now() + timeout;
+  auto next_interrupt_check = Steady::now() + std::chrono::nanoseconds(kInterruptSliceNs);
   const auto* pids = at<std::atomic<int32_t>>(base_, Layout(size_).pids);
   for (;;) {
     signal.sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -183,7 +185,7 @@ void ShmExchange::wait_until(Signal& signal, const std::function<bool()>& ready,
       signal.sleepers.fetch_sub(1, std::memory_order_seq_cst);
       return;
     }
-    const auto left = deadline - SteadyClock::now();
+    const auto left = deadline - Steady::now();
     const int64_t nap = std::max<int64_t>(1, std::min<int64_t>(kPollNs, left.count()));
     const timespec ts{static_cast<time_t>(nap / 1'000'000'000), static_cast<long>(nap % 1'000'000'000)};
     syscall(SYS_futex, &signal.generation, FUTEX_WAIT, seen, &ts, nullptr, 0);
@@ -195,8 +197,12 @@ void ShmExchange::wait_until(Signal& signal, const std::function<bool()>& ready,
       EMUGPU_CHECK(!process_gone(pid), kRuntime, "rank ", rank_, " of ", size_, ": ", what, " ", ticket,
                    " cannot complete: rank ", absent, " (pid ", pid, ") exited");
     }
-    EMUGPU_CHECK(SteadyClock::now() < deadline, kRuntime, "rank ", rank_, " of ", size_, ": ", what, " ", ticket,
+    EMUGPU_CHECK(Steady::now() < deadline, kRuntime, "rank ", rank_, " of ", size_, ": ", what, " ", ticket,
                  " waited ", std::chrono::duration<double>(timeout).count(), " s for rank ", absent, lag);
+    if (Steady::now() >= next_interrupt_check) {  // Ctrl-C while a peer is missing
+      check_wait_interrupt();
+      next_interrupt_check = Steady::now() + std::chrono::nanoseconds(kInterruptSliceNs);
+    }
   }
 }
 

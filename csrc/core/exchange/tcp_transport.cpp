@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <utility>
 
+#include "clock.h"
 #include "error.h"
 #include "exchange/frame.h"
 
@@ -24,7 +26,7 @@ namespace emugpu {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 
 namespace {
 
@@ -165,7 +167,7 @@ struct TcpTransport::Impl {
   // Waits for gather `ticket` of `table` to be whole; throws naming the
   // first missing rank that died, or the missing ones at the timeout.
   Gather take(std::map<uint64_t, Gather>& table, uint64_t ticket, std::chrono::nanoseconds timeout, const char* what) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = Steady::now() + timeout;
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
       Gather& g = table[ticket];
@@ -182,7 +184,13 @@ struct TcpTransport::Impl {
         const std::string& why = dead[static_cast<size_t>(r)];
         EMUGPU_CHECK(why.empty(), kRuntime, who(), ": ", what, " ", ticket, " needs rank ", r, ", which ", why);
       }
-      if (changed.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+      if (Steady::now() < deadline) {
+        // In slices, so that Ctrl-C reaches a rank that waits for a missing peer.
+        changed.wait_until(lock, std::min(deadline, Steady::now() + std::chrono::nanoseconds(kInterruptSliceNs)));
+        lock.unlock();
+        check_wait_interrupt();
+        lock.lock();
+      } else {
         std::ostringstream list;
         for (size_t i = 0; i < missing.size(); ++i) list << (i ? ", " : "") << missing[i];
         EMUGPU_CHECK(false, kRuntime, who(), ": ", what, " ", ticket, ": rank(s) ", list.str(),
@@ -193,7 +201,7 @@ struct TcpTransport::Impl {
 };
 
 void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
-  const auto deadline = Clock::now() + options.timeout;
+  const auto deadline = Steady::now() + options.timeout;
   peers.resize(static_cast<size_t>(size));
   dead.assign(static_cast<size_t>(size), "");
 
@@ -212,7 +220,7 @@ void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
   const std::vector<uint8_t> hello = encode_hello(Hello{Hello::kVersion, rank, size, options.token});
   // Connect to every rank below this one (they accept from those above).
   for (int r = 0; r < rank; ++r) {
-    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Steady::now());
     const std::string text = rendezvous.get(options.key_prefix + "addr/" + std::to_string(r), left);
     const auto [host, service] = split_address(text);
     tcp::resolver resolver(io);
@@ -221,9 +229,10 @@ void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
       const auto endpoints = resolver.resolve(host, service, ec);
       if (!ec) asio::connect(peer->socket, endpoints, ec);
       if (!ec) break;
-      EMUGPU_CHECK(Clock::now() < deadline, kRuntime, who(), ": could not connect to rank ", r, " at ", text,
+      EMUGPU_CHECK(Steady::now() < deadline, kRuntime, who(), ": could not connect to rank ", r, " at ", text,
                    " within ", seconds(options.timeout), " s: ", ec.message());
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      check_wait_interrupt();
     }
     peer->socket.set_option(tcp::no_delay(true));
     asio::write(peer->socket, asio::buffer(hello), ec);
@@ -288,9 +297,18 @@ void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
           });
     });
   };
+  std::exception_ptr interrupted;
   if (expected > 0) {
     accept_next();
-    io.run_until(deadline);
+    while (!io.stopped() && Steady::now() < deadline) {
+      io.run_until(std::min(deadline, Steady::now() + std::chrono::nanoseconds(kInterruptSliceNs)));
+      try {
+        check_wait_interrupt();  // Ctrl-C while a peer never connects
+      } catch (...) {
+        interrupted = std::current_exception();
+        break;
+      }
+    }
   }
   // No handler of the set-up may outlive this frame.
   acceptor.close(ec);
@@ -300,6 +318,7 @@ void TcpTransport::Impl::connect(Rendezvous& rendezvous) {
   io.restart();
   io.poll();
   io.restart();
+  if (interrupted) std::rethrow_exception(interrupted);
   EMUGPU_CHECK(failure.empty(), kRuntime, failure);
   if (expected > 0) {
     std::ostringstream missing;
@@ -406,7 +425,7 @@ void TcpTransport::send(int peer, uint64_t channel, const void* data, size_t len
 std::vector<uint8_t> TcpTransport::recv(int peer, uint64_t channel, std::chrono::nanoseconds timeout) {
   EMUGPU_CHECK(peer >= 0 && peer < size_ && peer != rank_, kValue, "tcp exchange: expected a peer rank in [0, ", size_,
                ") other than ", rank_, ", got ", peer);
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = Steady::now() + timeout;
   std::unique_lock<std::mutex> lock(impl_->mutex);
   while (true) {
     auto it = impl_->messages.find({peer, channel});
@@ -419,9 +438,12 @@ std::vector<uint8_t> TcpTransport::recv(int peer, uint64_t channel, std::chrono:
     const std::string& why = impl_->dead[static_cast<size_t>(peer)];
     EMUGPU_CHECK(why.empty(), kRuntime, impl_->who(), ": a message from rank ", peer, " on channel ", channel,
                  " cannot come: rank ", peer, " ", why);
-    EMUGPU_CHECK(impl_->changed.wait_until(lock, deadline) != std::cv_status::timeout || Clock::now() < deadline,
-                 kRuntime, impl_->who(), ": no message from rank ", peer, " on channel ", channel, " within ",
-                 seconds(timeout), " s");
+    EMUGPU_CHECK(Steady::now() < deadline, kRuntime, impl_->who(), ": no message from rank ", peer, " on channel ",
+                 channel, " within ", seconds(timeout), " s");
+    impl_->changed.wait_until(lock, std::min(deadline, Steady::now() + std::chrono::nanoseconds(kInterruptSliceNs)));
+    lock.unlock();
+    check_wait_interrupt();
+    lock.lock();
   }
 }
 

@@ -79,9 +79,26 @@ void CollectiveSignature::mix_text(const std::string& s) {
   mix(s.size());
 }
 
+namespace {
+std::string quoted(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && out.size() < kMaxReportChars; ++i) {
+    const auto ch = static_cast<unsigned char>(text[i]);
+    if (ch >= 0x20 && ch < 0x7f) {
+      out.push_back(static_cast<char>(ch));
+    } else {
+      static const char* kHex = "0123456789abcdef";
+      out += {'\\', 'x', kHex[ch >> 4], kHex[ch & 15]};
+    }
+  }
+  if (out.size() >= kMaxReportChars) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+}  // namespace
+
 std::string disagreement_message(int rank, const std::string& mine, int other, const std::string& theirs) {
   return "emu backend: ranks disagree on a collective: rank " + std::to_string(rank) + " called " + mine +
-         " but rank " + std::to_string(other) + " called " + theirs +
+         " but rank " + std::to_string(other) + " called " + quoted(theirs) +
          "; every rank must call the same collective with the same shapes and dtypes";
 }
 

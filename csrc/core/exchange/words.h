@@ -72,7 +72,10 @@ class CollectiveSignature {
 };
 
 // The error a collective whose ranks disagree raises (each rank's call
-// described by the caller).
+// described by the caller). `theirs` came through the store, which anyone
+// who can reach it may write: it is only ever quoted, as printable ASCII
+// (other bytes as \xNN) and at most kMaxReportChars of it.
+constexpr size_t kMaxReportChars = 400;
 std::string disagreement_message(int rank, const std::string& mine, int other, const std::string& theirs);
 
 }  // namespace emugpu
