@@ -38,6 +38,7 @@ import torch_emugpu
 from torch_emugpu import _C
 from torch_emugpu.data import datasets
 from torch_emugpu.data.preprocessing import MEAN, STD, train_batch_on_device
+from torch_emugpu.measure.common import atomic_output
 from torch_emugpu.measure.models import torchvision_model
 
 
@@ -363,7 +364,8 @@ def plot_timeline(r: EpochReport, path: str, title: str) -> None:
     ax.set_xlim(0, r.epoch_s)
     ax.set_title(f"{title}: {r.label}, {r.images_per_s:.0f} images/s, AU {r.au:.0%}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_output(path, fsync=False) as f:  # replaces a symlink at `path`, never writes through it
+        fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=120)
     plt.close(fig)
 
 

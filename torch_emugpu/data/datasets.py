@@ -54,9 +54,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from torch_emugpu.measure.common import atomic_output, write_json_atomic
 from torch_emugpu.measure.images import jpeg_header
 from torch_emugpu.measure.images import render as _render
-from torch_emugpu.measure.models import write_json_atomic
 
 KINDS = ("imagenet-like", "fixed")
 GENERATOR_VERSION = 1  # bump when the same seed would give other bytes
@@ -124,9 +124,11 @@ def _make_range(job: _Job, start: int, stop: int) -> tuple[int, int, int, int]:
         rng = np.random.default_rng([job.seed, index])
         w, h = job.size if job.size else imagenet_like_size(rng)
         path = _image_path(job, index)
-        tmp = path + ".tmp"  # a killed run leaves no half-written .JPEG
-        _render(rng, w, h).save(tmp, "JPEG", quality=job.quality)
-        os.replace(tmp, path)
+        # A killed run leaves no half-written .JPEG. No fsync per image: it would slow
+        # making many-fold, and only a power loss could then leave an image truncated,
+        # which `dataset check` (the end-of-image marker) finds.
+        with atomic_output(path, fsync=False) as f:
+            _render(rng, w, h).save(f, "JPEG", quality=job.quality)
         widths, heights, total = widths + w, heights + h, total + os.path.getsize(path)
     return stop - start, widths, heights, total
 
