@@ -16,6 +16,7 @@ import stat
 
 import pytest
 
+import torch_emugpu
 from torch_emugpu.data import datasets
 from torch_emugpu.measure import common
 
@@ -107,3 +108,38 @@ def test_json_with_a_non_finite_number_is_refused_naming_the_file_and_key(tmp_pa
     message = str(e.value)
     assert str(target) in message and "batches[1].forward_s" in message and str(bad) in message
     assert list(tmp_path.iterdir()) == []
+
+
+# --- configure() checks its arguments ---------------------------------------
+
+
+@pytest.mark.parametrize("count", [65, 2**40, 2**80])
+def test_configure_refuses_a_device_count_beyond_the_cores_limit_naming_it(count):
+    with pytest.raises(ValueError, match=r"device_count: expected at most 64 emulated GPUs, got \d+"):
+        torch_emugpu.configure(device_count=count)
+    assert torch_emugpu.config().device_count == 2  # unchanged
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"device_count": "2"}, r"device_count=.*expected an int .* got str '2'"),
+        ({"device_count": 2.5}, r"device_count=.*expected an int .* got float 2.5"),
+        ({"device_count": True}, r"device_count=.*expected an int .* got bool True"),
+        ({"gpu": 3}, r"gpu=.*expected a GPU name as a str.* got int 3"),
+        ({"mode": 1}, r"mode=.*expected one of 'timing', 'compute', got int 1"),
+        ({"gpu": "t4", "mode": b"compute"}, r"mode=.*got bytes b'compute'"),
+    ],
+)
+def test_configure_refuses_wrong_types_naming_the_argument(kwargs, expected):
+    with pytest.raises(TypeError, match=expected):
+        torch_emugpu.configure(**kwargs)
+    cfg = torch_emugpu.config()
+    assert (cfg.device_count, cfg.mode) == (2, "timing")
+
+
+def test_configure_takes_integers_of_any_int_type():
+    import numpy as np
+
+    torch_emugpu.configure(device_count=np.int64(3))
+    assert torch_emugpu.config().device_count == 3
