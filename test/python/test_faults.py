@@ -12,9 +12,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import signal
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
+from conftest import REPO
 
 import torch_emugpu
 from torch_emugpu.data import datasets
@@ -143,3 +149,103 @@ def test_configure_takes_integers_of_any_int_type():
 
     torch_emugpu.configure(device_count=np.int64(3))
     assert torch_emugpu.config().device_count == 3
+
+
+# --- worker processes that die ------------------------------------------------
+
+# Runs `dataset make` through the command, with 2 workers, one of which SIGKILLs itself
+# (fork: the workers inherit the patched function). The old multiprocessing.Pool replaced
+# the dead worker and waited forever for its task; the timeout below bounds that.
+_KILLED_WORKER = """
+import os, signal, sys, time
+from torch_emugpu.cli import commands
+from torch_emugpu.data import datasets
+parent, real = os.getpid(), datasets._make_range
+def dies_in_a_worker(job, start, stop):
+    if os.getpid() != parent and start >= 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(job, start, stop)
+datasets._make_range = dies_in_a_worker
+started = time.perf_counter()
+rc = commands.main(["dataset", "make", "fixed", sys.argv[1], "--images", "32", "--classes", "2",
+                    "--size", "32x32", "--jobs", "2", "--no-progress"])
+print(f"rc={rc} after {time.perf_counter() - started:.1f} s")
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter: about 10 s
+def test_dataset_make_fails_within_seconds_naming_the_signal_when_a_worker_is_killed(tmp_path):
+    script = tmp_path / "killed_worker.py"
+    script.write_text(_KILLED_WORKER)
+    root = tmp_path / "images"
+    r = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    rc, elapsed = re.search(r"rc=(\d+) after ([\d.]+) s", r.stdout).groups()
+    assert rc == "1" and float(elapsed) < 10, r.stdout
+    assert re.search(r"worker process \d+ was killed by signal SIGKILL \(9\)", r.stderr), r.stderr
+    assert "fewer --jobs" in r.stderr and "no dataset.json" in r.stderr
+    assert not (root / "dataset.json").exists()
+
+
+def test_dataset_make_raises_a_workers_exception_with_its_traceback(tmp_path, monkeypatch):
+    real = datasets._make_range
+    parent = os.getpid()
+
+    def fails_in_a_worker(job, start, stop):
+        if os.getpid() != parent and start >= 4:
+            raise OSError(28, "No space left on device")
+        return real(job, start, stop)
+
+    monkeypatch.setattr(datasets, "_make_range", fails_in_a_worker)
+    with pytest.raises(OSError, match="No space left") as e:
+        datasets.make("fixed", tmp_path / "images", 32, classes=2, size=(32, 32), jobs=2, progress=False)
+    assert "fails_in_a_worker" in "".join(getattr(e.value, "__notes__", []))
+
+
+@pytest.mark.slow  # a model's set-up and a DataLoader: about 6 s
+@pytest.mark.filterwarnings("ignore:emugpu. no profile matched")
+def test_train_data_fails_naming_the_signal_when_a_loader_worker_is_killed(tmp_path, monkeypatch):
+    from torch_emugpu.data import WorkerDiedError, data_train
+
+    root = tmp_path / "images"
+    datasets.make("fixed", root, 16, classes=2, size=(32, 32), jobs=1, progress=False)
+    parent, real = os.getpid(), datasets.ImageFiles.__getitem__
+
+    def dies_in_a_worker(self, index):
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, index)
+
+    monkeypatch.setattr(datasets.ImageFiles, "__getitem__", dies_in_a_worker)
+    started = time.perf_counter()
+    with pytest.raises(WorkerDiedError, match=r"DataLoader worker process \d+ was killed by signal SIGKILL") as e:
+        data_train.run(root, model="resnet18", batch_size=4, workers=1, progress=False)
+    assert "fewer --workers" in str(e.value)
+    assert time.perf_counter() - started < 60  # the model's set-up included; the worker's death is seen at once
+
+
+# --- image sizes against memory -------------------------------------------------
+
+
+def test_dataset_make_refuses_an_image_size_that_does_not_fit_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets, "available_memory", lambda: 2 << 30)
+    root = tmp_path / "images"
+    with pytest.raises(ValueError) as e:
+        datasets.make("fixed", root, 1, size=(40000, 40000), jobs=1, progress=False)
+    message = str(e.value)
+    assert "--size 40000x40000" in message and "35.8 GiB" in message and "2.0 GiB is available" in message
+    assert "choose a smaller --size" in message
+    assert not root.exists()
+
+
+def test_dataset_make_refuses_more_jobs_than_fit_in_memory_and_defaults_to_as_many_as_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets, "available_memory", lambda: 100 << 20)  # one 256x256 worker (~66 MiB) fits
+    with pytest.raises(ValueError, match=r"--jobs 2 with --size 256x256: .* use --jobs 1 or fewer"):
+        datasets.make("fixed", tmp_path / "a", 2, classes=1, size=(256, 256), jobs=2, progress=False)
+
+    def no_workers(*args):
+        raise AssertionError("one process fits, so make() should not start workers")
+
+    monkeypatch.setattr(datasets, "_in_workers", no_workers)
+    m = datasets.make("fixed", tmp_path / "b", 2, classes=1, size=(256, 256), progress=False)
+    assert m["count"] == 2
