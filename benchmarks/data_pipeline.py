@@ -30,7 +30,8 @@ import torch
 
 from torch_emugpu.data import datasets
 from torch_emugpu.data.preprocessing import MEAN, STD, train_batch_on_device
-from torch_emugpu.measure.models import torchvision_model, write_json_atomic
+from torch_emugpu.measure.common import write_json_atomic
+from torch_emugpu.measure.models import torchvision_model
 
 
 def epoch(

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from torch_emugpu.measure.common import robust_median
-from torch_emugpu.measure.models import GPT, GPTConfig, torchvision_model, write_json_atomic
+from torch_emugpu.measure.common import robust_median, write_json_atomic
+from torch_emugpu.measure.models import GPT, GPTConfig, torchvision_model
 
 GPT_1B = GPTConfig(layers=18, heads=16, width=2048)  # 1.01 B parameters, GPT-2's layout
 

@@ -40,8 +40,10 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
     value, or come from the environment before the first configuration.
 
     Must run before emugpu tensors exist (or after they are all freed), except
-    that `mode` alone may change at any time.
+    that `mode` alone may change at any time. A wrong type raises TypeError, a
+    value out of range ValueError, naming the argument.
     """
+    device_count = _config.check_arguments(gpu, device_count, mode)
     _require_extension()
     if gpu is None and device_count is None and mode is not None and _C._configured():
         _C._set_mode(mode)
@@ -51,7 +53,7 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
         gpu = current.gpu if gpu is None else gpu
         device_count = current.device_count if device_count is None else device_count
         mode = current.mode if mode is None else mode
-    _C._configure(gpu, None if device_count is None else int(device_count), mode)
+    _C._configure(gpu, device_count, mode)
     from .timing import profiles
 
     profiles.reload()

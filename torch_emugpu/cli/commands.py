@@ -196,11 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
+    from torch_emugpu.data import WorkerDiedError
+
     try:
         return int(args.func(args))
     except (ValueError, IndexError, FileNotFoundError) as e:
         print(f"torch-emugpu: error: {e}", file=sys.stderr)
         return 2
+    except WorkerDiedError as e:
+        print(f"torch-emugpu: error: {e}", file=sys.stderr)
+        return 1
     except torch.OutOfMemoryError as e:
         print(f"torch-emugpu: {e}", file=sys.stderr)
         return 3

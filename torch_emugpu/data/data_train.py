@@ -36,8 +36,9 @@ import torch
 
 import torch_emugpu
 from torch_emugpu import _C
-from torch_emugpu.data import datasets
+from torch_emugpu.data import WorkerDiedError, datasets, death_hint, exit_description
 from torch_emugpu.data.preprocessing import MEAN, STD, train_batch_on_device
+from torch_emugpu.measure.common import atomic_output
 from torch_emugpu.measure.models import torchvision_model
 
 
@@ -134,6 +135,20 @@ def _loader(
     return loader, ds
 
 
+def _worker_died(it: Any, error: RuntimeError) -> WorkerDiedError | None:
+    """If a worker of `it` has died: an error naming how it ended and what to
+    do. PyTorch's own says "exited unexpectedly", without the signal."""
+    dead = [w for w in getattr(it, "_workers", ()) if w.exitcode not in (None, 0)]
+    if not dead:
+        return None
+    w = dead[0]
+    return WorkerDiedError(
+        f"train --data: DataLoader worker process {w.pid} {exit_description(w.exitcode)}; "
+        f"{death_hint(w.exitcode)}. If memory ran out, use fewer --workers or a smaller --batch-size "
+        f"(PyTorch said: {error})"
+    )
+
+
 def _gpu_iteration(
     net: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, batch_size: int, iterations: int = 5
 ) -> float:
@@ -171,6 +186,11 @@ def _pipeline_rate(loader: torch.utils.data.DataLoader, batches: int, warmup: in
             n += len(xb)
     except StopIteration:
         pass
+    except RuntimeError as e:
+        died = _worker_died(it, e)
+        if died is None:
+            raise
+        raise died from e
     elapsed = time.perf_counter() - t0 if n else 0.0
     del it
     return n / elapsed if elapsed > 0 else float("nan")
@@ -207,33 +227,39 @@ def _epoch(
     start_event.record()
     bar = tqdm(total=len(loader), desc=label, unit="batch", disable=not progress, leave=False)
     it = iter(loader)
-    while True:
-        t0 = time.perf_counter()
-        try:
-            xb, yb = next(it)
-        except StopIteration:
-            break
-        t1 = time.perf_counter()
-        waited += t1 - t0
-        copy_start = torch.emugpu.Event(enable_timing=True) if record else None
-        if record:
-            copy_start.record()
-        x = train_batch_on_device(xb, device, generator=gen) if gpu_prep else xb.to(device, non_blocking=pin)
-        y = yb.to(device, non_blocking=pin)
-        copied = torch.emugpu.Event(enable_timing=True) if record else None
-        if record:
-            copied.record()
-        loss = torch.nn.functional.cross_entropy(net(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if record:
-            done = torch.emugpu.Event(enable_timing=True)
-            done.record()
-            marks.append((t0 - start, t1 - start, copy_start, copied, done))
-        images += len(yb)
-        iterations += 1
-        bar.update()
+    try:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                xb, yb = next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            waited += t1 - t0
+            copy_start = torch.emugpu.Event(enable_timing=True) if record else None
+            if record:
+                copy_start.record()
+            x = train_batch_on_device(xb, device, generator=gen) if gpu_prep else xb.to(device, non_blocking=pin)
+            y = yb.to(device, non_blocking=pin)
+            copied = torch.emugpu.Event(enable_timing=True) if record else None
+            if record:
+                copied.record()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if record:
+                done = torch.emugpu.Event(enable_timing=True)
+                done.record()
+                marks.append((t0 - start, t1 - start, copy_start, copied, done))
+            images += len(yb)
+            iterations += 1
+            bar.update()
+    except RuntimeError as e:  # a dying worker's SIGCHLD can raise anywhere in the loop
+        died = _worker_died(it, e)
+        if died is None:
+            raise
+        raise died from e
     torch.emugpu.synchronize()
     epoch_s = time.perf_counter() - start
     bar.close()
@@ -363,7 +389,8 @@ def plot_timeline(r: EpochReport, path: str, title: str) -> None:
     ax.set_xlim(0, r.epoch_s)
     ax.set_title(f"{title}: {r.label}, {r.images_per_s:.0f} images/s, AU {r.au:.0%}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_output(path, fsync=False) as f:  # replaces a symlink at `path`, never writes through it
+        fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=120)
     plt.close(fig)
 
 

@@ -40,23 +40,28 @@ import json
 import math
 import multiprocessing
 import os
+import pickle
+import queue
 import random
 import re
+import signal
 import sys
 import time
+import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 from PIL import Image
 
+from torch_emugpu.data import WorkerDiedError, death_hint, exit_description
+from torch_emugpu.measure.common import atomic_output, write_json_atomic
 from torch_emugpu.measure.images import jpeg_header
 from torch_emugpu.measure.images import render as _render
-from torch_emugpu.measure.models import write_json_atomic
 
 KINDS = ("imagenet-like", "fixed")
 GENERATOR_VERSION = 1  # bump when the same seed would give other bytes
@@ -124,15 +129,208 @@ def _make_range(job: _Job, start: int, stop: int) -> tuple[int, int, int, int]:
         rng = np.random.default_rng([job.seed, index])
         w, h = job.size if job.size else imagenet_like_size(rng)
         path = _image_path(job, index)
-        tmp = path + ".tmp"  # a killed run leaves no half-written .JPEG
-        _render(rng, w, h).save(tmp, "JPEG", quality=job.quality)
-        os.replace(tmp, path)
+        # A killed run leaves no half-written .JPEG. No fsync per image: it would slow
+        # making many-fold, and only a power loss could then leave an image truncated,
+        # which `dataset check` (the end-of-image marker) finds.
+        with atomic_output(path, fsync=False) as f:
+            _render(rng, w, h).save(f, "JPEG", quality=job.quality)
         widths, heights, total = widths + w, heights + h, total + os.path.getsize(path)
     return stop - start, widths, heights, total
 
 
-def _make_range_star(args: tuple[_Job, int, int]) -> tuple[int, int, int, int]:
-    return _make_range(*args)
+# --- worker processes -----------------------------------------------------
+
+# A worker's peak memory while it renders and encodes one image: about 22 bytes per
+# pixel measured (ru_maxrss, 1000x1000 to 6000x6000: the colour field, grain and
+# chroma layers, their numpy sums and the encoder's buffers), plus its own pages.
+_BYTES_PER_PIXEL = 24
+_WORKER_BYTES = 64 << 20
+_LARGEST_DRAWN = (1600, 1200)  # the largest size imagenet_like_size draws
+_POLL_S = 0.2  # how often the parent checks that every worker is alive
+
+
+def _peak_bytes(width: int, height: int) -> int:
+    """What one process making `width`x`height` images needs at its peak (see _BYTES_PER_PIXEL)."""
+    return _BYTES_PER_PIXEL * width * height + _WORKER_BYTES
+
+
+def _read_int(path: str, key: str | None = None) -> int | None:
+    """An integer file of /sys or /proc, or the `key` line of a `key value` file; None if unreadable or unlimited."""
+    try:
+        with open(path) as f:
+            for line in f:
+                words = line.split()
+                if key is None or (len(words) > 1 and words[0] == key):
+                    value = words[1] if key else words[0] if words else ""
+                    return int(value) if value.isdigit() and int(value) < 1 << 60 else None
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_available() -> int | None:
+    """Memory the process's cgroup (and its ancestors) still allows, counting
+    reclaimable page cache as available; None without a limit. A container's
+    /proc/meminfo shows the host's memory, not the container's limit."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):  # v2, unified
+        mount, rel = "/sys/fs/cgroup", next((p for h, c, p in lines if h == "0"), None)
+        files = ("memory.max", "memory.current", "inactive_file")
+    else:  # v1: the memory controller's own hierarchy
+        mount, rel = "/sys/fs/cgroup/memory", next((p for _, c, p in lines if "memory" in c.split(",")), None)
+        files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    if rel is None:
+        return None
+    folder = os.path.join(mount, rel.lstrip("/"))
+    while not os.path.isdir(folder) and folder != mount:  # a cgroup namespace shows a shorter path
+        folder = os.path.dirname(folder)
+    best = None
+    while True:
+        limit = _read_int(os.path.join(folder, files[0]))
+        used = _read_int(os.path.join(folder, files[1]))
+        if limit is not None and used is not None:
+            free = max(0, limit - used) + (_read_int(os.path.join(folder, "memory.stat"), files[2]) or 0)
+            best = free if best is None else min(best, free)
+        if folder == mount or len(folder) <= len(mount):
+            return best
+        folder = os.path.dirname(folder)
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still use without swapping or the OOM killer:
+    MemAvailable, or less where a cgroup limits it; None if unknown."""
+    meminfo = _read_int("/proc/meminfo", "MemAvailable:")
+    host = meminfo * 1024 if meminfo is not None else None
+    if host is None and hasattr(os, "sysconf"):
+        try:
+            host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            host = None
+    group = _cgroup_available()
+    return min(x for x in (host, group) if x is not None) if host is not None or group is not None else None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _check_memory(jobs: int, jobs_given: bool, size: tuple[int, int] | None) -> int:
+    """The number of processes to make images with: `jobs`, or fewer when
+    `jobs` was the default and that many would not fit in memory. An image
+    size that one process cannot make, or an explicit --jobs that does not
+    fit, is a ValueError saying what would."""
+    available = available_memory()
+    if available is None:
+        return jobs
+    w, h = size or _LARGEST_DRAWN
+    each = _peak_bytes(w, h)
+    fit = available // each
+    what = f"--size {w}x{h}" if size else "imagenet-like images (up to 1600x1200)"
+    if fit < 1:
+        side = math.isqrt(max(0, available - _WORKER_BYTES) // _BYTES_PER_PIXEL)
+        raise ValueError(
+            f"{what}: making one image needs about {_gib(each)} of memory (about {_BYTES_PER_PIXEL} bytes "
+            f"per pixel while it is rendered and encoded), and {_gib(available)} is available; choose a "
+            f"smaller --size, of at most about {side * side / 1e6:.0f} million pixels here (e.g. {side}x{side})"
+        )
+    if jobs <= fit:
+        return jobs
+    if not jobs_given:  # the default, the number of CPUs: use as many as fit
+        return int(fit)
+    raise ValueError(
+        f"--jobs {jobs} with {what}: each process needs about {_gib(each)} of memory (about "
+        f"{_BYTES_PER_PIXEL} bytes per pixel while it renders and encodes an image), {_gib(jobs * each)} in "
+        f"all, and {_gib(available)} is available; use --jobs {fit} or fewer, or a smaller --size"
+    )
+
+
+def _worker(job: _Job, tasks: Any, results: Any, parent: int) -> None:
+    """Makes the image ranges it takes from `tasks` until a None; puts each
+    one's totals, or its exception (pickled, with the traceback as text), on `results`."""
+    # Ctrl-C reaches the whole process group; the parent alone handles it, and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while (task := tasks.get()) is not None:
+        if os.getppid() != parent:  # the parent was killed: nobody will read the results
+            return
+        try:
+            results.put(("done", _make_range(job, *task)))
+        except BaseException as e:  # noqa: BLE001  (the parent raises it)
+            text = "".join(traceback.format_exception(e))
+            try:
+                blob = pickle.dumps(e)
+            except Exception:  # noqa: BLE001  (not every exception pickles)
+                blob = pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
+            results.put(("error", (blob, text, os.getpid())))
+            return
+
+
+def _raise_worker_error(blob: bytes, text: str, pid: int) -> NoReturn:
+    try:
+        error = pickle.loads(blob)
+    except Exception:  # noqa: BLE001  (an exception whose __init__ takes other arguments)
+        error = RuntimeError(text.strip().splitlines()[-1])
+    error.add_note(f"in `dataset make`'s worker process {pid}:\n{text}")
+    raise error
+
+
+def _in_workers(job: _Job, tasks: list[tuple[int, int]], jobs: int, out: Path) -> Iterator[tuple[int, int, int, int]]:
+    """The totals of each task, made by `jobs` worker processes, in the order they finish.
+
+    Not multiprocessing.Pool: when a worker dies (the OOM killer's SIGKILL),
+    Pool starts another and the lost task never returns, so the parent would
+    wait forever. Here the parent checks the workers every _POLL_S seconds
+    and raises WorkerDiedError naming how one ended.
+    """
+    # fork: the workers need numpy and PIL only, and skip importing torch again
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    todo, results = ctx.Queue(), ctx.Queue()
+    todo.cancel_join_thread()  # after a failure nobody reads the rest: exit without flushing it
+    for task in tasks:
+        todo.put(task)
+    for _ in range(jobs):
+        todo.put(None)
+    procs = [ctx.Process(target=_worker, args=(job, todo, results, os.getpid()), daemon=True) for _ in range(jobs)]
+    try:
+        for p in procs:
+            p.start()
+        for _ in tasks:
+            while True:
+                try:
+                    kind, value = results.get(timeout=_POLL_S)
+                    break
+                except queue.Empty:
+                    pass
+                dead = next((p for p in procs if p.exitcode not in (None, 0)), None)
+                if dead is None and all(p.exitcode == 0 for p in procs) and results.empty():
+                    raise RuntimeError(
+                        f"dataset make: every worker process exited, but some images of {out} were never made"
+                    )
+                if dead is not None:
+                    raise WorkerDiedError(
+                        f"dataset make: worker process {dead.pid} {exit_description(dead.exitcode)} while "
+                        f"writing images to {out}; {death_hint(dead.exitcode)}. Use fewer --jobs or a smaller "
+                        f"--size if memory ran out. {out} holds the images written so far and no {MANIFEST}: "
+                        "empty it or choose a new directory, then run again"
+                    )
+            if kind == "error":
+                _raise_worker_error(*value)
+            yield value
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        results.close()
+        todo.close()
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -173,6 +371,7 @@ def make(
         raise ValueError(f"--quality must be in 1..100 (JPEG quality), got {quality}")
     if seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {seed}")
+    jobs_given = jobs is not None
     if jobs is None:  # the CPUs this process may run on, which a container can limit
         jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if jobs < 1:
@@ -183,6 +382,7 @@ def make(
         size = parse_size(size if isinstance(size, str) else f"{size[0]}x{size[1]}")
     elif size is not None:
         raise ValueError(f"--size applies to the fixed kind only; {kind} draws each image's size")
+    jobs = _check_memory(min(jobs, images), jobs_given, size)
     out = Path(root)
     if out.exists():
         if not out.is_dir():
@@ -197,9 +397,8 @@ def make(
     for name in names:
         (out / name).mkdir(parents=True, exist_ok=True)
     job = _Job(str(out), tuple(names), seed, quality, size, max(6, len(str(images - 1))))
-    jobs = min(jobs, images)
     chunk = max(1, min(64, images // (jobs * 8)))
-    tasks = [(job, start, min(start + chunk, images)) for start in range(0, images, chunk)]
+    tasks = [(start, min(start + chunk, images)) for start in range(0, images, chunk)]
 
     from tqdm import tqdm
 
@@ -207,21 +406,12 @@ def make(
     started = time.perf_counter()
     with tqdm(total=images, desc=f"making {kind} images", unit="img", disable=not progress) as bar:
         if jobs == 1:
-            results = map(_make_range_star, tasks)
-            pool = None
+            results: Iterable[tuple[int, int, int, int]] = (_make_range(job, *task) for task in tasks)
         else:
-            # fork: the workers need numpy and PIL only, and skip importing torch again
-            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            pool = multiprocessing.get_context(method).Pool(jobs)
-            results = pool.imap_unordered(_make_range_star, tasks)
-        try:
-            for n, w, h, b in results:
-                count, widths, heights, total = count + n, widths + w, heights + h, total + b
-                bar.update(n)
-        finally:
-            if pool is not None:
-                pool.terminate()
-                pool.join()
+            results = _in_workers(job, tasks, jobs, out)
+        for n, w, h, b in results:
+            count, widths, heights, total = count + n, widths + w, heights + h, total + b
+            bar.update(n)
     elapsed = time.perf_counter() - started
     from torch_emugpu import __version__
 

@@ -9,7 +9,13 @@ DataLoader); `torch_emugpu.configure()` passes explicit values down.
 
 from __future__ import annotations
 
+import operator
+import reprlib
 from dataclasses import dataclass
+from typing import Any
+
+MAX_DEVICES = 64  # kMaxDevices in csrc/core/config.h
+MODES = ("timing", "compute")
 
 
 @dataclass(frozen=True)
@@ -21,3 +27,38 @@ class Config:
     exchange: str  # how backend `emu`'s ranks exchange: auto, tcp or shm
     host_copy_gbps: float  # staging rate of pageable host<->device copies
     host_op_us: float  # the emulated host's time per launched op (0: this host's pace)
+
+
+def _found(value: Any) -> str:
+    return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+def check_arguments(gpu: Any, device_count: Any, mode: Any) -> int | None:
+    """Checks configure()'s arguments before they reach the compiled core,
+    whose binding would otherwise answer a wrong type or an int beyond C's
+    with "Unable to cast Python instance"; returns device_count as an int."""
+    if gpu is not None and not isinstance(gpu, str):
+        raise TypeError(
+            f"configure(gpu=...): expected a GPU name as a str, e.g. 'v100' (torch-emugpu gpus lists them), "
+            f"got {_found(gpu)}"
+        )
+    if mode is not None and not isinstance(mode, str):
+        raise TypeError(f"configure(mode=...): expected one of {', '.join(map(repr, MODES))}, got {_found(mode)}")
+    if device_count is None:
+        return None
+    # bool is an int to Python, but configure(device_count=True) is a mistake, not 1 GPU;
+    # numpy's integers have __index__ and are welcome
+    if isinstance(device_count, bool) or not hasattr(type(device_count), "__index__"):
+        raise TypeError(
+            f"configure(device_count=...): expected an int number of emulated GPUs from 1 to {MAX_DEVICES}, "
+            f"got {_found(device_count)}"
+        )
+    count = operator.index(device_count)
+    if count < 1:
+        raise ValueError(f"device_count: expected a positive number of emulated GPUs (1 to {MAX_DEVICES}), got {count}")
+    if count > MAX_DEVICES:
+        raise ValueError(
+            f"device_count: expected at most {MAX_DEVICES} emulated GPUs, got {reprlib.repr(count)}; "
+            f"emulate {MAX_DEVICES} or fewer per process (torchrun runs more processes)"
+        )
+    return count

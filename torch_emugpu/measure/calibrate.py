@@ -56,8 +56,14 @@ import torch
 from torch.nn import functional as F
 
 from torch_emugpu._version import __version__
-from torch_emugpu.measure.common import device_name, gpu_dir_name, robust_median, user_profile_dir
-from torch_emugpu.measure.models import GPT2_SMALL, write_json_atomic
+from torch_emugpu.measure.common import (
+    device_name,
+    gpu_dir_name,
+    robust_median,
+    user_profile_dir,
+    write_json_atomic,
+)
+from torch_emugpu.measure.models import GPT2_SMALL
 
 VERSION = __version__  # written in _version.py only
 SCHEMA = "torch-emugpu calibration v1"

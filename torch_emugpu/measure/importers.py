@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from torch_emugpu.measure.models import write_json_atomic
+from torch_emugpu.measure.common import write_json_atomic
 
 MiB = 1 << 20
 

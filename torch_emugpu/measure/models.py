@@ -3,9 +3,7 @@ the main job and the benchmarks all build them, and a GPT-2-style decoder."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,14 +25,6 @@ def torchvision_model(name: str) -> nn.Module:
 def image_size(name: str) -> int:
     """The input resolution a torchvision classifier is trained at."""
     return 299 if name == "inception_v3" else 224
-
-
-def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Writes a JSON document so that readers never see half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 
-from torch_emugpu.measure.common import VERSION, device_name, gpu_dir_name, robust_median
+from torch_emugpu.measure.common import VERSION, device_name, gpu_dir_name, robust_median, write_json_atomic
 from torch_emugpu.measure.images import render
-from torch_emugpu.measure.models import write_json_atomic
 
 SCHEMA = "torch-emugpu preprocessing v1"
 # (width, height): a thumbnail, ImageNet's most common size, a photo, a large photo

@@ -27,8 +27,15 @@ from typing import Any
 
 import torch
 
-from torch_emugpu.measure.common import VERSION, device_name, gpu_dir_name, robust_median, user_profile_dir
-from torch_emugpu.measure.models import image_size, torchvision_model, write_json_atomic
+from torch_emugpu.measure.common import (
+    VERSION,
+    device_name,
+    gpu_dir_name,
+    robust_median,
+    user_profile_dir,
+    write_json_atomic,
+)
+from torch_emugpu.measure.models import image_size, torchvision_model
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

@@ -22,7 +22,7 @@ import torch
 
 from torch_emugpu import _C
 from torch_emugpu.device._extension import ensure_configured
-from torch_emugpu.measure.common import user_profile_dir
+from torch_emugpu.measure.common import atomic_output, user_profile_dir
 
 __all__ = [
     "search_path",
@@ -169,7 +169,8 @@ def plot(doc: dict[str, Any], path: str | Path) -> None:
         m_ax.legend()
     fig.suptitle(f"source: {doc['provenance']['source']}"[:120], fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_output(path, fsync=False) as f:  # replaces a symlink at `path`, never writes through it
+        fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=100)
     plt.close(fig)
 
 
