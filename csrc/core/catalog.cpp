@@ -114,18 +114,18 @@ const json& required_field(const json& entry, const char* field, const std::stri
   return entry.at(field);
 }
 
-// A finite number in (0, max], or [0, max] for optional fields, where an
-// absent or null field reads as 0 ("not published").
-double number_field(const json& entry, const char* field, const std::string& where, bool required, double max,
+// A finite number in [lo, hi]; optional fields may also be 0, absent or
+// null, which all read as 0 ("not published").
+double number_field(const json& entry, const char* field, const std::string& where, bool required, double lo, double hi,
                     const char* unit) {
   if (!required && (!entry.contains(field) || entry.at(field).is_null())) return 0;
   const json& v = required ? required_field(entry, field, where) : entry.at(field);
   const bool ok = v.is_number() && std::isfinite(v.get<double>()) &&
-                  (required ? v.get<double>() > 0 : v.get<double>() >= 0) && v.get<double>() <= max;
+                  ((v.get<double>() >= lo && v.get<double>() <= hi) || (!required && v.get<double>() == 0));
   if (!ok) {
-    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected a number ",
-                        required ? "> 0" : ">= 0", " and <= ", plain(max), " (", unit, "), found ", describe_json(v),
-                        "; correct the GPU entry");
+    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected a number >= ", plain(lo),
+                        " and <= ", plain(hi), required ? "" : " (or 0: not published)", " (", unit, "), found ",
+                        describe_json(v), "; correct the GPU entry (the range holds every GPU made so far, with room)");
   }
   return v.get<double>();
 }
@@ -247,29 +247,32 @@ Catalog Catalog::from_json_text(std::string_view text, const std::string& origin
         g.aliases.push_back(aliases[k].get<std::string>());
       }
     }
-    // Bounds far above any real GPU: they catch unit mix-ups (MiB for GiB)
-    // and keep the cast to uint64 in range.
-    g.memory_bytes = static_cast<uint64_t>(number_field(e, "memory_gib", where, true, 16384, "GiB") *
-                                           static_cast<double>(1ull << 30));
-    g.sm_count = integer_field<int>(required_field(e, "sm_count", where), 1, 10000, where, "sm_count");
+    // Physical bounds, generous on both sides: every GPU made so far and any
+    // of the next years fits them (the catalog's own span: 11-140 GiB, 13-132
+    // SMs, 0.2-989 TFLOP/s, 240-4800 GB/s). They catch unit mix-ups (MiB for
+    // GiB, B/s for GB/s) and rates so small that every op would take a day,
+    // and keep the casts to integers in range.
+    g.memory_bytes = static_cast<uint64_t>(
+        number_field(e, "memory_gib", where, true, kMinMemoryGib, kMaxMemoryGib, "GiB; 1/8 GiB is 128 MiB") *
+        static_cast<double>(1ull << 30));
+    g.sm_count = integer_field<int>(required_field(e, "sm_count", where), 1, kMaxSmCount, where, "sm_count");
     const json& cc = required_field(e, "compute_capability", where);
     EMUGPU_CHECK(cc.is_string() && parse_compute_capability(cc.get<std::string>(), g.major, g.minor), kValue, where,
                  ": field 'compute_capability': expected 'MAJOR.MINOR' with each part an integer "
                  "0..99, found ",
                  describe_json(cc), "; correct the GPU entry");
-    constexpr double kMaxTflops = 1e6;  // 1e18 FLOP/s
-    const char* tflops = "TFLOP/s; that is 1e18 FLOP/s";
-    g.fp32_flops = number_field(e, "fp32_tflops", where, true, kMaxTflops, tflops) * 1e12;
-    g.tf32_flops = number_field(e, "tf32_tflops", where, false, kMaxTflops, tflops) * 1e12;
-    g.fp16_flops = number_field(e, "fp16_tflops", where, false, kMaxTflops, tflops) * 1e12;
-    g.bf16_flops = number_field(e, "bf16_tflops", where, false, kMaxTflops, tflops) * 1e12;
-    g.fp64_flops = number_field(e, "fp64_tflops", where, false, kMaxTflops, tflops) * 1e12;
-    constexpr double kMaxGbps = 1e6;  // 1e15 B/s
-    const char* gbps = "GB/s; that is 1e15 bytes/s";
-    g.memory_bandwidth = number_field(e, "memory_bandwidth_gbps", where, true, kMaxGbps, gbps) * 1e9;
+    const char* tflops = "TFLOP/s; 1e6 is 1e18 FLOP/s";
+    g.fp32_flops = number_field(e, "fp32_tflops", where, true, kMinTflops, kMaxTflops, tflops) * 1e12;
+    g.tf32_flops = number_field(e, "tf32_tflops", where, false, kMinTflops, kMaxTflops, tflops) * 1e12;
+    g.fp16_flops = number_field(e, "fp16_tflops", where, false, kMinTflops, kMaxTflops, tflops) * 1e12;
+    g.bf16_flops = number_field(e, "bf16_tflops", where, false, kMinTflops, kMaxTflops, tflops) * 1e12;
+    g.fp64_flops = number_field(e, "fp64_tflops", where, false, kMinTflops, kMaxTflops, tflops) * 1e12;
+    const char* gbps = "GB/s; 100000 is 100 TB/s";
+    g.memory_bandwidth =
+        number_field(e, "memory_bandwidth_gbps", where, true, kMinBandwidthGBps, kMaxBandwidthGBps, gbps) * 1e9;
     g.pcie_generation = integer_field<int>(required_field(e, "pcie_generation", where), 1, 6, where, "pcie_generation");
     g.pcie_width = integer_field<int>(required_field(e, "pcie_width", where), 1, 32, where, "pcie_width");
-    g.nvlink_bandwidth = number_field(e, "nvlink_gbps", where, false, kMaxGbps, gbps) * 1e9;
+    g.nvlink_bandwidth = number_field(e, "nvlink_gbps", where, false, kMinBandwidthGBps, kMaxBandwidthGBps, gbps) * 1e9;
     EMUGPU_CHECK(g.memory_bytes > 0, kValue, where, ": field 'memory_gib': expected at least one byte, found ",
                  describe_json(e.at("memory_gib")), "; correct the GPU entry");
     catalog.gpus_.push_back(std::move(g));
@@ -280,7 +283,7 @@ Catalog Catalog::from_json_text(std::string_view text, const std::string& origin
 
 Catalog Catalog::from_file(const std::string& path) {
   std::ifstream in(path);
-  EMUGPU_CHECK(in.good(), kValue, "cannot open the GPU catalog '", path,
+  EMUGPU_CHECK(in.good(), kValue, "cannot open the GPU catalog '", echo_input(path),
                "'; set EMUGPU_CATALOG to a readable gpus.json");
   std::stringstream text;
   text << in.rdbuf();
@@ -298,8 +301,12 @@ const GpuSpec& Catalog::find(std::string_view name) const {
   const GpuSpec* best = nullptr;
   size_t best_distance = SIZE_MAX;
   std::string known;
+  // No GPU name is this long: a longer one gets no suggestion, and no
+  // edit distance that would cost its length times every name's.
+  constexpr size_t kMaxSuggestFrom = 256;
   for (const auto& g : gpus_) {
     known += (known.empty() ? "" : ", ") + g.name;
+    if (key.size() > kMaxSuggestFrom) continue;
     std::vector<std::string> names = g.aliases;
     names.push_back(g.name);
     for (const auto& n : names) {
@@ -307,7 +314,11 @@ const GpuSpec& Catalog::find(std::string_view name) const {
       if (d < best_distance) best_distance = d, best = &g;
     }
   }
-  detail::throw_error(ErrorKind::kValue, "unknown GPU '", name, "'; did you mean '", best ? best->name : "",
+  if (best == nullptr) {
+    detail::throw_error(ErrorKind::kValue, "unknown GPU '", echo_input(name),
+                        "'; expected one of the catalog's names. Known GPUs: ", known);
+  }
+  detail::throw_error(ErrorKind::kValue, "unknown GPU '", echo_input(name), "'; did you mean '", best->name,
                       "'? Known GPUs: ", known);
 }
 

@@ -60,8 +60,19 @@ TimeNs host_now();
 // shorter than that never call it, so short waits stay accurate.
 void set_wait_interrupt_check(std::function<void()> check);
 
+// The longest duration the emulator charges: a century, far beyond any wait
+// worth emulating and far below overflow (a TimeNs holds 292 years).
+constexpr TimeNs kMaxDurationNs = TimeNs{100} * 365 * 24 * 3600 * 1'000'000'000;
+
 // Clamps a duration in seconds to nanoseconds without overflowing.
 TimeNs seconds_to_ns(double seconds);
+// A duration computed in double nanoseconds (bytes over a rate, FLOPs over a
+// peak) as a TimeNs: rounded, and saturated at kMaxDurationNs where a tiny
+// rate or a huge size makes it longer (or infinite), so that it never wraps
+// to a negative time. A NaN or negative one is a bug: kRuntime.
+TimeNs ns_from_double(double ns);
+// a + b for times and durations >= 0, saturating at the largest TimeNs.
+TimeNs add_saturating(TimeNs a, TimeNs b);
 
 struct EngineStats {
   int64_t launches = 0;
