@@ -157,6 +157,30 @@ bool parse_compute_capability(const std::string& text, int& major, int& minor) {
   return part(all.substr(0, dot), major) && part(all.substr(dot + 1), minor);
 }
 
+// The line of the first bare NaN, Infinity or -Infinity token outside a
+// string (Python's json module writes them for non-finite floats; they are
+// not JSON), or 0 when there is none.
+size_t bare_non_finite_line(std::string_view text) {
+  size_t line = 1;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') ++line;
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (text.substr(i, 3) == "NaN" || text.substr(i, 8) == "Infinity") {
+      return line;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::string describe_json(const json& value) {
@@ -218,7 +242,14 @@ json parse_json_document(std::string_view text, const std::string& origin) {
   try {
     return json::parse(text, refuse_deep);
   } catch (const json::exception& e) {
+    if (const size_t line = bare_non_finite_line(text); line > 0) {
+      detail::throw_error(ErrorKind::kValue, origin, ": not valid JSON: line ", line,
+                          " holds a bare NaN or Infinity, which JSON has no token for (an older `import gpemu` and "
+                          "Python's json module write them for failed measurements); replace it with a finite "
+                          "number, or null where the field is optional, or remove the file");
+    }
     // Also number overflow (1e400), which nlohmann reports as out_of_range.
+    // Its message quotes the bytes it stopped at: throw_error makes them valid UTF-8.
     detail::throw_error(ErrorKind::kValue, origin, ": not valid JSON (", truncated(e.what(), 240),
                         "); fix the file or remove it");
   }
