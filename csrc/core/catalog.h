@@ -72,7 +72,7 @@ size_t edit_distance(std::string_view a, std::string_view b);
 constexpr int kMaxJsonDepth = 64;
 
 // Parses `text`; throws kValue starting with `origin` for invalid JSON or for
-// arrays/objects nested deeper than kMaxJsonDepth (refused while parsing, so
+// arrays/objects nested deeper than kMaxJsonDepth (refused before parsing, so
 // a deep document is never built).
 nlohmann::json parse_json_document(std::string_view text, const std::string& origin);
 

@@ -63,6 +63,8 @@ Clock& steady_clock() {
   return clock;
 }
 
+void poll_interrupt() { check_interrupt(); }
+
 void set_wait_interrupt_check(std::function<void()> check) {
   std::lock_guard<std::mutex> lock(g_interrupt_mutex);
   g_interrupt_check = std::move(check);

@@ -59,6 +59,9 @@ TimeNs host_now();
 // milliseconds; it may throw to abandon the wait (Ctrl-C in Python). Waits
 // shorter than that never call it, so short waits stay accurate.
 void set_wait_interrupt_check(std::function<void()> check);
+// Calls that function now, if one is installed: long loops of the host's own
+// work (a calibration fit) poll it, so that Ctrl-C reaches them too.
+void poll_interrupt();
 
 // The longest duration the emulator charges: a century, far beyond any wait
 // worth emulating and far below overflow (a TimeNs holds 292 years).
