@@ -46,6 +46,7 @@ struct EmuHooks final : public at::PrivateUse1HooksInterface {
   // A fresh generator for `device_index` (torch.Generator(device="emugpu")).
   at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
     const int index = device_index < 0 ? current_device() : device_index;
+    translate_errors([&] { Runtime::get().device(index); });  // torch.Generator(device="emugpu:9"): IndexError
     return at::make_generator<EmuGeneratorImpl>(static_cast<c10::DeviceIndex>(index));
   }
 

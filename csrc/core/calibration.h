@@ -50,11 +50,17 @@ std::string calibration_warning(const Calibration& cal);
 // '_' for spaces; compared loosely, as catalog lookups are).
 std::optional<std::string> find_calibration(const std::vector<std::string>& directories, const GpuSpec& gpu);
 
+// The most cases a fit runs on: 2.7x the 763 the full sweep's 899 points
+// give (a fit of 2048 takes about 2 s).
+constexpr size_t kMaxFitCases = 2048;
+
 // Fits the parameters named in `names` (all of kernel_param_fields() when
 // empty) to `cases`, starting from `start`: coordinate descent with a
 // golden-section search per parameter over its range, minimising the mean
 // |log(predicted / measured)| (over-predictions only for upper bounds).
-// `source` becomes the result's source.
+// More than kMaxFitCases cases: fitted to kMaxFitCases of them, evenly
+// spread, so that a 100000-point file fits in seconds. Polls
+// check_wait_interrupt() (Ctrl-C) at every step. `source` becomes the result's source.
 KernelParams fit_kernel_params(const GpuSpec& gpu, const std::vector<MeasuredCase>& cases, KernelParams start,
                                const std::vector<std::string>& names, const std::string& source);
 // The loss fit_kernel_params minimises.

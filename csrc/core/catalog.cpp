@@ -114,18 +114,18 @@ const json& required_field(const json& entry, const char* field, const std::stri
   return entry.at(field);
 }
 
-// A finite number in (0, max], or [0, max] for optional fields, where an
-// absent or null field reads as 0 ("not published").
-double number_field(const json& entry, const char* field, const std::string& where, bool required, double max,
+// A finite number in [lo, hi]; optional fields may also be 0, absent or
+// null, which all read as 0 ("not published").
+double number_field(const json& entry, const char* field, const std::string& where, bool required, double lo, double hi,
                     const char* unit) {
   if (!required && (!entry.contains(field) || entry.at(field).is_null())) return 0;
   const json& v = required ? required_field(entry, field, where) : entry.at(field);
   const bool ok = v.is_number() && std::isfinite(v.get<double>()) &&
-                  (required ? v.get<double>() > 0 : v.get<double>() >= 0) && v.get<double>() <= max;
+                  ((v.get<double>() >= lo && v.get<double>() <= hi) || (!required && v.get<double>() == 0));
   if (!ok) {
-    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected a number ",
-                        required ? "> 0" : ">= 0", " and <= ", plain(max), " (", unit, "), found ", describe_json(v),
-                        "; correct the GPU entry");
+    detail::throw_error(ErrorKind::kValue, where, ": field '", field, "': expected a number >= ", plain(lo),
+                        " and <= ", plain(hi), required ? "" : " (or 0: not published)", " (", unit, "), found ",
+                        describe_json(v), "; correct the GPU entry (the range holds every GPU made so far, with room)");
   }
   return v.get<double>();
 }
@@ -155,6 +155,30 @@ bool parse_compute_capability(const std::string& text, int& major, int& minor) {
   };
   const std::string_view all(text);
   return part(all.substr(0, dot), major) && part(all.substr(dot + 1), minor);
+}
+
+// The line of the first bare NaN, Infinity or -Infinity token outside a
+// string (Python's json module writes them for non-finite floats; they are
+// not JSON), or 0 when there is none.
+size_t bare_non_finite_line(std::string_view text) {
+  size_t line = 1;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') ++line;
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (text.substr(i, 3) == "NaN" || text.substr(i, 8) == "Infinity") {
+      return line;
+    }
+  }
+  return 0;
 }
 
 }  // namespace
@@ -204,21 +228,45 @@ std::optional<int64_t> json_integer_in(const json& value, int64_t lo, int64_t hi
 }
 
 json parse_json_document(std::string_view text, const std::string& origin) {
-  // Refused on the opening bracket, before the nested value exists: building
-  // (and destroying) a 100000-deep value would exhaust the stack.
-  const json::parser_callback_t refuse_deep = [&origin](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= kMaxJsonDepth) {
-      detail::throw_error(ErrorKind::kValue, origin, ": JSON nested deeper than ", kMaxJsonDepth,
-                          " levels; expected a flat document (catalogs and profiles need 5 at most), so "
-                          "the file is corrupt or not a torch-emugpu file");
+  // Refused before parsing, so the nested value never exists: building (and
+  // destroying) a 100000-deep value would exhaust the stack. A scan of the
+  // brackets outside strings, not a parser callback: nlohmann's callback
+  // parser took 10x as long (17 s for a 35 MB calibration file). Up to the
+  // first syntax error the scan reads the text as the parser does, so no
+  // document the parser would build deeper passes it.
+  size_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > static_cast<size_t>(kMaxJsonDepth)) {
+        detail::throw_error(ErrorKind::kValue, origin, ": JSON nested deeper than ", kMaxJsonDepth,
+                            " levels; expected a flat document (catalogs and profiles need 5 at most), so "
+                            "the file is corrupt or not a torch-emugpu file");
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
     }
-    return true;
-  };
+  }
   try {
-    return json::parse(text, refuse_deep);
+    return json::parse(text);
   } catch (const json::exception& e) {
+    if (const size_t line = bare_non_finite_line(text); line > 0) {
+      detail::throw_error(ErrorKind::kValue, origin, ": not valid JSON: line ", line,
+                          " holds a bare NaN or Infinity, which JSON has no token for (an older `import gpemu` and "
+                          "Python's json module write them for failed measurements); replace it with a finite "
+                          "number, or null where the field is optional, or remove the file");
+    }
     // Also number overflow (1e400), which nlohmann reports as out_of_range.
+    // Its message quotes the bytes it stopped at: throw_error makes them valid UTF-8.
     detail::throw_error(ErrorKind::kValue, origin, ": not valid JSON (", truncated(e.what(), 240),
                         "); fix the file or remove it");
   }
@@ -247,29 +295,32 @@ Catalog Catalog::from_json_text(std::string_view text, const std::string& origin
         g.aliases.push_back(aliases[k].get<std::string>());
       }
     }
-    // Bounds far above any real GPU: they catch unit mix-ups (MiB for GiB)
-    // and keep the cast to uint64 in range.
-    g.memory_bytes = static_cast<uint64_t>(number_field(e, "memory_gib", where, true, 16384, "GiB") *
-                                           static_cast<double>(1ull << 30));
-    g.sm_count = integer_field<int>(required_field(e, "sm_count", where), 1, 10000, where, "sm_count");
+    // Physical bounds, generous on both sides: every GPU made so far and any
+    // of the next years fits them (the catalog's own span: 11-140 GiB, 13-132
+    // SMs, 0.2-989 TFLOP/s, 240-4800 GB/s). They catch unit mix-ups (MiB for
+    // GiB, B/s for GB/s) and rates so small that every op would take a day,
+    // and keep the casts to integers in range.
+    g.memory_bytes = static_cast<uint64_t>(
+        number_field(e, "memory_gib", where, true, kMinMemoryGib, kMaxMemoryGib, "GiB; 1/8 GiB is 128 MiB") *
+        static_cast<double>(1ull << 30));
+    g.sm_count = integer_field<int>(required_field(e, "sm_count", where), 1, kMaxSmCount, where, "sm_count");
     const json& cc = required_field(e, "compute_capability", where);
     EMUGPU_CHECK(cc.is_string() && parse_compute_capability(cc.get<std::string>(), g.major, g.minor), kValue, where,
                  ": field 'compute_capability': expected 'MAJOR.MINOR' with each part an integer "
                  "0..99, found ",
                  describe_json(cc), "; correct the GPU entry");
-    constexpr double kMaxTflops = 1e6;  // 1e18 FLOP/s
-    const char* tflops = "TFLOP/s; that is 1e18 FLOP/s";
-    g.fp32_flops = number_field(e, "fp32_tflops", where, true, kMaxTflops, tflops) * 1e12;
-    g.tf32_flops = number_field(e, "tf32_tflops", where, false, kMaxTflops, tflops) * 1e12;
-    g.fp16_flops = number_field(e, "fp16_tflops", where, false, kMaxTflops, tflops) * 1e12;
-    g.bf16_flops = number_field(e, "bf16_tflops", where, false, kMaxTflops, tflops) * 1e12;
-    g.fp64_flops = number_field(e, "fp64_tflops", where, false, kMaxTflops, tflops) * 1e12;
-    constexpr double kMaxGbps = 1e6;  // 1e15 B/s
-    const char* gbps = "GB/s; that is 1e15 bytes/s";
-    g.memory_bandwidth = number_field(e, "memory_bandwidth_gbps", where, true, kMaxGbps, gbps) * 1e9;
+    const char* tflops = "TFLOP/s; 1e6 is 1e18 FLOP/s";
+    g.fp32_flops = number_field(e, "fp32_tflops", where, true, kMinTflops, kMaxTflops, tflops) * 1e12;
+    g.tf32_flops = number_field(e, "tf32_tflops", where, false, kMinTflops, kMaxTflops, tflops) * 1e12;
+    g.fp16_flops = number_field(e, "fp16_tflops", where, false, kMinTflops, kMaxTflops, tflops) * 1e12;
+    g.bf16_flops = number_field(e, "bf16_tflops", where, false, kMinTflops, kMaxTflops, tflops) * 1e12;
+    g.fp64_flops = number_field(e, "fp64_tflops", where, false, kMinTflops, kMaxTflops, tflops) * 1e12;
+    const char* gbps = "GB/s; 100000 is 100 TB/s";
+    g.memory_bandwidth =
+        number_field(e, "memory_bandwidth_gbps", where, true, kMinBandwidthGBps, kMaxBandwidthGBps, gbps) * 1e9;
     g.pcie_generation = integer_field<int>(required_field(e, "pcie_generation", where), 1, 6, where, "pcie_generation");
     g.pcie_width = integer_field<int>(required_field(e, "pcie_width", where), 1, 32, where, "pcie_width");
-    g.nvlink_bandwidth = number_field(e, "nvlink_gbps", where, false, kMaxGbps, gbps) * 1e9;
+    g.nvlink_bandwidth = number_field(e, "nvlink_gbps", where, false, kMinBandwidthGBps, kMaxBandwidthGBps, gbps) * 1e9;
     EMUGPU_CHECK(g.memory_bytes > 0, kValue, where, ": field 'memory_gib': expected at least one byte, found ",
                  describe_json(e.at("memory_gib")), "; correct the GPU entry");
     catalog.gpus_.push_back(std::move(g));
@@ -280,7 +331,7 @@ Catalog Catalog::from_json_text(std::string_view text, const std::string& origin
 
 Catalog Catalog::from_file(const std::string& path) {
   std::ifstream in(path);
-  EMUGPU_CHECK(in.good(), kValue, "cannot open the GPU catalog '", path,
+  EMUGPU_CHECK(in.good(), kValue, "cannot open the GPU catalog '", echo_input(path),
                "'; set EMUGPU_CATALOG to a readable gpus.json");
   std::stringstream text;
   text << in.rdbuf();
@@ -298,8 +349,12 @@ const GpuSpec& Catalog::find(std::string_view name) const {
   const GpuSpec* best = nullptr;
   size_t best_distance = SIZE_MAX;
   std::string known;
+  // No GPU name is this long: a longer one gets no suggestion, and no
+  // edit distance that would cost its length times every name's.
+  constexpr size_t kMaxSuggestFrom = 256;
   for (const auto& g : gpus_) {
     known += (known.empty() ? "" : ", ") + g.name;
+    if (key.size() > kMaxSuggestFrom) continue;
     std::vector<std::string> names = g.aliases;
     names.push_back(g.name);
     for (const auto& n : names) {
@@ -307,7 +362,11 @@ const GpuSpec& Catalog::find(std::string_view name) const {
       if (d < best_distance) best_distance = d, best = &g;
     }
   }
-  detail::throw_error(ErrorKind::kValue, "unknown GPU '", name, "'; did you mean '", best ? best->name : "",
+  if (best == nullptr) {
+    detail::throw_error(ErrorKind::kValue, "unknown GPU '", echo_input(name),
+                        "'; expected one of the catalog's names. Known GPUs: ", known);
+  }
+  detail::throw_error(ErrorKind::kValue, "unknown GPU '", echo_input(name), "'; did you mean '", best->name,
                       "'? Known GPUs: ", known);
 }
 

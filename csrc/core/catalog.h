@@ -35,6 +35,19 @@ struct GpuSpec {
   double pcie_bandwidth() const;
 };
 
+// The physical bounds of a catalog entry's numbers: generous on both sides,
+// so that every GPU made so far and any of the next years fits (the shipped
+// catalog spans 11-140 GiB, 13-132 SMs, 0.2-989 TFLOP/s and 240-4800 GB/s),
+// while unit mix-ups and absurd rates (1e-15 GB/s: every op takes a day) are
+// refused with the range in the message.
+constexpr double kMinMemoryGib = 0.125;  // 128 MiB: the first CUDA GPUs had 256 MiB
+constexpr double kMaxMemoryGib = 16384;
+constexpr int kMaxSmCount = 10000;
+constexpr double kMinTflops = 0.01;            // GeForce 8-class FP32; FP64 of consumer cards is above it
+constexpr double kMaxTflops = 1e6;             // 1e18 FLOP/s
+constexpr double kMinBandwidthGBps = 1;        // memory and NVLink bandwidth
+constexpr double kMaxBandwidthGBps = 100'000;  // 100 TB/s
+
 class Catalog {
  public:
   static Catalog from_json_text(std::string_view text, const std::string& origin);
@@ -59,7 +72,7 @@ size_t edit_distance(std::string_view a, std::string_view b);
 constexpr int kMaxJsonDepth = 64;
 
 // Parses `text`; throws kValue starting with `origin` for invalid JSON or for
-// arrays/objects nested deeper than kMaxJsonDepth (refused while parsing, so
+// arrays/objects nested deeper than kMaxJsonDepth (refused before parsing, so
 // a deep document is never built).
 nlohmann::json parse_json_document(std::string_view text, const std::string& origin);
 

@@ -63,16 +63,27 @@ Clock& steady_clock() {
   return clock;
 }
 
+
 void set_wait_interrupt_check(std::function<void()> check) {
   std::lock_guard<std::mutex> lock(g_interrupt_mutex);
   g_interrupt_check = std::move(check);
 }
 
 TimeNs seconds_to_ns(double seconds) {
-  // A century is far beyond any wait worth emulating and far below overflow.
-  constexpr double kMax = 100.0 * 365 * 24 * 3600 * 1e9;
   EMUGPU_CHECK(std::isfinite(seconds) && seconds >= 0, kValue, "expected a duration >= 0 s, got ", seconds);
-  return static_cast<TimeNs>(std::min(seconds * 1e9, kMax));
+  return static_cast<TimeNs>(std::min(seconds * 1e9, static_cast<double>(kMaxDurationNs)));
+}
+
+TimeNs ns_from_double(double ns) {
+  EMUGPU_CHECK(!std::isnan(ns) && ns >= 0, kRuntime, "expected a computed duration >= 0 ns, got ", ns,
+               "; this is a bug in torch-emugpu's cost model, please report it with the op that caused it");
+  // Compared before the cast: casting a double beyond int64 is undefined.
+  if (ns >= static_cast<double>(kMaxDurationNs)) return kMaxDurationNs;
+  return static_cast<TimeNs>(std::llround(ns));
+}
+
+TimeNs add_saturating(TimeNs a, TimeNs b) {
+  return b > 0 && a > std::numeric_limits<TimeNs>::max() - b ? std::numeric_limits<TimeNs>::max() : a + b;
 }
 
 Timeline::Timeline(size_t queue_depth) : queue_depth_(queue_depth) {
@@ -88,7 +99,7 @@ TimeNs Timeline::start_of(int64_t stream, Engine engine, TimeNs now) const {
 TimeNs Timeline::place(int64_t stream, Engine engine, TimeNs start, TimeNs duration, TimeNs now) {
   EMUGPU_CHECK(duration >= 0, kValue, "operation duration must be >= 0 ns, got ", duration);
   const int e = static_cast<int>(engine);
-  const TimeNs end = start + duration;
+  const TimeNs end = add_saturating(start, duration);
   // Work that starts no later than its launch, after every engine went idle,
   // waited for the host. A device never used has nothing to be idle from.
   const TimeNs busy_until = *std::max_element(engine_ready_.begin(), engine_ready_.end());
@@ -97,7 +108,7 @@ TimeNs Timeline::place(int64_t stream, Engine engine, TimeNs start, TimeNs durat
   ready = std::max(ready, end);
   engine_ready_[e] = std::max(engine_ready_[e], end);
   stats_[e].launches += 1;
-  stats_[e].busy_ns += duration;
+  stats_[e].busy_ns = add_saturating(stats_[e].busy_ns, duration);
   if (end > now) pending_.push_back(end);
   return end;
 }

@@ -59,13 +59,25 @@ TimeNs host_now();
 // milliseconds; it may throw to abandon the wait (Ctrl-C in Python). Waits
 // shorter than that never call it, so short waits stay accurate.
 void set_wait_interrupt_check(std::function<void()> check);
-// Runs that function, if any: for waits that are not sleeps (a peer's
-// message, a store key), called between slices of at most kInterruptSliceNs.
+// Runs that function, if any: waits that are not sleeps (a peer's message,
+// a store key) call it between slices of at most kInterruptSliceNs, long
+// loops of the host's own work (a calibration fit) every so often.
 void check_wait_interrupt();
 constexpr TimeNs kInterruptSliceNs = 50'000'000;
 
+// The longest duration the emulator charges: a century, far beyond any wait
+// worth emulating and far below overflow (a TimeNs holds 292 years).
+constexpr TimeNs kMaxDurationNs = TimeNs{100} * 365 * 24 * 3600 * 1'000'000'000;
+
 // Clamps a duration in seconds to nanoseconds without overflowing.
 TimeNs seconds_to_ns(double seconds);
+// A duration computed in double nanoseconds (bytes over a rate, FLOPs over a
+// peak) as a TimeNs: rounded, and saturated at kMaxDurationNs where a tiny
+// rate or a huge size makes it longer (or infinite), so that it never wraps
+// to a negative time. A NaN or negative one is a bug: kRuntime.
+TimeNs ns_from_double(double ns);
+// a + b for times and durations >= 0, saturating at the largest TimeNs.
+TimeNs add_saturating(TimeNs a, TimeNs b);
 
 struct EngineStats {
   int64_t launches = 0;

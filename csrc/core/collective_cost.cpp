@@ -331,7 +331,9 @@ CollectiveCost collective_time(Collective kind, double bytes, const Topology& to
   }
   EMUGPU_CHECK(std::isfinite(best_ns), kValue, "NCCL_ALGO leaves ", collective_name(kind),
                " no algorithm (it runs as a ring); allow Ring");
-  best.duration = static_cast<TimeNs>(std::llround(kLaunchNs + best_ns));
+  // Saturated, not wrapped: a slow network (EMUGPU_NET_GBPS near its
+  // minimum) and a large size can take longer than a TimeNs holds.
+  best.duration = ns_from_double(kLaunchNs + best_ns);
   return best;
 }
 

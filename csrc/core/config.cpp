@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <sstream>
 
 #include "error.h"
 #include "shm_segment.h"
@@ -27,8 +28,16 @@ std::string trim(const std::string& s) {
   return s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
 }
 
-// What an error message echoes of a value: at most 60 characters.
-std::string brief(const std::string& s) { return s.size() <= 60 ? s : s.substr(0, 57) + "..."; }
+// What an error message echoes of a value (error.h's echo_input).
+std::string brief(const std::string& s) { return echo_input(s); }
+
+// A bound as people write it: 1000000, not 1e+06.
+std::string plain(double x) {
+  if (x == std::floor(x) && std::fabs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
 
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
@@ -42,13 +51,15 @@ void check_count(int count, const std::string& source) {
 }
 
 void check_net_gbps(double v, const std::string& source) {
-  EMUGPU_CHECK(std::isfinite(v) && v > 0 && v <= kMaxNetGBps, kValue, source,
-               ": expected a network bandwidth in GB/s per node above 0 and at most ", kMaxNetGBps, ", got ", v);
+  EMUGPU_CHECK(std::isfinite(v) && v >= kMinRateGBps && v <= kMaxNetGBps, kValue, source,
+               ": expected a network bandwidth in GB/s per node from ", plain(kMinRateGBps), " to ", plain(kMaxNetGBps),
+               ", got ", v, "; set it within that range (100 is 4 x 200 Gb/s InfiniBand)");
 }
 
 void check_net_latency(double v, const std::string& source) {
   EMUGPU_CHECK(std::isfinite(v) && v >= 0 && v <= kMaxNetLatencyUs, kValue, source,
-               ": expected a network latency in microseconds from 0 to ", kMaxNetLatencyUs, ", got ", v);
+               ": expected a network latency in microseconds from 0 to ", plain(kMaxNetLatencyUs), ", got ", v,
+               "; set it within that range (3 is one InfiniBand hop)");
 }
 
 // The whole of `text` as a finite decimal number, or a kValue error.
@@ -64,6 +75,14 @@ double parse_number(const std::string& text, const std::string& source, const ch
   EMUGPU_CHECK(used == t.size() && !t.empty() && std::isfinite(value), kValue, source, ": expected ", what, ", got '",
                brief(text), "'");
   return value;
+}
+
+// A rate in GB/s from `source` within [kMinRateGBps, max].
+double parse_rate(const std::string& text, const char* source, const char* what, double max) {
+  const double v = parse_number(text, source, what);
+  EMUGPU_CHECK(v >= kMinRateGBps && v <= max, kValue, source, ": expected a rate in GB/s from ", plain(kMinRateGBps),
+               " to ", plain(max), ", got ", v, "; set it within that range");
+  return v;
 }
 
 }  // namespace
@@ -156,29 +175,25 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
   }
   c.nccl_algo = env("NCCL_ALGO").value_or("");
   if (auto v = env("EMUGPU_HOST_COPY_GBPS")) {
-    c.host_copy_gbps = parse_number(*v, "EMUGPU_HOST_COPY_GBPS", "a host copy rate in GB/s (e.g. 14)");
-    EMUGPU_CHECK(c.host_copy_gbps > 0 && c.host_copy_gbps <= kMaxNetGBps, kValue,
-                 "EMUGPU_HOST_COPY_GBPS: expected a rate in GB/s above 0 and at most ", kMaxNetGBps, ", got ",
-                 c.host_copy_gbps);
+    c.host_copy_gbps = parse_rate(*v, "EMUGPU_HOST_COPY_GBPS", "a host copy rate in GB/s (e.g. 14)", kMaxHostRateGBps);
   }
   if (auto v = env("EMUGPU_HOST_OP_US")) {
     c.host_op_us = parse_number(*v, "EMUGPU_HOST_OP_US", "the emulated host's microseconds per op (e.g. 60)");
     EMUGPU_CHECK(c.host_op_us >= 0 && c.host_op_us <= kMaxHostOpUs, kValue,
-                 "EMUGPU_HOST_OP_US: expected microseconds per op from 0 to ", kMaxHostOpUs, ", got ", c.host_op_us);
+                 "EMUGPU_HOST_OP_US: expected microseconds per op from 0 to ", plain(kMaxHostOpUs), ", got ",
+                 c.host_op_us);
   }
   if (auto v = env("EMUGPU_EXCHANGE")) c.exchange = parse_exchange(*v, "EMUGPU_EXCHANGE");
   if (auto v = env("EMUGPU_PCIE_SHARED_BY")) {
     const double k = parse_number(*v, "EMUGPU_PCIE_SHARED_BY", "a GPU count (e.g. 2: two GPUs per PCIe switch)");
     EMUGPU_CHECK(k >= 1 && k <= kMaxDevices && k == std::floor(k), kValue,
                  "EMUGPU_PCIE_SHARED_BY: expected a whole number of GPUs per PCIe uplink from 1 to ", kMaxDevices,
-                 ", got '", *v, "'");
+                 ", got '", brief(*v), "'");
     c.pcie_shared_by = static_cast<int>(k);
   }
   if (auto v = env("EMUGPU_PCIE_UPLINK_GBPS")) {
-    c.pcie_uplink_gbps = parse_number(*v, "EMUGPU_PCIE_UPLINK_GBPS", "a PCIe uplink rate in GB/s (e.g. 25)");
-    EMUGPU_CHECK(c.pcie_uplink_gbps > 0 && c.pcie_uplink_gbps <= kMaxNetGBps, kValue,
-                 "EMUGPU_PCIE_UPLINK_GBPS: expected a rate in GB/s above 0 and at most ", kMaxNetGBps, ", got ",
-                 c.pcie_uplink_gbps);
+    c.pcie_uplink_gbps =
+        parse_rate(*v, "EMUGPU_PCIE_UPLINK_GBPS", "a PCIe uplink rate in GB/s (e.g. 25)", kMaxHostRateGBps);
   }
   if (auto run = env("TORCHELASTIC_RUN_ID")) {
     // One segment per emulated node of one torchrun job. The run id alone

@@ -26,8 +26,14 @@ constexpr const char* kDefaultGpu = "NVIDIA A100-SXM4-40GB";
 constexpr double kDefaultNetGBps = 100;
 // One RDMA write (~2 us) plus NCCL's proxy thread handing it over.
 constexpr double kDefaultNetLatencyUs = 3;
+// Bounds of the configured rates, generous on both sides: 1 MB/s is slower
+// than any link a GPU sits behind (tests slow links down to 0.005 GB/s), and
+// no network reaches 100 TB/s per node, nor host memory or a PCIe uplink
+// 10 TB/s. Below the minimum, durations would reach years.
+constexpr double kMinRateGBps = 0.001;
 constexpr double kMaxNetGBps = 100'000;
-constexpr double kMaxNetLatencyUs = 1'000'000;
+constexpr double kMaxHostRateGBps = 10'000;     // EMUGPU_HOST_COPY_GBPS, EMUGPU_PCIE_UPLINK_GBPS
+constexpr double kMaxNetLatencyUs = 1'000'000;  // a second per hop
 // The host's memcpy into CUDA's pinned staging buffers (pageable copies).
 constexpr double kDefaultHostCopyGBps = 14;
 constexpr double kMaxHostOpUs = 1'000'000;
@@ -73,7 +79,7 @@ int parse_device_count(const std::string& text, const std::string& source);
 const char* mode_name(Mode mode);
 ExchangeTransport parse_exchange(const std::string& text, const std::string& source);
 const char* exchange_name(ExchangeTransport transport);
-// A number in (0, kMaxNetGBps] GB/s; throws kValue naming `source`.
+// A number in [kMinRateGBps, kMaxNetGBps] GB/s; throws kValue naming `source`.
 double parse_net_gbps(const std::string& text, const std::string& source);
 // A number in [0, kMaxNetLatencyUs] microseconds; throws kValue naming `source`.
 double parse_net_latency_us(const std::string& text, const std::string& source);

@@ -194,9 +194,10 @@ void CostModel::set_measured_transfer(TimeNs latency, double rate, double pinned
 
 TimeNs CostModel::transfer(double bytes, bool pinned) const {
   const double measured = pinned && measured_pinned_rate_ > 0 ? measured_pinned_rate_.load() : measured_rate_.load();
-  if (measured > 0) return measured_latency_ + static_cast<TimeNs>(bytes / measured * 1e9);
+  // Saturated, not wrapped, for huge sizes over slow rates.
+  if (measured > 0) return add_saturating(measured_latency_, ns_from_double(bytes / measured * 1e9));
   const double seconds = bytes / gpu_.pcie_bandwidth() + (pinned ? 0.0 : bytes / params_.host_staging_rate);
-  return params_.copy_latency_ns + static_cast<TimeNs>(seconds * 1e9);
+  return add_saturating(params_.copy_latency_ns, ns_from_double(seconds * 1e9));
 }
 
 TimeNs CostModel::device_copy(double bytes) const {

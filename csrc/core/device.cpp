@@ -166,7 +166,7 @@ void Device::pace_host() {
 TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now) {
   if ((engine == Engine::kHostToDevice || engine == Engine::kDeviceToHost) && pcie_) {
     const TimeNs ready = timeline_.start_of(stream, engine, now);
-    const auto occupancy = static_cast<TimeNs>(std::llround(static_cast<double>(estimate) * occupancy_factor_));
+    const TimeNs occupancy = ns_from_double(static_cast<double>(estimate) * occupancy_factor_);
     const TimeNs begin = pcie_->reserve(uplink_, engine == Engine::kHostToDevice, ready, occupancy);
     return place_locked(stream, engine, begin, std::max(estimate, occupancy), now);
   }

@@ -1,7 +1,9 @@
 #include "profile_db.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -134,12 +136,29 @@ bool other_kind(const json& doc) {
   return schema.starts_with("torch-emugpu ") && !schema.starts_with("torch-emugpu profile");
 }
 
+// The file's bytes, or nullopt with `why` set when it cannot be opened or a
+// read fails part-way (a device file, an I/O error).
+std::optional<std::string> try_read(const std::string& path, std::string& why) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    why = std::strerror(errno);
+    return std::nullopt;
+  }
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) text.append(chunk, static_cast<size_t>(in.gcount()));
+  if (in.bad()) {
+    why = "a read failed part-way";
+    return std::nullopt;
+  }
+  return text;
+}
+
 std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  EMUGPU_CHECK(in.good(), kValue, "cannot read profile ", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string why;
+  auto text = try_read(path, why);
+  EMUGPU_CHECK(text.has_value(), kValue, "cannot read profile ", path, " (", why, "); make it readable or remove it");
+  return std::move(*text);
 }
 
 Profile from_document(const json& doc, const std::string& path) {
@@ -234,19 +253,55 @@ ProfileLookup interpolate(const Profile& profile, const ProfileTable& table, int
 
 void ProfileDb::scan(const std::vector<std::string>& directories) {
   namespace fs = std::filesystem;
+  auto skip = [this](const fs::path& path, const std::string& why) {
+    warnings_.push_back("profile search path: skipped " + path.string() + " (" + why +
+                        "); fix or remove it to silence this warning");
+  };
   for (const auto& dir : directories) {
     std::error_code ec;
     if (dir.empty() || !fs::is_directory(dir, ec)) continue;
+    // Walked by hand, each step with an error code: one entry that cannot
+    // be read (a symlink loop, a directory without permission) is skipped
+    // with a warning, where an exception would end the whole scan.
     std::vector<std::string> files;
-    for (const auto& entry : fs::recursive_directory_iterator(dir, ec)) {
-      if (entry.is_regular_file() && entry.path().extension() == ".json" && entry.path().filename() != "gpus.json" &&
-          entry.path().filename() != "schema.json") {
-        files.push_back(entry.path().string());
+    std::vector<fs::path> pending{fs::path(dir)};
+    while (!pending.empty()) {
+      const fs::path here = std::move(pending.back());
+      pending.pop_back();
+      fs::directory_iterator it(here, ec), end;
+      if (ec) {
+        skip(here, ec.message());
+        continue;
       }
+      for (; it != end; it.increment(ec)) {
+        const fs::path& path = it->path();
+        std::error_code entry_ec;
+        const fs::file_status status = it->status(entry_ec);  // follows symlinks: ELOOP for a loop
+        if (entry_ec) {
+          skip(path, entry_ec.message());
+          continue;
+        }
+        // Into real directories only, as before: a symlinked one may lead back up.
+        if (fs::is_directory(status)) {
+          if (!it->is_symlink(entry_ec) && !entry_ec) pending.push_back(path);
+        } else if (fs::is_regular_file(status) && path.extension() == ".json" && path.filename() != "gpus.json" &&
+                   path.filename() != "schema.json") {
+          files.push_back(path.string());
+        }
+      }
+      if (ec) skip(here, ec.message());  // a read of the directory failed part-way
+      ec.clear();
     }
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
-      const json doc = parse_json_document(read_text(f), "profile " + f);
+      std::string why;
+      const auto text = try_read(f, why);
+      if (!text) {
+        skip(f, why);
+        continue;
+      }
+      // A malformed profile is refused naming the file, as parse_profile does.
+      const json doc = parse_json_document(*text, "profile " + f);
       if (!other_kind(doc)) add(from_document(doc, f));
     }
   }

@@ -59,8 +59,13 @@ ProfileLookup interpolate(const Profile& profile, const ProfileTable& table, int
 class ProfileDb {
  public:
   // Loads every *.json profile below each directory (missing ones are
-  // skipped); earlier directories win for the same (GPU, model, count).
+  // skipped); earlier directories win for the same (GPU, model, count). A
+  // malformed profile throws kValue naming the file; an entry that cannot
+  // be read at all (a symlink loop, no permission, an I/O error) is skipped
+  // with one warning in warnings(), and the other profiles still load.
   void scan(const std::vector<std::string>& directories);
+  // What scan skipped, one line each, for the torch layer to warn with.
+  const std::vector<std::string>& warnings() const { return warnings_; }
   void add(Profile profile);
 
   // The profile for `gpu_name` (matched with the catalog's loose rules) and
@@ -82,6 +87,7 @@ class ProfileDb {
 
  private:
   std::vector<Profile> profiles_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace emugpu

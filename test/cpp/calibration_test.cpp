@@ -5,10 +5,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
+#include "clock.h"
 #include "error.h"
 
 namespace {
@@ -250,6 +253,71 @@ TEST(Calibration, IsFoundInTheGpusFolderOnTheSearchPath) {
   EXPECT_EQ(fs::path(*found), root / "second" / "NVIDIA_H100_80GB_HBM3" / "calibration.json");
   EXPECT_FALSE(emugpu::find_calibration({(root / "first").string(), "/nonexistent"}, h100()).has_value());
   fs::remove_all(root);
+}
+
+// Cheap synthetic cases: elementwise ops of growing size, times from a model
+// with other parameters than the defaults, a little noise by index.
+std::vector<emugpu::MeasuredCase> synthetic_cases(const emugpu::GpuSpec& gpu, size_t count) {
+  emugpu::KernelParams truth = emugpu::default_kernel_params(gpu);
+  truth.memory_efficiency = 0.55;
+  truth.launch_ns = 7'000;
+  const emugpu::CostModel model(gpu, {}, truth);
+  std::vector<emugpu::MeasuredCase> cases;
+  for (size_t i = 0; i < count; ++i) {
+    const double bytes = 4096.0 * static_cast<double>(1 + i % 4000);
+    const OpCost add{bytes / 12, bytes, DType::kFloat32, OpFamily::kElementwise};
+    const double noise = 1 + 0.02 * static_cast<double>(i % 7) / 7;
+    cases.push_back({{add}, static_cast<double>(model.kernel(add)) * 1e-9 * noise});
+  }
+  return cases;
+}
+
+TEST(CalibrationFit, ALargeFileIsFittedToKMaxFitCasesEvenlySpread) {
+  const auto gpu = h100();
+  const auto cases = synthetic_cases(gpu, 3 * emugpu::kMaxFitCases + 5);
+  std::vector<emugpu::MeasuredCase> spread;
+  for (size_t i = 0; i < emugpu::kMaxFitCases; ++i) spread.push_back(cases[i * cases.size() / emugpu::kMaxFitCases]);
+  const std::vector<std::string> names = {"memory_efficiency", "launch_ns"};
+  const auto start = emugpu::default_kernel_params(gpu);
+  const auto all = emugpu::fit_kernel_params(gpu, cases, start, names, "x");
+  const auto subset = emugpu::fit_kernel_params(gpu, spread, start, names, "x");
+  // Exactly the subset's fit: the fit's time no longer grows with the file.
+  EXPECT_EQ(all.memory_efficiency, subset.memory_efficiency);
+  EXPECT_EQ(all.launch_ns, subset.launch_ns);
+  EXPECT_NEAR(all.memory_efficiency, 0.55, 0.1);
+}
+
+TEST(CalibrationFit, LongFitsAndParsesPollTheInterruptCheck) {
+  const auto gpu = h100();
+  int polls = 0;
+  emugpu::set_wait_interrupt_check([&polls] {
+    if (++polls > 5) throw std::runtime_error("interrupted");
+  });
+  const auto cases = synthetic_cases(gpu, 200);
+  EXPECT_THROW(emugpu::fit_kernel_params(gpu, cases, emugpu::default_kernel_params(gpu), {}, "x"), std::runtime_error);
+  EXPECT_GT(polls, 5);
+  // 30000 points of a parse poll too.
+  std::string points = "[";
+  for (int i = 0; i < 30'000; ++i) {
+    points += std::string(i ? "," : "") +
+              R"({"family": "elementwise", "op": "add", "shape": {"numel": 1024}, "dtype": "float32", )"
+              R"("time_s": 1e-5, "flops": 1024, "bytes": 12288})";
+  }
+  polls = 0;
+  EXPECT_THROW(emugpu::parse_calibration(document(gpu.name, points + "]"), "cal.json", gpu), std::runtime_error);
+  EXPECT_GT(polls, 5);
+  emugpu::set_wait_interrupt_check(nullptr);
+  EXPECT_NO_THROW(emugpu::parse_calibration(document(gpu.name, points + "]"), "cal.json", gpu));
+}
+
+TEST(CalibrationFit, NonFiniteTimesAreRefusedNamingTheFile) {
+  const auto gpu = h100();
+  for (const char* bad : {"NaN", "Infinity", "1e400"}) {
+    std::string text = document(gpu.name, kPoints);
+    text.replace(text.find("0.0004"), 6, bad);
+    const std::string msg = error_of(text, gpu);
+    EXPECT_NE(msg.find("calibration cal.json"), std::string::npos) << bad << ": " << msg;
+  }
 }
 
 }  // namespace

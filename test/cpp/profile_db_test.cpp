@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "error.h"
 
 namespace {
@@ -220,6 +222,112 @@ TEST(ProfileDb, ScansDirectoriesAndEarlierOnesWin) {
   ASSERT_EQ(db.profiles().size(), 1u);
   EXPECT_DOUBLE_EQ(db.profiles()[0].table(1)->points[0].forward_s, 0.010);
   fs::remove_all(root);
+}
+
+// A fresh directory of its own (ctest may run other worktrees' suites at once).
+std::filesystem::path fresh_directory(const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / (name + "_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  return root;
+}
+
+bool names(const std::vector<std::string>& warnings, const std::string& file) {
+  for (const auto& w : warnings) {
+    if (w.find(file) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(ProfileScan, SymlinkLoopsAreSkippedWithOneWarningAndTheOtherProfilesLoad) {
+  namespace fs = std::filesystem;
+  const fs::path root = fresh_directory("emugpu_profile_loop_test");
+  std::ofstream(root / "good.json") << kProfile;
+  fs::create_symlink("loop.json", root / "loop.json");  // refers to itself: ELOOP
+  fs::create_symlink("b.json", root / "a.json");        // a -> b -> a
+  fs::create_symlink("a.json", root / "b.json");
+  fs::create_directories(root / "sub");
+  fs::create_symlink("..", root / "sub" / "up");  // a directory loop: not followed, no warning
+  emugpu::ProfileDb db;
+  ASSERT_NO_THROW(db.scan({root.string()}));
+  ASSERT_EQ(db.profiles().size(), 1u);
+  EXPECT_EQ(db.warnings().size(), 3u);
+  EXPECT_TRUE(names(db.warnings(), "loop.json"));
+  EXPECT_TRUE(names(db.warnings(), "a.json"));
+  EXPECT_TRUE(names(db.warnings(), "b.json"));
+  EXPECT_FALSE(names(db.warnings(), "up"));
+  fs::remove_all(root);
+}
+
+TEST(ProfileScan, UnreadableFilesAreSkippedWithOneWarning) {
+  namespace fs = std::filesystem;
+  const fs::path root = fresh_directory("emugpu_profile_unreadable_test");
+  std::ofstream(root / "good.json") << kProfile;
+  // A regular file whose read fails (EIO at address 0), even for root.
+  fs::create_symlink("/proc/self/mem", root / "mem.json");
+  emugpu::ProfileDb db;
+  ASSERT_NO_THROW(db.scan({root.string()}));
+  EXPECT_EQ(db.profiles().size(), 1u);
+  ASSERT_EQ(db.warnings().size(), 1u);
+  EXPECT_NE(db.warnings()[0].find("mem.json"), std::string::npos) << db.warnings()[0];
+  fs::remove_all(root);
+}
+
+TEST(ProfileScan, DirectoriesWithoutPermissionAreSkippedWithOneWarning) {
+  namespace fs = std::filesystem;
+  if (geteuid() == 0) GTEST_SKIP() << "root reads any directory";
+  const fs::path root = fresh_directory("emugpu_profile_permission_test");
+  std::ofstream(root / "good.json") << kProfile;
+  fs::create_directories(root / "closed");
+  std::ofstream(root / "closed" / "other.json") << kProfile;
+  fs::permissions(root / "closed", fs::perms::none);
+  emugpu::ProfileDb db;
+  EXPECT_NO_THROW(db.scan({root.string()}));
+  fs::permissions(root / "closed", fs::perms::owner_all);
+  EXPECT_EQ(db.profiles().size(), 1u);
+  ASSERT_EQ(db.warnings().size(), 1u);
+  EXPECT_NE(db.warnings()[0].find("closed"), std::string::npos) << db.warnings()[0];
+  fs::remove_all(root);
+}
+
+TEST(ProfileLimits, BareNanAndInfinityAreRefusedNamingTheFileAndLine) {
+  for (const char* token : {"NaN", "Infinity", "-Infinity"}) {
+    const std::string msg = error_of(replaced(kProfile, "0.025", token));
+    EXPECT_NE(msg.find("profile p.json"), std::string::npos) << token << ": " << msg;
+    EXPECT_NE(msg.find("line 8 holds a bare NaN or Infinity"), std::string::npos) << token << ": " << msg;
+  }
+  // Inside a string they are just text.
+  EXPECT_EQ(error_of(replaced(kProfile, "unit test", "NaN Infinity")), "");
+}
+
+TEST(ProfileScan, AMalformedProfileIsRefusedNamingTheFile) {
+  namespace fs = std::filesystem;
+  const fs::path root = fresh_directory("emugpu_profile_malformed_test");
+  std::ofstream(root / "good.json") << kProfile;
+  std::ofstream(root / "gpemu.json") << replaced(kProfile, "0.025", "NaN");
+  emugpu::ProfileDb db;
+  try {
+    db.scan({root.string()});
+    ADD_FAILURE() << "a profile holding NaN was accepted";
+  } catch (const emugpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find((root / "gpemu.json").string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("or remove the file"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}
+
+TEST(ProfileLimits, InvalidUtf8IsRefusedNamingTheFileInValidUtf8) {
+  const std::string msg = error_of(replaced(kProfile, "unit test", "unit \xff\xfe test"));
+  EXPECT_NE(msg.find("profile p.json: not valid JSON"), std::string::npos) << msg;
+  EXPECT_EQ(emugpu::valid_utf8(msg), msg) << msg;  // Python can decode it
+  // A path with invalid bytes is escaped too.
+  try {
+    emugpu::parse_profile("[", "bad\xff.json");
+    ADD_FAILURE() << "accepted '['";
+  } catch (const emugpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad\\xff.json"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

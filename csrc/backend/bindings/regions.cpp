@@ -94,6 +94,8 @@ void bind_regions(py::module_& m) {
     return guarded([&] {
       ProfileDb db;
       db.scan(directories);
+      // Entries the scan could not read (symlink loops, no permission): one warning each.
+      for (const std::string& warning : db.warnings()) TORCH_WARN("emugpu: ", warning);
       db.check_gpus(Runtime::get().catalog());
       py::list out;
       for (const auto& p : db.profiles()) out.append(profile_summary(p));
