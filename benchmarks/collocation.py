@@ -2,7 +2,7 @@
 """How training jobs slow each other down when they share one GPU.
 
 Measures, with plain PyTorch and torchvision (torch_emugpu is never imported),
-what issue 27's GPU-sharing model must reproduce:
+what the GPU-sharing model must reproduce:
 
   solo          each job alone: per-iteration times, median and p90, peak memory,
                 GPU utilisation (nvidia-smi) during the window;

@@ -383,7 +383,12 @@ def test_a_profiled_model_under_ddp_takes_its_profile_plus_the_exposed_all_reduc
         env.update(LOCAL_WORLD_SIZE="1", EMUGPU_NET_GBPS="0.1")
     hook = network.split("_")[1] if network.endswith("_hook") else None
     scenario = functools.partial(_profiled_iterations, hook=hook)
-    out = run_ranks(scenario, mode="timing", env=env)
+    # A region is host-bound when this host launched its ops later than the profiled GPU would run them:
+    # other load on the machine, not the subject. Best of 3 runs.
+    for _ in range(3):
+        out = run_ranks(scenario, mode="timing", env=env)
+        if all(out[rank]["backward"]["host_bound"] == 0 for rank in (0, 1)):
+            break
     for rank in (0, 1):
         got = out[rank]
         backward = got["backward"]

@@ -1,4 +1,4 @@
-"""Issue 30's regression suite, Python side: faults, bad input and other users.
+"""Regression suite for faults and bad input: a dying worker, a planted symlink, a wrong argument.
 
 Files are written safely (an unpredictable temporary name, a rename that
 replaces rather than follows a symlink, the umask's mode, no NaN in JSON);

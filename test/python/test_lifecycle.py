@@ -145,3 +145,58 @@ def test_no_warning_in_compute_mode():
 
         torch_emugpu.configure(mode="compute")
         assert (torch.ones(2, device="emugpu") * 2).sum().item() == 4.0
+
+
+# Rank 0 of two, whose peer never comes (set-up) or never reaches the barrier; the store is made here so
+# that PyTorch's own wait for the store's clients is not the wait under test.
+MISSING_PEER = """
+import datetime, os, sys, time, subprocess
+import torch, torch_emugpu, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+peer = None
+if sys.argv[1] == "barrier":  # rank 1 joins the group, then sleeps instead of reaching the barrier
+    code = (
+        "import sys, time, torch, torch_emugpu, torch.distributed as dist\\n"
+        "store = dist.TCPStore('127.0.0.1', int(sys.argv[1]), 2, False)\\n"
+        "dist.init_process_group('emu', store=store, rank=1, world_size=2)\\n"
+        "time.sleep(600)\\n"
+    )
+    peer = subprocess.Popen([sys.executable, "-c", code, str(store.port)])
+print("waiting", flush=True)
+t = time.monotonic()
+try:
+    dist.init_process_group("emu", store=store, rank=0, world_size=2, timeout=datetime.timedelta(seconds=600))
+    print("joined", flush=True)
+    dist.barrier()
+except KeyboardInterrupt:
+    print("interrupted after", round(time.monotonic() - t, 1), flush=True)
+finally:
+    if peer is not None:
+        peer.kill()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["set-up", "barrier"])
+def test_ctrl_c_interrupts_a_rank_waiting_for_a_missing_peer(where):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
+    env["PYTHONPATH"] = REPO
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MISSING_PEER, where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "waiting"
+        if where == "barrier":
+            assert proc.stdout.readline().strip() == "joined"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)  # uninterrupted it would wait 600 s
+    finally:
+        proc.kill()
+    assert "interrupted after" in out, err[-2000:]
