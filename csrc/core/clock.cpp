@@ -63,7 +63,6 @@ Clock& steady_clock() {
   return clock;
 }
 
-
 void set_wait_interrupt_check(std::function<void()> check) {
   std::lock_guard<std::mutex> lock(g_interrupt_mutex);
   g_interrupt_check = std::move(check);

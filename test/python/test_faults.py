@@ -249,3 +249,11 @@ def test_dataset_make_refuses_more_jobs_than_fit_in_memory_and_defaults_to_as_ma
     monkeypatch.setattr(datasets, "_in_workers", no_workers)
     m = datasets.make("fixed", tmp_path / "b", 2, classes=1, size=(256, 256), progress=False)
     assert m["count"] == 2
+
+
+def test_a_generator_on_a_device_that_does_not_exist_is_an_index_error() -> None:
+    import torch
+
+    with pytest.raises(IndexError, match=r"expected 0 <= index < \d+, got 9"):
+        torch.Generator(device="emugpu:9")
+    assert torch.Generator(device="emugpu:0").device == torch.device("emugpu", 0)

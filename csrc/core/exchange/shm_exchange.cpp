@@ -197,8 +197,8 @@ void ShmExchange::wait_until(Signal& signal, const std::function<bool()>& ready,
       EMUGPU_CHECK(!process_gone(pid), kRuntime, "rank ", rank_, " of ", size_, ": ", what, " ", ticket,
                    " cannot complete: rank ", absent, " (pid ", pid, ") exited");
     }
-    EMUGPU_CHECK(Steady::now() < deadline, kRuntime, "rank ", rank_, " of ", size_, ": ", what, " ", ticket,
-                 " waited ", std::chrono::duration<double>(timeout).count(), " s for rank ", absent, lag);
+    EMUGPU_CHECK(Steady::now() < deadline, kRuntime, "rank ", rank_, " of ", size_, ": ", what, " ", ticket, " waited ",
+                 std::chrono::duration<double>(timeout).count(), " s for rank ", absent, lag);
     if (Steady::now() >= next_interrupt_check) {  // Ctrl-C while a peer is missing
       check_wait_interrupt();
       next_interrupt_check = Steady::now() + std::chrono::nanoseconds(kInterruptSliceNs);
