@@ -301,33 +301,85 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
   if (std::string(words_->kind()) == "shm" && mine.size() <= words_->bytes_capacity()) {
     words_->gather_bytes(mine.data(), mine.size(), spec_.timeout, add);
     finish_into(mine);
+    offset = 0;
+    for (const auto& h : hosts) {
+      if (nbytes(h) > 0) std::memcpy(h.data_ptr(), mine.data() + offset, static_cast<size_t>(nbytes(h)));
+      offset += static_cast<size_t>(nbytes(h));
+    }
   } else {
-    constexpr int kRoot = 0;
-    const auto n = static_cast<size_t>(spec_.size);
-    std::vector<const void*> chunks(n, nullptr);
-    std::vector<size_t> lengths(n, 0);
-    chunks[kRoot] = mine.data();
-    lengths[kRoot] = mine.size();
-    Rows to_root = bulk_->exchange(chunks, lengths, spec_.timeout);
-    std::fill(lengths.begin(), lengths.end(), 0);
-    if (spec_.rank == kRoot) {
-      for (int r = 0; r < spec_.size; ++r)
-        add(r, to_root[static_cast<size_t>(r)].data(), to_root[static_cast<size_t>(r)].size());
-      finish_into(mine);
-      std::fill(chunks.begin(), chunks.end(), mine.data());
-      std::fill(lengths.begin(), lengths.end(), mine.size());
+    // Reduce-scatter, then all-gather (NCCL's ring moves as much): rank j
+    // reduces slice j of every tensor, in rank order so that every rank ends
+    // with the same bytes, and sends it to all. Each rank moves 2 (n-1)/n of
+    // the payload each way; a root would move n times the payload.
+    const int n = spec_.size;
+    auto slice = [&](size_t i, int j) {
+      const int64_t m = hosts[i].numel();
+      return std::pair<int64_t, int64_t>{m * j / n, m * (j + 1) / n};
+    };
+    std::vector<std::vector<uint8_t>> outgoing(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      for (size_t i = 0; i < hosts.size(); ++i) {
+        const auto [begin, end] = slice(i, j);
+        const auto* base = static_cast<const uint8_t*>(hosts[i].data_ptr()) + begin * hosts[i].element_size();
+        outgoing[static_cast<size_t>(j)].insert(outgoing[static_cast<size_t>(j)].end(), base,
+                                                base + (end - begin) * hosts[i].element_size());
+      }
     }
-    Rows back = bulk_->exchange(chunks, lengths, spec_.timeout);
-    if (spec_.rank != kRoot) {
-      TORCH_CHECK(back[kRoot].size() == mine.size(), "emu backend: ", name, " expected ", mine.size(),
-                  " reduced bytes from rank ", kRoot, ", got ", back[kRoot].size());
-      mine = std::move(back[kRoot]);
+    std::vector<const void*> chunks(static_cast<size_t>(n));
+    std::vector<size_t> lengths(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      chunks[static_cast<size_t>(j)] = outgoing[static_cast<size_t>(j)].data();
+      lengths[static_cast<size_t>(j)] = outgoing[static_cast<size_t>(j)].size();
     }
-  }
-  offset = 0;
-  for (const auto& h : hosts) {
-    if (nbytes(h) > 0) std::memcpy(h.data_ptr(), mine.data() + offset, static_cast<size_t>(nbytes(h)));
-    offset += static_cast<size_t>(nbytes(h));
+    Rows parts = bulk_->exchange(chunks, lengths, spec_.timeout);
+    std::vector<uint8_t>& reduced = outgoing[static_cast<size_t>(spec_.rank)];
+    for (int r = 0; r < n; ++r) {
+      TORCH_CHECK(parts[static_cast<size_t>(r)].size() == reduced.size(), "emu backend: ", name, " expected ",
+                  reduced.size(), " bytes of slice ", spec_.rank, " from rank ", r, ", got ",
+                  parts[static_cast<size_t>(r)].size());
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      const auto [begin, end] = slice(i, spec_.rank);
+      if (end == begin) continue;
+      const auto options = hosts[i].options();
+      at::Tensor sum;
+      for (int r = 0; r < n; ++r) {
+        at::Tensor part = at::from_blob(parts[static_cast<size_t>(r)].data() + at, {end - begin}, options);
+        if (sum.defined()) {
+          reduce_into(sum, part, op);
+        } else {
+          sum = part.clone();
+        }
+      }
+      if (op == c10d::ReduceOp::AVG) sum.div_(spec_.size);
+      const size_t length = static_cast<size_t>((end - begin) * hosts[i].element_size());
+      std::memcpy(reduced.data() + at, sum.data_ptr(), length);
+      at += length;
+    }
+    std::fill(chunks.begin(), chunks.end(), reduced.data());
+    std::fill(lengths.begin(), lengths.end(), reduced.size());
+    const Rows slices = bulk_->exchange(chunks, lengths, spec_.timeout);
+    for (int r = 0; r < n; ++r) {
+      const std::vector<uint8_t>& from = slices[static_cast<size_t>(r)];
+      size_t expected = 0;
+      for (size_t i = 0; i < hosts.size(); ++i) {
+        const auto [begin, end] = slice(i, r);
+        expected += static_cast<size_t>((end - begin) * hosts[i].element_size());
+      }
+      TORCH_CHECK(from.size() == expected, "emu backend: ", name, " expected ", expected, " reduced bytes from rank ",
+                  r, ", got ", from.size());
+      size_t from_at = 0;
+      for (size_t i = 0; i < hosts.size(); ++i) {
+        const auto [begin, end] = slice(i, r);
+        const auto length = static_cast<size_t>((end - begin) * hosts[i].element_size());
+        if (length > 0) {
+          std::memcpy(static_cast<uint8_t*>(hosts[i].data_ptr()) + begin * hosts[i].element_size(),
+                      from.data() + from_at, length);
+        }
+        from_at += length;
+      }
+    }
   }
   add_payload_bytes_moved(static_cast<uint64_t>(payload));
 }
