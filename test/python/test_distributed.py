@@ -691,7 +691,31 @@ def _coalesced_all_reduces(rank: int, world: int) -> list[list[float]]:
     return [a.cpu().tolist(), b.cpu().tolist()]
 
 
+def _large_values(rank: int, world: int) -> list[bool]:
+    """All-reduces of real bytes beyond the shared-memory slots (a reduce-scatter, then an all-gather): odd
+    element counts that do not split evenly over the ranks, three dtypes, AVG and MAX, and a coalesced batch."""
+    dev = torch.device("emugpu", rank)
+    x = (torch.arange(100003, dtype=torch.float32) * (rank + 1)).to(dev)
+    dist.all_reduce(x)
+    ok = [torch.equal(x.cpu(), torch.arange(100003, dtype=torch.float32) * sum(range(1, world + 1)))]
+    y = torch.full((70001,), rank, dtype=torch.int64).to(dev)
+    dist.all_reduce(y, op=dist.ReduceOp.MAX)
+    ok.append(bool((y.cpu() == world - 1).all()))
+    z = torch.full((3, 50001), float(rank), dtype=torch.float64).to(dev)
+    dist.all_reduce(z, op=dist.ReduceOp.AVG)
+    ok.append(torch.allclose(z.cpu(), torch.full((3, 50001), (world - 1) / 2, dtype=torch.float64)))
+    parts = [torch.full((40000 + k,), float(rank + k)).to(dev) for k in range(3)]
+    with dist._coalescing_manager(device=dev, async_ops=True) as cm:
+        for t in parts:
+            dist.all_reduce(t)
+    cm.wait()
+    want = [float(sum(r + k for r in range(world))) for k in range(3)]
+    ok.append(all(bool((t.cpu() == w).all()) for t, w in zip(parts, want, strict=True)))
+    return ok
+
+
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
+    "large_values": _large_values,
     "ring": _ring,
     "batch_overlap": _batch_overlap,
     "coalesced_all_reduces": _coalesced_all_reduces,
@@ -873,6 +897,13 @@ def test_coalesced_all_reduces_give_the_right_values() -> None:
     out = run_ranks("coalesced_all_reduces", mode="compute")
     for rank in (0, 1):
         assert out[rank] == [[3.0] * 3, [30.0] * 2], out
+
+
+@pytest.mark.parametrize("exchange", ["auto", "tcp"])
+def test_large_all_reduces_of_real_bytes_give_the_right_values(exchange: str) -> None:
+    out = run_ranks("large_values", world=3, mode="compute", env={"EMUGPU_EXCHANGE": exchange})
+    for rank in range(3):
+        assert out[rank] == [True] * 4, (rank, out[rank])
 
 
 def test_large_tensors_move_no_bytes_in_timing_mode() -> None:
