@@ -157,15 +157,13 @@ bool parse_compute_capability(const std::string& text, int& major, int& minor) {
   return part(all.substr(0, dot), major) && part(all.substr(dot + 1), minor);
 }
 
-// The line of the first bare NaN, Infinity or -Infinity token outside a
-// string (Python's json module writes them for non-finite floats; they are
-// not JSON), or 0 when there is none.
-size_t bare_non_finite_line(std::string_view text) {
-  size_t line = 1;
+// Calls `visit(i)` for each index of `text` outside JSON strings, until it
+// returns false.
+template <typename Visit>
+void scan_outside_strings(std::string_view text, Visit&& visit) {
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (c == '\n') ++line;
     if (in_string) {
       if (c == '\\') {
         ++i;
@@ -174,11 +172,24 @@ size_t bare_non_finite_line(std::string_view text) {
       }
     } else if (c == '"') {
       in_string = true;
-    } else if (text.substr(i, 3) == "NaN" || text.substr(i, 8) == "Infinity") {
-      return line;
+    } else if (!visit(i)) {
+      return;
     }
   }
-  return 0;
+}
+
+// The line of the first bare NaN, Infinity or -Infinity token outside a
+// string (Python's json module writes them for non-finite floats; they are
+// not JSON), or 0 when there is none. (A raw newline inside a string is not
+// JSON either, so counting newlines outside strings counts lines.)
+size_t bare_non_finite_line(std::string_view text) {
+  size_t line = 1, found = 0;
+  scan_outside_strings(text, [&](size_t i) {
+    if (text[i] == '\n') ++line;
+    if (text.substr(i, 3) == "NaN" || text.substr(i, 8) == "Infinity") found = line;
+    return found == 0;
+  });
+  return found;
 }
 
 }  // namespace
@@ -235,18 +246,9 @@ json parse_json_document(std::string_view text, const std::string& origin) {
   // first syntax error the scan reads the text as the parser does, so no
   // document the parser would build deeper passes it.
   size_t depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
+  scan_outside_strings(text, [&](size_t i) {
     const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
+    if (c == '[' || c == '{') {
       if (++depth > static_cast<size_t>(kMaxJsonDepth)) {
         detail::throw_error(ErrorKind::kValue, origin, ": JSON nested deeper than ", kMaxJsonDepth,
                             " levels; expected a flat document (catalogs and profiles need 5 at most), so "
@@ -255,7 +257,8 @@ json parse_json_document(std::string_view text, const std::string& origin) {
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
     }
-  }
+    return true;
+  });
   try {
     return json::parse(text);
   } catch (const json::exception& e) {

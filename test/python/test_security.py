@@ -67,6 +67,15 @@ def start_holding(env: dict[str, str]) -> subprocess.Popen[str]:
     return proc
 
 
+def start_job(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """A holding job and the one PCIe segment it made."""
+    before = pcie_segments()
+    proc = start_holding(env)
+    made = pcie_segments() - before
+    assert len(made) == 1, made
+    return proc, made.pop()
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     """Ends a holding job normally (its exit removes its segment)."""
     proc.communicate("\n", timeout=60)
@@ -78,25 +87,18 @@ def a_free_port_text() -> str:
 
 
 def test_two_jobs_with_torchruns_default_run_id_get_their_own_pcie_segments() -> None:
-    before = pcie_segments()
-    first = start_holding(job_env(a_free_port_text()))
+    first, mine = start_job(job_env(a_free_port_text()))
     try:
-        mine = pcie_segments() - before
-        assert len(mine) == 1, mine
-        second = start_holding(job_env(a_free_port_text()))  # another job: another rendezvous endpoint
-        try:
-            theirs = pcie_segments() - before - mine
-            assert len(theirs) == 1, f"the second job reused {mine}"
-        finally:
-            stop(second)
+        # another job, another rendezvous endpoint: start_job fails if it made no segment of its own
+        second, theirs = start_job(job_env(a_free_port_text()))
+        stop(second)
+        assert theirs != mine
     finally:
         stop(first)
 
 
 def test_sigterm_removes_a_jobs_pcie_segment() -> None:
-    before = pcie_segments()
-    proc = start_holding(job_env(a_free_port_text()))
-    (name,) = pcie_segments() - before
+    proc, name = start_job(job_env(a_free_port_text()))
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM  # still ends as SIGTERM would
@@ -104,9 +106,7 @@ def test_sigterm_removes_a_jobs_pcie_segment() -> None:
 
 
 def test_the_next_job_sweeps_a_sigkilled_jobs_segment() -> None:
-    before = pcie_segments()
-    proc = start_holding(job_env(a_free_port_text()))
-    (name,) = pcie_segments() - before
+    proc, name = start_job(job_env(a_free_port_text()))
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert (SHM / name).exists()  # nothing ran at the kill
@@ -118,9 +118,7 @@ def test_the_next_job_sweeps_a_sigkilled_jobs_segment() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="planting a segment as another user needs root (setuid to 65534)")
 def test_a_segment_planted_by_another_user_is_refused_naming_its_owner() -> None:
     env = job_env(a_free_port_text())
-    before = pcie_segments()
-    proc = start_holding(env)  # learn the job's segment name
-    (name,) = pcie_segments() - before
+    proc, name = start_job(env)  # learn the job's segment name
     stop(proc)
     planted = SHM / name
     assert not planted.exists()  # removed at the job's exit

@@ -205,13 +205,11 @@ void compute_values(const c10::OperatorHandle& op, const OpInfo& info, const std
 
 // Step 4: every op that runs a kernel is charged to the current stream; the
 // estimate is remembered with the shapes.
-void charge_time(const OpInfo& info, const std::vector<c10::IValue>& args, int device, Shapes& shapes,
-                 const std::vector<at::Tensor>& inputs, const Outputs& o) {
+void charge_time(const OpInfo& info, const std::vector<c10::IValue>& args, int device, bool estimate_now,
+                 Shapes& shapes, const std::vector<at::Tensor>& inputs, const Outputs& o) {
   OpCost cost;
   KernelCost charged;
   Device& dev = Runtime::get().device(device);
-  // A trace keeps each op's full cost (GEMM and convolution shapes), which the cache does not.
-  const bool estimate_now = shapes.cached == nullptr || dev.ledger().tracing();
   if (!estimate_now) {
     cost = shapes.cached->cost.expand();
     charged = shapes.cached->charged;
@@ -252,10 +250,11 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   }
   Shapes shapes = find_shapes(op, info, args);
   Outputs outputs = make_outputs(info, shapes.outs(), args, device);
-  const bool need_inputs = shapes.cached == nullptr || Runtime::get().device(device).ledger().tracing();
-  const std::vector<at::Tensor> inputs = mark_writes(info, args, outputs, compute, need_inputs);
+  // A trace keeps each op's full cost (GEMM and convolution shapes), which the cache does not: estimate anew.
+  const bool estimate_now = shapes.cached == nullptr || Runtime::get().device(device).ledger().tracing();
+  const std::vector<at::Tensor> inputs = mark_writes(info, args, outputs, compute, estimate_now);
   if (compute && !info.metadata_only) compute_values(op, info, args, device, outputs.results);
-  charge_time(info, args, device, shapes, inputs, outputs);
+  charge_time(info, args, device, estimate_now, shapes, inputs, outputs);
   torch::jit::drop(*stack, static_cast<int64_t>(num_args));
   for (auto& r : outputs.results) stack->push_back(std::move(r));
 }
