@@ -51,9 +51,6 @@ def _device_properties(index: int) -> dict[str, Any]:
 def _gpu_properties(name: str) -> dict[str, Any]:
     """Any catalog GPU's spec, matched loosely as EMUGPU_GPU is."""
 
-def _set_configured_hook(fn: Any) -> None:
-    """Python's loading of profiles and calibration, run once after configuring from the environment."""
-
 def _synchronize(index: int) -> None:
     """Blocks the host until the device finished everything launched (deferred collectives included)."""
 
@@ -154,8 +151,20 @@ def _region_report(index: int) -> list[dict[str, Any]]:
 def _set_measured_transfer(index: int, latency_s: float, rate: float, pinned_rate: float) -> None:
     """Host-device copies from a profile's measured transfer rates."""
 
-def _load_profiles(directories: list[str]) -> list[dict[str, Any]]:
-    """Reads every profile on `directories` (first match wins); returns their summaries."""
+def _reload_profiles() -> list[dict[str, Any]]:
+    """Reads the profiles and the GPU's calibration again from the search path; returns the profiles' summaries."""
+
+def _profile_summaries() -> list[dict[str, Any]]:
+    """Summaries of the profiles read at the last configuration or reload."""
+
+def _profiles_generation() -> int:
+    """How often profiles were read; changes at every configuration and reload."""
+
+def _search_path() -> dict[str, list[str]]:
+    """The directories searched now: {"profiles": [...], "calibration": [...]}, first match wins."""
+
+def _scan_profiles(directories: list[str]) -> list[dict[str, Any]]:
+    """Summaries of the profiles in `directories`, read without being used."""
 
 def _profile_lookup(
     gpu: str, model: str, parameters: int | None, batch_size: int, gpu_count: int
@@ -163,9 +172,6 @@ def _profile_lookup(
     """The profile entry for (GPU, model) at `batch_size`, interpolated, or None."""
 
 # --- cost: cost models and calibration (cost.cpp) ---
-
-def _load_calibration(directories: list[str]) -> dict[str, Any]:
-    """Sets every device's kernel parameters from the calibration on `directories`; returns them."""
 
 def _current_kernel_params(index: int) -> dict[str, Any]:
     """The device's kernel parameters and their source."""

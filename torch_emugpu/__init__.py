@@ -53,10 +53,10 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
         gpu = current.gpu if gpu is None else gpu
         device_count = current.device_count if device_count is None else device_count
         mode = current.mode if mode is None else mode
-    _C._configure(gpu, device_count, mode)
-    from .timing import profiles
+    _C._configure(gpu, device_count, mode)  # reads the profiles and calibration on the search path too
+    from .timing import planner
 
-    profiles.reload()
+    planner.profiles_reloaded()
 
 
 def config() -> _config.Config:
@@ -123,13 +123,12 @@ def _register() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     from .device import _sharing, _shutdown, _ties
     from .distributed import _parallel
-    from .timing import planner, profiles
+    from .timing import planner
 
     _parallel.install()
     _shutdown.install()
     _ties.install()
     _sharing.install()
-    profiles.activate()
     planner.activate()
     if torch.distributed.is_available():
         from . import distributed

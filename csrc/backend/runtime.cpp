@@ -87,13 +87,33 @@ KernelParams fitted_calibration(const std::string& path, const GpuSpec& gpu) {
 
 }  // namespace
 
-KernelParams Runtime::load_calibration(const std::vector<std::string>& directories) {
-  const GpuSpec& gpu = device(0).gpu();
+SearchPath Runtime::search_path() const {
+  return resolve_search_path(std::filesystem::path(default_catalog()).parent_path().string());
+}
+
+void Runtime::load_profiles_locked(const Catalog& catalog, const std::vector<std::unique_ptr<Device>>& devices) {
+  const SearchPath path = search_path();
+  ProfileDb db;
+  db.scan(path.profiles);
+  // Entries the scan could not read (symlink loops, no permission): one warning each.
+  for (const std::string& warning : db.warnings()) TORCH_WARN("emugpu: ", warning);
+  db.check_gpus(catalog);
+  const GpuSpec& gpu = devices.front()->gpu();
   KernelParams params = default_kernel_params(gpu);
-  if (const auto path = find_calibration(directories, gpu)) params = fitted_calibration(*path, gpu);
-  for (int i = 0; i < device_count(); ++i) device(i).cost().set_kernel_params(params);
+  if (const auto file = find_calibration(path.calibration, gpu)) params = fitted_calibration(*file, gpu);
+  for (const auto& d : devices) d->cost().set_kernel_params(params);
+  profiles_ = std::make_shared<const ProfileDb>(std::move(db));
+  profiles_generation_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Runtime::reload_profiles() {
+  ensure_configured();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const State& s = *state_.load(std::memory_order_acquire);
+    load_profiles_locked(*s.catalog, s.devices);
+  }
   invalidate_shape_caches();  // cached ops keep the durations of the old parameters
-  return params;
 }
 
 namespace {
@@ -187,19 +207,18 @@ void Runtime::configure_locked(const ConfigRequest& request) {
     state->devices.back()->set_host_pace(static_cast<TimeNs>(config.host_op_us * 1e3));
   }
   if (config.pcie_shared_by > 1) attach_shared_pcie(config, gpu, state->devices);
+  // Before the state is published: a malformed profile leaves the runtime
+  // unconfigured, so the next use says so again instead of running without it.
+  load_profiles_locked(*state->catalog, state->devices);
   mode_.store(config.mode);
   state_.store(state.release(), std::memory_order_release);  // the old state is leaked on purpose
 }
 
 void Runtime::ensure_configured() {
   if (configured()) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (configured()) return;  // threads racing here configure once
-    configure_locked({});
-  }
-  // Outside the lock: the hook reloads profiles, which takes it.
-  if (auto* hook = configured_hook_.load()) hook();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (configured()) return;  // threads racing here configure once
+  configure_locked({});
 }
 
 const Runtime::State& Runtime::state() {
@@ -238,12 +257,6 @@ Device& Runtime::device(int index) {
 void Runtime::set_mode(Mode mode) { mode_.store(mode); }
 
 const Catalog& Runtime::catalog() { return *state().catalog; }
-
-void Runtime::set_profiles(ProfileDb db) {
-  auto next = std::make_shared<const ProfileDb>(std::move(db));
-  std::lock_guard<std::mutex> lock(mutex_);
-  profiles_ = std::move(next);
-}
 
 std::shared_ptr<const ProfileDb> Runtime::profiles() const {
   std::lock_guard<std::mutex> lock(mutex_);

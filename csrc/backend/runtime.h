@@ -5,6 +5,7 @@
 #include <c10/core/Stream.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,11 +29,9 @@ class Runtime {
   // environment. Refused while device memory is allocated.
   // Drops the ops' cached durations too: they are the old GPU's.
   void configure(const ConfigRequest& request);
-  // Sets every device's kernel parameters: fitted to the first calibration
-  // file for the GPU on `directories` (once per file version: configure()
-  // reloads often, and a fit takes a fraction of a second), else the GPU
-  // architecture's row; returns them.
-  KernelParams load_calibration(const std::vector<std::string>& directories);
+  // Reads the profiles and the calibration again from the search path of
+  // this moment (core/config.h resolve_search_path), as configure() does.
+  void reload_profiles();
   // Configures from the environment unless already configured.
   void ensure_configured();
   bool configured() const { return state_.load(std::memory_order_acquire) != nullptr; }
@@ -48,9 +47,11 @@ class Runtime {
   bool compute_mode() const { return mode_.load(std::memory_order_relaxed) == Mode::kCompute; }
   void set_mode(Mode mode);  // the only setting that may change with tensors alive
   const Catalog& catalog();
-  // Profiles are (re)loaded from Python, which owns the search path.
-  void set_profiles(ProfileDb db);
+  // The profiles read at the last configuration or reload, and a count of
+  // those loads: the region planner drops plans made from older ones.
   std::shared_ptr<const ProfileDb> profiles() const;
+  uint64_t profiles_generation() const { return profiles_generation_.load(std::memory_order_acquire); }
+  SearchPath search_path() const;
 
   // Backend `emu` places the collectives whose end is not known yet through
   // this hook (set by its first process group), so that a device synchronize through c10
@@ -59,9 +60,6 @@ class Runtime {
   void drain_deferred() const {
     if (auto* hook = drain_hook_.load()) hook();
   }
-  // Run once after configuring from the environment (a first use without
-  // configure()): Python loads the profiles and the calibration there.
-  void set_configured_hook(void (*hook)()) { configured_hook_.store(hook); }
 
   // A fork()ed child may not use the devices its parent used (as CUDA).
   void mark_forked_child();
@@ -77,6 +75,10 @@ class Runtime {
   };
   const State& state();
   void configure_locked(const ConfigRequest& request);
+  // Reads the search path's profiles (checked against `catalog`) and sets
+  // `devices`' kernel parameters from its calibration; then publishes the
+  // profiles. Called with mutex_ held.
+  void load_profiles_locked(const Catalog& catalog, const std::vector<std::unique_ptr<Device>>& devices);
 
   mutable std::mutex mutex_;  // serialises configuration and profile swaps
   std::atomic<const State*> state_{nullptr};
@@ -84,7 +86,7 @@ class Runtime {
   std::shared_ptr<const ProfileDb> profiles_;
   std::atomic<bool> bad_fork_{false};
   std::atomic<void (*)()> drain_hook_{nullptr};
-  std::atomic<void (*)()> configured_hook_{nullptr};
+  std::atomic<uint64_t> profiles_generation_{0};
 };
 
 // Thread-local current device and, per device, current stream (as CUDA).

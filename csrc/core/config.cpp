@@ -1,5 +1,8 @@
 #include "config.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -8,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 #include <sstream>
+#include <string_view>
 
 #include "error.h"
 #include "shm_segment.h"
@@ -141,6 +145,46 @@ int parse_device_count(const std::string& text, const std::string& source) {
   EMUGPU_CHECK(value >= 1, kValue, source, ": expected a positive number of emulated GPUs (1 or more), got ", value);
   EMUGPU_CHECK(value <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices, " emulated GPUs, got ", value);
   return static_cast<int>(value);
+}
+
+namespace {
+
+bool switch_on(const char* name) {
+  std::string v = env(name).value_or("on");
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  EMUGPU_CHECK(v == "on" || v == "off", kValue, name, ": expected 'on' or 'off', got '", brief(v), "'");
+  return v == "on";
+}
+
+std::string home_directory() {
+  if (auto home = env("HOME")) return *home;
+  const passwd* pw = getpwuid(getuid());  // as Python's expanduser: the account's home where HOME is unset
+  return pw != nullptr && pw->pw_dir != nullptr ? pw->pw_dir : "/";
+}
+
+}  // namespace
+
+SearchPath resolve_search_path(const std::string& packaged_dir) {
+  std::vector<std::string> dirs;
+  if (const char* listed = std::getenv("EMUGPU_PROFILE_PATH")) {
+    std::string_view rest(listed);
+    while (true) {
+      const auto colon = rest.find(':');
+      const std::string part(rest.substr(0, colon));
+      if (!trim(part).empty()) dirs.push_back(part);
+      if (colon == std::string_view::npos) break;
+      rest.remove_prefix(colon + 1);
+    }
+  }
+  const std::string data_home = env("XDG_DATA_HOME").value_or(home_directory() + "/.local/share");
+  dirs.push_back(data_home + "/torch-emugpu/profiles");
+  dirs.push_back(packaged_dir);
+  SearchPath path;
+  const bool profiles = switch_on("EMUGPU_PROFILES");
+  const bool calibration = switch_on("EMUGPU_CALIBRATION");
+  if (profiles) path.profiles = dirs;
+  if (calibration) path.calibration = std::move(dirs);
+  return path;
 }
 
 Config resolve_config(const ConfigRequest& request, const std::string& default_catalog) {

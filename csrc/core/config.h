@@ -5,11 +5,14 @@
 // GPUs may set; the ranks' exchange: EMUGPU_EXCHANGE; the staging of
 // pageable copies: EMUGPU_HOST_COPY_GBPS; the emulated host's time per op:
 // EMUGPU_HOST_OP_US; shared PCIe uplinks:
-// EMUGPU_PCIE_SHARED_BY, EMUGPU_PCIE_UPLINK_GBPS): the one place either is parsed.
+// EMUGPU_PCIE_SHARED_BY, EMUGPU_PCIE_UPLINK_GBPS; where profiles and
+// calibrations are found: EMUGPU_PROFILE_PATH, EMUGPU_PROFILES,
+// EMUGPU_CALIBRATION, XDG_DATA_HOME): the one place either is parsed.
 #pragma once
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace emugpu {
 
@@ -72,6 +75,19 @@ struct ConfigRequest {
   std::optional<double> net_gbps;
   std::optional<double> net_latency_us;
 };
+
+// The directories searched, first match wins: EMUGPU_PROFILE_PATH's (split
+// at ':'), the user's ($XDG_DATA_HOME/torch-emugpu/profiles, by default
+// under ~/.local/share), then `packaged_dir`. Profiles: none with
+// EMUGPU_PROFILES=off (every time from the cost model). Calibrations belong
+// to the cost model, so they are searched under EMUGPU_PROFILES=off too;
+// none with EMUGPU_CALIBRATION=off. Read anew at each call (configure()
+// follows the environment of its moment); bad switches throw kValue.
+struct SearchPath {
+  std::vector<std::string> profiles;
+  std::vector<std::string> calibration;
+};
+SearchPath resolve_search_path(const std::string& packaged_dir);
 
 Config resolve_config(const ConfigRequest& request, const std::string& default_catalog);
 Mode parse_mode(const std::string& text, const std::string& source);

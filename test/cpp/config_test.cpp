@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "error.h"
 
@@ -18,7 +19,8 @@ struct CleanEnvironment : ::testing::Test {
     for (const char* v :
          {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
           "EMUGPU_HOST_COPY_GBPS", "EMUGPU_HOST_OP_US", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE",
-          "NCCL_ALGO", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"}) {
+          "NCCL_ALGO", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "EMUGPU_PROFILE_PATH",
+          "EMUGPU_PROFILES", "EMUGPU_CALIBRATION", "XDG_DATA_HOME"}) {
       unsetenv(v);
     }
   }
@@ -201,3 +203,45 @@ TEST_F(CleanEnvironment, BadValuesNameTheirSource) {
 }
 
 }  // namespace
+
+TEST_F(CleanEnvironment, SearchPathPutsTheEnvironmentThenTheUserThenThePackage) {
+  setenv("EMUGPU_PROFILE_PATH", "/a: ::/b c", 1);  // blank parts are skipped; spaces inside a name are kept
+  setenv("XDG_DATA_HOME", "/x", 1);
+  const auto path = emugpu::resolve_search_path("/pkg/profiles");
+  const std::vector<std::string> want{"/a", "/b c", "/x/torch-emugpu/profiles", "/pkg/profiles"};
+  EXPECT_EQ(path.profiles, want);
+  EXPECT_EQ(path.calibration, want);
+}
+
+TEST_F(CleanEnvironment, SearchPathFallsBackToTheHomesDataDirectory) {
+  const char* saved = std::getenv("HOME");
+  const std::string home = saved != nullptr ? saved : "";
+  setenv("HOME", "/home/u", 1);
+  const auto path = emugpu::resolve_search_path("/pkg");
+  if (saved != nullptr) {
+    setenv("HOME", home.c_str(), 1);
+  } else {
+    unsetenv("HOME");
+  }
+  EXPECT_EQ(path.profiles, (std::vector<std::string>{"/home/u/.local/share/torch-emugpu/profiles", "/pkg"}));
+}
+
+TEST_F(CleanEnvironment, SearchPathSwitchesTurnProfilesAndCalibrationOffApart) {
+  setenv("EMUGPU_PROFILES", " OFF ", 1);
+  auto path = emugpu::resolve_search_path("/pkg");
+  EXPECT_TRUE(path.profiles.empty());
+  EXPECT_EQ(path.calibration.back(), "/pkg");  // a calibration belongs to the cost model, not to a profile
+  setenv("EMUGPU_PROFILES", "on", 1);
+  setenv("EMUGPU_CALIBRATION", "off", 1);
+  path = emugpu::resolve_search_path("/pkg");
+  EXPECT_EQ(path.profiles.back(), "/pkg");
+  EXPECT_TRUE(path.calibration.empty());
+  setenv("EMUGPU_PROFILES", "maybe", 1);
+  try {
+    emugpu::resolve_search_path("/pkg");
+    FAIL() << "expected a refusal";
+  } catch (const emugpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("EMUGPU_PROFILES: expected 'on' or 'off', got 'maybe'"), std::string::npos)
+        << e.what();
+  }
+}

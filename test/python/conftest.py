@@ -19,6 +19,17 @@ import torch_emugpu
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def autograd_sized_for_every_test():
+    """PyTorch's autograd engine sizes its per-device threads once, at the process's first backward,
+    and configure() refuses more devices after that; a first backward on the most devices any test
+    configures keeps each test file runnable alone, in any order."""
+    torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, device_count=4, mode="timing")
+    torch.ones(1, device="emugpu", requires_grad=True).sum().backward()
+    torch.emugpu.synchronize()
+    yield
+
+
 @pytest.fixture(autouse=True)
 def default_config():
     """Configure the default GPU; tests that reconfigure are undone afterwards."""

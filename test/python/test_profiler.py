@@ -26,7 +26,7 @@ def test_profiler_writes_a_loadable_profile_and_resumes(tmp_path):
     assert doc["batches"][0]["forward_s"] == first  # not measured again
     from torch_emugpu import _C
 
-    loaded = _C._load_profiles([str(tmp_path)])
+    loaded = _C._scan_profiles([str(tmp_path)])
     assert loaded[0]["model"] == "squeezenet1_1" and loaded[0]["tables"][0][1] == [1, 2, 3]
 
 

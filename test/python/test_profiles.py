@@ -299,3 +299,37 @@ def test_a_loop_that_waits_with_item_takes_the_profiled_time(profile_dir):
         loss.item()  # the loop's only wait: the backward+update region ends here
         times.append(iteration_s(t0))
     assert sorted(times[2:])[1] == pytest.approx(0.090, rel=0.03)
+
+
+def test_the_first_use_reads_the_environments_profiles_without_configure_or_reload(tmp_path):
+    # The core reads the search path when it configures itself from the environment: no Python runs there.
+    (tmp_path / "env").mkdir()
+    path = write_profile(tmp_path / "env")
+    code = (
+        "import torch, torchvision, torch_emugpu\n"
+        "model = torchvision.models.resnet18().to('emugpu')\n"
+        "model(torch.empty(2, 3, 32, 32, device='emugpu'))\n"
+        "torch.emugpu.synchronize()\n"
+        "print(sorted({r['source'] for r in torch_emugpu.region_report()}))"
+    )
+    env = {"EMUGPU_GPU": "t4", "EMUGPU_PROFILE_PATH": str(tmp_path / "env"), "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    run = run_python(code, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == f"[{str(path)!r}]", run.stdout
+
+
+def test_a_configure_after_import_follows_a_search_path_set_after_import(tmp_path):
+    (tmp_path / "env").mkdir()
+    write_profile(tmp_path / "env")
+    code = (
+        "import os, torch, torchvision, torch_emugpu\n"
+        f"os.environ['EMUGPU_PROFILE_PATH'] = {str(tmp_path / 'env')!r}\n"
+        "torch_emugpu.configure(gpu='t4')\n"
+        "model = torchvision.models.resnet18().to('emugpu')\n"
+        "model(torch.empty(2, 3, 32, 32, device='emugpu'))\n"
+        "torch.emugpu.synchronize()\n"
+        "print(sorted({r['source'] for r in torch_emugpu.region_report()}))"
+    )
+    run = run_python(code, env={"XDG_DATA_HOME": str(tmp_path / "xdg")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "resnet18.json" in run.stdout and "cost model" not in run.stdout, run.stdout

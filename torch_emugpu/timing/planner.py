@@ -112,6 +112,7 @@ class _Planner:
         self.sources: dict[str, dict[str, Any]] = {}
         self.warned: set[str] = set()
         self.hooks_installed = False
+        self.generation = -1  # of the profiles the plans were made from (_C._profiles_generation)
         # the module inside a DataParallel -> its parameters' gradient hooks from the last forward
         self.reduction_hooks: weakref.WeakKeyDictionary[torch.nn.Module, list[Any]] = weakref.WeakKeyDictionary()
 
@@ -122,9 +123,16 @@ class _Planner:
             self.sources.clear()
             self.warned.clear()
 
+    def follow_reloads(self) -> None:
+        """Plans made from profiles read before the last configuration or reload go."""
+        generation = _C._profiles_generation()
+        if generation != self.generation:
+            self.forget()
+            self.generation = generation
+
     def reloaded(self, summaries: list[dict[str, Any]]) -> None:
-        """The profiles were read again: plans made from the old ones go; hooks once there are any."""
-        self.forget()
+        """The profiles were read again (configure(), profiles.reload()): hooks once there are any."""
+        self.follow_reloads()
         if summaries:
             self.install()
 
@@ -157,6 +165,7 @@ class _Planner:
 
     def plan_for(self, module: torch.nn.Module, info: tuple[int, int], args: tuple[Any, ...]) -> _Plan | None:
         """The plan of a root module on emugpu (`info`: its device and parameter count)."""
+        self.follow_reloads()
         batch = _batch_size(args, _parallel.batch_dim(module))
         if batch is None or batch < 1:
             return None
@@ -377,6 +386,10 @@ class _CostModelNotice:
         if _planner.device_and_parameters(module) is None:
             return
         self.remove()
+        if _C._profile_summaries():  # the first configuration found profiles the import did not see
+            _planner.install()
+            _planner.pre_hook(module, args)
+            return
         dirs = ", ".join(str(p) for p in profiles.search_path())
         warnings.warn(
             f"emugpu: no measured profiles on the search path ({dirs}), so every model's time comes "
@@ -402,6 +415,11 @@ def activate() -> None:
         _planner.install()
     elif _notice.handle is None and not _planner.hooks_installed:
         _notice.handle = torch.nn.modules.module.register_module_forward_pre_hook(_notice)
+
+
+def profiles_reloaded() -> None:
+    """configure() read the profiles again: hooks once there are any."""
+    _planner.reloaded(_C._profile_summaries())
 
 
 def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:
@@ -464,4 +482,5 @@ def region_report(device: int | None = None) -> list[dict[str, Any]]:
     ops keep the cost model's times, and last_s says what their forward and
     backward + update took on the device."""
     index = torch.emugpu.current_device() if device is None else device
+    _planner.follow_reloads()
     return [{**r, **_planner.sources.get(r["key"], {"source": "unknown"})} for r in _C._region_report(index)]

@@ -5,15 +5,15 @@ the directories in EMUGPU_PROFILE_PATH (separated by os.pathsep) first, then
 the user's directory ($XDG_DATA_HOME/torch-emugpu/profiles, by default
 ~/.local/share/torch-emugpu/profiles), then the profiles shipped with the
 package. The emulated GPU's calibration file (the cost model's kernel
-parameters) is looked up in the same directories. The compiled core parses
-and interpolates them (csrc/core/profile_db.*); the region planner
-(planner.py) applies the entry that matches a model.
+parameters) is looked up in the same directories. The compiled core resolves
+the path (csrc/core/config.*), reads both whenever the device is configured,
+and parses and interpolates profiles (csrc/core/profile_db.*); the region
+planner (planner.py) applies the entry that matches a model.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from torch_emugpu import _C
-from torch_emugpu.device._extension import ensure_configured
+from torch_emugpu.device._extension import ensure_configured, require
 from torch_emugpu.measure.common import atomic_output, user_profile_dir
 
 __all__ = [
@@ -46,62 +46,47 @@ def packaged_profile_dir() -> Path:
 
 def search_path() -> list[Path]:
     """Directories searched for profiles, first match wins; none with EMUGPU_PROFILES=off."""
-    switch = os.environ.get("EMUGPU_PROFILES", "on").strip().lower()
-    if switch not in ("on", "off"):
-        raise ValueError(f"EMUGPU_PROFILES: expected 'on' or 'off', got {switch!r}")
-    if switch == "off":  # every time from the cost model, e.g. to measure the cost model itself
-        return []
-    return _directories()
+    return [Path(p) for p in _search_path()["profiles"]]
 
 
 def calibration_path() -> list[Path]:
     """Directories searched for the emulated GPU's calibration file, first match wins: the profile
     directories, also under EMUGPU_PROFILES=off (a calibration belongs to the cost model, not to a
     profile); none with EMUGPU_CALIBRATION=off."""
-    switch = os.environ.get("EMUGPU_CALIBRATION", "on").strip().lower()
-    if switch not in ("on", "off"):
-        raise ValueError(f"EMUGPU_CALIBRATION: expected 'on' or 'off', got {switch!r}")
-    return [] if switch == "off" else _directories()
+    return [Path(p) for p in _search_path()["calibration"]]
 
 
-def _directories() -> list[Path]:
-    env = [Path(p) for p in os.environ.get("EMUGPU_PROFILE_PATH", "").split(os.pathsep) if p.strip()]
-    return [*env, user_profile_dir(), packaged_profile_dir()]
+def _search_path() -> dict[str, list[str]]:
+    # The core resolves it (csrc/core/config.h), the one place the environment is read.
+    require()
+    return _C._search_path()
 
 
-_lock = threading.RLock()
-_summaries: list[dict[str, Any]] | None = None
-# Told after every reload, with the summaries: the region planner caches plans made from the old files,
-# and installs its hooks once profiles exist. It subscribes, so that lookup needs nothing from it.
+# Told after every reload, with the summaries: the region planner installs its hooks once profiles exist.
+# It subscribes, so that this module needs nothing from it.
 _listeners: list[Callable[[list[dict[str, Any]]], None]] = []
 
 
 def on_reload(listener: Callable[[list[dict[str, Any]]], None]) -> None:
     """Calls `listener(summaries)` after every reload (once, however often it is registered)."""
-    with _lock:
-        if listener not in _listeners:
-            _listeners.append(listener)
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 def reload() -> list[dict[str, Any]]:
-    """(Re)reads every profile, and the calibration file of the emulated GPU, on the search path; a
-    malformed file raises ValueError naming it and the field."""
-    global _summaries
-    ensure_configured()  # GPU names are checked against the catalog (configure() reloads too)
-    with _lock:
-        _summaries = list(_C._load_profiles([str(p) for p in search_path()]))
-        # The cost model's kernel parameters: a calibration file for this GPU
-        # on the search path (fitted), else its architecture's defaults.
-        _C._load_calibration([str(p) for p in calibration_path()])
-        summaries = _summaries
-        for listener in _listeners:
-            listener(summaries)
+    """(Re)reads every profile, and the calibration file of the emulated GPU, on the search path (as
+    configuring does); a malformed file raises ValueError naming it and the field."""
+    require()
+    summaries = list(_C._reload_profiles())
+    for listener in _listeners:
+        listener(summaries)
     return summaries
 
 
 def available() -> list[dict[str, Any]]:
     """Summaries (gpu, model, parameters, source, path, tables) of the loaded profiles."""
-    return list(_summaries if _summaries is not None else reload())
+    require()
+    return list(_C._profile_summaries())
 
 
 def lookup(
@@ -115,8 +100,6 @@ def lookup(
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     ensure_configured()
-    if _summaries is None:
-        reload()
     gpu = gpu or torch.emugpu.get_device_name()
     return _C._profile_lookup(gpu, model or "", parameters, int(batch_size), int(gpu_count))
 
@@ -172,10 +155,3 @@ def plot(doc: dict[str, Any], path: str | Path) -> None:
     with atomic_output(path, fsync=False) as f:  # replaces a symlink at `path`, never writes through it
         fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=100)
     plt.close(fig)
-
-
-def activate() -> None:
-    """At the package's import: profiles and calibration load when the device
-    is first configured, from the environment or by configure()."""
-    # Ops run before any model (a bare matmul) must already see the calibration.
-    _C._set_configured_hook(reload)

@@ -84,14 +84,6 @@ OpCost op_cost_from_dict(const py::dict& d) {
 }  // namespace
 
 void bind_cost(py::module_& m) {
-  // The cost model's kernel parameters for the configured GPU: fitted to the
-  // first calibration file for it on the search path, else its architecture's row.
-  m.def(
-      "_load_calibration",
-      [](const std::vector<std::string>& directories) {
-        return guarded([&] { return kernel_params_dict(Runtime::get().load_calibration(directories)); });
-      },
-      "Sets every device's kernel parameters from the calibration on `directories`; returns them.");
   m.def("_current_kernel_params", [](int index) {
     return guarded([&] { return kernel_params_dict(Runtime::get().device(index).cost().kernel_params()); });
   });

@@ -37,22 +37,6 @@ std::optional<std::string> optional_string(const py::object& o) {
   return o.is_none() ? std::nullopt : std::optional<std::string>(o.cast<std::string>());
 }
 
-PyObject* configured_callable = nullptr;  // leaked: called until the interpreter finalizes
-
-// Python errors (a malformed profile) become ours, so the op that
-// configured maps them to ValueError.
-void call_configured() {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
-  py::gil_scoped_acquire gil;
-  PyObject* result = PyObject_CallNoArgs(configured_callable);
-  if (result == nullptr) {
-    py::error_already_set error;
-    const std::string why = py::str(error.value());
-    EMUGPU_CHECK(false, kValue, "loading the profiles and calibration for the emulated GPU failed: ", why);
-  }
-  Py_DECREF(result);
-}
-
 }  // namespace
 
 void bind_device(py::module_& m) {
@@ -99,10 +83,6 @@ void bind_device(py::module_& m) {
   // Any catalog GPU, matched loosely as EMUGPU_GPU is (e.g. the GPU a measured table came from).
   m.def("_gpu_properties",
         [](const std::string& name) { return guarded([&] { return gpu_dict(Runtime::get().catalog().find(name)); }); });
-  m.def("_set_configured_hook", [](py::object fn) {
-    if (configured_callable == nullptr) configured_callable = fn.release().ptr();
-    Runtime::get().set_configured_hook(&call_configured);
-  });
   m.def("_synchronize", [](int index) {
     guarded([&] {
       Device& dev = Runtime::get().device(index);

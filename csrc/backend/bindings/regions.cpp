@@ -37,6 +37,12 @@ py::dict profile_summary(const Profile& p) {
   return d;
 }
 
+py::list profile_summaries(const ProfileDb& db) {
+  py::list out;
+  for (const auto& p : db.profiles()) out.append(profile_summary(p));
+  return out;
+}
+
 py::dict region_dict(const RegionReport& r) {
   py::dict d;
   d["key"] = r.key;
@@ -90,17 +96,38 @@ void bind_regions(py::module_& m) {
       Runtime::get().device(index).cost().set_measured_transfer(seconds_to_ns(latency_s), rate, pinned_rate);
     });
   });
-  m.def("_load_profiles", [](const std::vector<std::string>& directories) {
+  // The profiles and calibration are read by the runtime at each configuration (core/config.h names
+  // the search path); these let Python list them, reread them, and notice a reread.
+  m.def("_reload_profiles", [] {
+    return guarded([&] {
+      Runtime::get().reload_profiles();
+      return profile_summaries(*Runtime::get().profiles());
+    });
+  });
+  m.def("_profile_summaries", [] {
+    return guarded([&] {
+      Runtime::get().ensure_configured();
+      return profile_summaries(*Runtime::get().profiles());
+    });
+  });
+  m.def("_profiles_generation", [] { return Runtime::get().profiles_generation(); });
+  m.def("_search_path", [] {
+    return guarded([&] {
+      const SearchPath path = Runtime::get().search_path();
+      py::dict d;
+      d["profiles"] = path.profiles;
+      d["calibration"] = path.calibration;
+      return d;
+    });
+  });
+  // Reads the profiles of `directories` without using them (a tool checking what it wrote).
+  m.def("_scan_profiles", [](const std::vector<std::string>& directories) {
     return guarded([&] {
       ProfileDb db;
       db.scan(directories);
-      // Entries the scan could not read (symlink loops, no permission): one warning each.
       for (const std::string& warning : db.warnings()) TORCH_WARN("emugpu: ", warning);
       db.check_gpus(Runtime::get().catalog());
-      py::list out;
-      for (const auto& p : db.profiles()) out.append(profile_summary(p));
-      Runtime::get().set_profiles(std::move(db));
-      return out;
+      return profile_summaries(db);
     });
   });
   m.def("_profile_lookup",
