@@ -425,7 +425,8 @@ def summary(res: DataTrainResult) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+# _ActionsContainer: the base that a parser and its argument groups share (cli/train.py passes a group).
+def add_arguments(p: argparse._ActionsContainer) -> None:
     p.add_argument(
         "--data",
         default=None,
