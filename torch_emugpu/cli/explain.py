@@ -15,10 +15,12 @@ import argparse
 import os
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from torch_emugpu.device import device_module
 from torch_emugpu.device.cost_report import cost_report, kernel_params, reset_cost_report
 
 
@@ -48,16 +50,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=2, help="training iterations measured (default 2)")
 
 
-def _model_and_step(args: argparse.Namespace, device: torch.device):  # type: ignore[no-untyped-def]
+def _model_and_step(args: argparse.Namespace, device: torch.device) -> Callable[[], None]:
     from torch_emugpu.measure.models import GPT, GPTConfig, gpt_loss, image_size, torchvision_model
 
     amp = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    net: torch.nn.Module
     if args.model == "gpt2":
-        net = GPT(GPTConfig(context=max(1024, args.seq_len))).to(device)
-        x = torch.randint(0, net.cfg.vocab_size, (args.batch_size, args.seq_len), device=device)
+        gpt = GPT(GPTConfig(context=max(1024, args.seq_len))).to(device)
+        x = torch.randint(0, gpt.cfg.vocab_size, (args.batch_size, args.seq_len), device=device)
 
         def loss_fn() -> torch.Tensor:
-            return gpt_loss(net, x, x)
+            return gpt_loss(gpt, x, x)
+
+        net = gpt
     else:
         net = torchvision_model(args.model).to(device)
         size = image_size(args.model)
@@ -91,19 +96,19 @@ def main(args: argparse.Namespace) -> int:
     device = torch.device("emugpu", 0)
     step = _model_and_step(args, device)
     step()  # warm-up: shapes are learnt, optimizer state allocated
-    torch.emugpu.synchronize()
+    device_module.synchronize()
     reset_cost_report()
-    torch.emugpu.reset_engine_stats()
+    device_module.reset_engine_stats()
     t0 = time.perf_counter()
     for _ in range(args.iterations):
         step()
-    torch.emugpu.synchronize()
+    device_module.synchronize()
     wall = time.perf_counter() - t0
     rows = cost_report()
-    busy = torch.emugpu.engine_stats()["compute_busy_s"]
+    busy = device_module.engine_stats()["compute_busy_s"]
     print(
         f"{args.model}, batch {args.batch_size}, {args.amp if args.amp != 'none' else 'float32'}, on "
-        f"{torch.emugpu.get_device_name()} (cost model only), per training iteration (AdamW):"
+        f"{device_module.get_device_name()} (cost model only), per training iteration (AdamW):"
     )
     print(format_cost_report(rows, per=args.iterations))
     params = kernel_params()

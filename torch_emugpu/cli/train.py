@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 import torch_emugpu
 from torch_emugpu import _C
+from torch_emugpu.device import device_module
 from torch_emugpu.measure.models import image_size, torchvision_model
 
 GPT_MODELS = ("gpt2",)
@@ -38,9 +39,9 @@ def build(model: str, batch_size: int, seq_len: int) -> tuple[torch.nn.Module, t
     if model in GPT_MODELS:
         from torch_emugpu.measure.models import GPT
 
-        net = GPT()
-        x = torch.randint(0, net.cfg.vocab_size, (batch_size, seq_len))
-        return net, x, x.clone()
+        gpt = GPT()
+        x = torch.randint(0, gpt.cfg.vocab_size, (batch_size, seq_len))
+        return gpt, x, x.clone()
     import torchvision
 
     if model not in torchvision.models.list_models(module=torchvision.models):
@@ -94,16 +95,16 @@ def run(
 
     for _ in range(warmup):
         step()
-    torch.emugpu.synchronize()
-    torch.emugpu.reset_peak_memory_stats()
+    device_module.synchronize()
+    device_module.reset_peak_memory_stats()
     times: list[float] = []
     _C._reset_engine_stats(0)
     start = time.perf_counter()
-    bar = tqdm(range(iterations), desc=f"{model} on {torch.emugpu.get_device_name()}", unit="it", disable=not progress)
+    bar = tqdm(range(iterations), desc=f"{model} on {device_module.get_device_name()}", unit="it", disable=not progress)
     for _ in bar:
         t0 = time.perf_counter()
         step()
-        torch.emugpu.synchronize()
+        device_module.synchronize()
         times.append(time.perf_counter() - t0)
     total = time.perf_counter() - start
     stats = _C._engine_stats(0)
@@ -112,13 +113,13 @@ def run(
     median = statistics.median(times)
     return TrainResult(
         model=model,
-        gpu=torch.emugpu.get_device_name(),
+        gpu=device_module.get_device_name(),
         batch_size=batch_size,
         iterations=iterations,
         iteration_s=median,
         gpu_busy_s=busy,
         host_overhead_s=(total - blocked) / iterations,
-        peak_memory=torch.emugpu.max_memory_allocated(),
+        peak_memory=device_module.max_memory_allocated(),
         samples_per_s=batch_size / median,
     )
 

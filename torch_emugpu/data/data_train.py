@@ -27,6 +27,7 @@ next to the GPU's demand. `--timeline PNG` draws the last epoch.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ import torch_emugpu
 from torch_emugpu import _C
 from torch_emugpu.data import WorkerDiedError, datasets, death_hint, exit_description
 from torch_emugpu.data.preprocessing import MEAN, STD, train_batch_on_device
+from torch_emugpu.device import device_module
 from torch_emugpu.measure.common import atomic_output
 from torch_emugpu.measure.models import torchvision_model
 
@@ -163,11 +165,11 @@ def _gpu_iteration(
 
     step()
     step()
-    torch.emugpu.synchronize()
+    device_module.synchronize()
     t0 = time.perf_counter()
     for _ in range(iterations):
         step()
-    torch.emugpu.synchronize()
+    device_module.synchronize()
     return (time.perf_counter() - t0) / iterations
 
 
@@ -215,14 +217,14 @@ def _epoch(
 
     gen = torch.Generator().manual_seed(seed)
     index = device.index or 0
-    torch.emugpu.synchronize()
-    torch.emugpu.reset_peak_memory_stats()
+    device_module.synchronize()
+    device_module.reset_peak_memory_stats()
     before = _C._engine_stats(index)
     waited = 0.0
     images = 0
     iterations = 0
     marks: list[tuple[float, float, Any, Any, Any]] = []  # host wait (start, end), copy end, step end events
-    start_event = torch.emugpu.Event(enable_timing=True)
+    start_event = device_module.Event(enable_timing=True)
     start = time.perf_counter()
     start_event.record()
     bar = tqdm(total=len(loader), desc=label, unit="batch", disable=not progress, leave=False)
@@ -236,20 +238,20 @@ def _epoch(
                 break
             t1 = time.perf_counter()
             waited += t1 - t0
-            copy_start = torch.emugpu.Event(enable_timing=True) if record else None
-            if record:
+            copy_start = device_module.Event(enable_timing=True) if record else None
+            if copy_start is not None:
                 copy_start.record()
             x = train_batch_on_device(xb, device, generator=gen) if gpu_prep else xb.to(device, non_blocking=pin)
             y = yb.to(device, non_blocking=pin)
-            copied = torch.emugpu.Event(enable_timing=True) if record else None
-            if record:
+            copied = device_module.Event(enable_timing=True) if record else None
+            if copied is not None:
                 copied.record()
             loss = torch.nn.functional.cross_entropy(net(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             if record:
-                done = torch.emugpu.Event(enable_timing=True)
+                done = device_module.Event(enable_timing=True)
                 done.record()
                 marks.append((t0 - start, t1 - start, copy_start, copied, done))
             images += len(yb)
@@ -260,7 +262,7 @@ def _epoch(
         if died is None:
             raise
         raise died from e
-    torch.emugpu.synchronize()
+    device_module.synchronize()
     epoch_s = time.perf_counter() - start
     bar.close()
     after = _C._engine_stats(index)
@@ -282,7 +284,7 @@ def _epoch(
         data_wait_s=waited,
         cached_fraction=cached,
         cache_note=note,
-        peak_bytes=torch.emugpu.max_memory_allocated(),
+        peak_bytes=device_module.max_memory_allocated(),
         timeline=timeline,
     )
 
@@ -327,7 +329,8 @@ def run(
     datasets.set_page_cache(paths, 1.0)
     warmup = min(max(1, workers), max(1, len(loader) // 4))
     rate = _pipeline_rate(loader, batches=min(len(loader) - warmup, max(16, 2 * workers)), warmup=warmup)
-    common = dict(
+    epoch = functools.partial(
+        _epoch,
         net=net,
         opt=opt,
         device=device,
@@ -338,28 +341,27 @@ def run(
     )
     baseline = None
     if cache_fraction < 1.0:
-        baseline = _epoch("baseline (all cached)", loader, cached=1.0, note=None, seed=seed, record=False, **common)
+        baseline = epoch("baseline (all cached)", loader, cached=1.0, note=None, seed=seed, record=False)
     reports = []
     for e in range(epochs):
         cached, note = datasets.set_page_cache(paths, cache_fraction, seed=seed)
-        r = _epoch(
+        r = epoch(
             f"epoch {e + 1}/{epochs}",
             loader,
             cached=cached,
             note=note,
             seed=seed + e + 1,
             record=timeline is not None and e == epochs - 1,
-            **common,
         )
         base = baseline or r  # all cached: the epoch is its own baseline, and nothing is fetched
         r.prep_stall_s = base.data_stall_s
         r.fetch_stall_s = max(0.0, r.data_stall_s - base.data_stall_s)
         reports.append(r)
     if timeline:
-        plot_timeline(reports[-1], timeline, f"{model} on {torch.emugpu.get_device_name()}")
+        plot_timeline(reports[-1], timeline, f"{model} on {device_module.get_device_name()}")
     return DataTrainResult(
         model=model,
-        gpu=torch.emugpu.get_device_name(),
+        gpu=device_module.get_device_name(),
         batch_size=batch_size,
         workers=workers,
         pin_memory=pin_memory,
@@ -423,7 +425,8 @@ def summary(res: DataTrainResult) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+# _ActionsContainer: the base that a parser and its argument groups share (cli/train.py passes a group).
+def add_arguments(p: argparse._ActionsContainer) -> None:
     p.add_argument(
         "--data",
         default=None,

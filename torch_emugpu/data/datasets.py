@@ -285,9 +285,10 @@ def _in_workers(job: _Job, tasks: list[tuple[int, int]], jobs: int, out: Path) -
     wait forever. Here the parent checks the workers every _POLL_S seconds
     and raises WorkerDiedError naming how one ended.
     """
-    # fork: the workers need numpy and PIL only, and skip importing torch again
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    ctx = multiprocessing.get_context(method)
+    # fork: the workers need numpy and PIL only, and skip importing torch again. Each context by its
+    # literal name: typeshed types get_context(<a str>) as BaseContext, which lacks Process.
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork") if fork else multiprocessing.get_context("spawn")
     todo, results = ctx.Queue(), ctx.Queue()
     todo.cancel_join_thread()  # after a failure nobody reads the rest: exit without flushing it
     for task in tasks:
@@ -740,10 +741,10 @@ def main(args: Any) -> int:
     )
     if found.empty_classes:
         print(f"{len(found.empty_classes)} classes without images: {', '.join(found.empty_classes[:10])}")
-    m = found.manifest
-    if m is not None:
-        line = f"dataset.json: {m.get('kind')}, {m.get('count')} images, seed {m.get('seed')}"
-        if m.get("count") != n:
+    manifest = found.manifest
+    if manifest is not None:
+        line = f"dataset.json: {manifest.get('kind')}, {manifest.get('count')} images, seed {manifest.get('seed')}"
+        if manifest.get("count") != n:
             line += f"; found {n}: files were removed, added or damaged since it was made"
         print(line)
     elif found.manifest_error:

@@ -29,7 +29,7 @@ import warnings
 from bisect import bisect_left
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -37,9 +37,19 @@ from torch_emugpu.measure.common import gpu_dir_name
 from torch_emugpu.measure.images import jpeg_header
 
 _MODES = {"UNCHANGED": None, "GRAY": 1, "RGB": 3}
+
+
+class _Fallback(TypedDict):
+    gpu: str
+    sm_count: int
+    image_s: float
+    call_s: float
+    pixel_s: float
+
+
 # nvJPEG on the H100 we measured (profiles/NVIDIA_H100_80GB_HBM3/preprocessing.json, batch 128 and 1):
 # per image about 29 us + 113 us / batch of fixed cost and 0.27 ns per pixel.
-_FALLBACK = {"gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132, "image_s": 29e-6, "call_s": 113e-6, "pixel_s": 0.27e-9}
+_FALLBACK = _Fallback(gpu="NVIDIA H100 80GB HBM3", sm_count=132, image_s=29e-6, call_s=113e-6, pixel_s=0.27e-9)
 
 
 def _mode_channels(mode: Any) -> int | None:
@@ -51,7 +61,7 @@ def _mode_channels(mode: Any) -> int | None:
 
 
 @lru_cache(maxsize=8)
-def _table(gpu: str, search: tuple[str, ...]) -> tuple[dict[str, Any], str] | None:
+def _table(gpu: str, search: tuple[str, ...]) -> tuple[dict[int, list[tuple[float, float]]], str] | None:
     """The decode rows of `gpu`'s preprocessing table, else of the first other GPU's; with its GPU name."""
     own = [Path(d) / gpu_dir_name(gpu) / "preprocessing.json" for d in search]
     others = [p for d in search for p in sorted(Path(d).glob("*/preprocessing.json"))]
@@ -87,10 +97,11 @@ def decode_seconds(pixels: list[int], device_index: int) -> float:
     """Emulated seconds of one batched decode of images of `pixels` each."""
     import torch_emugpu
     from torch_emugpu import _C
+    from torch_emugpu.device import device_module
     from torch_emugpu.timing import profiles
 
     gpu = torch_emugpu.config().gpu
-    sm = torch.emugpu.get_device_properties(device_index).multi_processor_count
+    sm = device_module.get_device_properties(device_index).multi_processor_count
     batch = len(pixels)
     found = _table(gpu, tuple(str(p) for p in profiles.search_path()))
     if found is None:
@@ -137,8 +148,9 @@ def _warn_once(key: str, message: str) -> None:
 def _decode_host(data: torch.Tensor, channels: int | None) -> torch.Tensor:
     from PIL import Image
 
-    with Image.open(io.BytesIO(bytes(data.numpy()))) as im:
-        im = im.convert({1: "L", 3: "RGB"}.get(channels, "L" if im.mode == "L" else "RGB"))
+    modes: dict[int | None, str] = {1: "L", 3: "RGB"}
+    with Image.open(io.BytesIO(bytes(data.numpy()))) as source:
+        im = source.convert(modes.get(channels, "L" if source.mode == "L" else "RGB"))
         pixels = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8)
         return pixels.view(im.height, im.width, -1).permute(2, 0, 1)
 

@@ -147,7 +147,8 @@ def _default_reduce(obj: Any) -> tuple[Any, ...]:
 
 
 def _wrap(cls: type, emugpu_reduce: Reducer) -> None:
-    previous = ForkingPickler._extra_reducers.get(cls, _default_reduce)
+    # _extra_reducers (what ForkingPickler.register fills) is private, so typeshed leaves it out.
+    previous = ForkingPickler._extra_reducers.get(cls, _default_reduce)  # type: ignore[attr-defined]
     if getattr(previous, "_emugpu", False):
         return  # installed already
 
@@ -160,7 +161,8 @@ def _wrap(cls: type, emugpu_reduce: Reducer) -> None:
 
 def install() -> None:
     """Registers the emugpu reducers with multiprocessing's ForkingPickler."""
-    for cls in {torch.Tensor, torch.nn.parameter.Parameter, *torch._tensor_classes}:
+    classes: set[type] = {torch.Tensor, torch.nn.parameter.Parameter, *torch._tensor_classes}
+    for cls in classes:
         _wrap(cls, _reduce_emugpu_tensor)
     # TypedStorage and its legacy subclasses reduce to their UntypedStorage in
     # torch's own reducers, so they reach this one too.

@@ -39,11 +39,12 @@ def _autograd_device_threads() -> bool:
 
 def _flush_device_threads() -> None:
     from torch_emugpu import _C
+    from torch_emugpu.device import device_module
 
     if _C._in_bad_fork() or not _C._configured() or not _autograd_device_threads():
         return
-    engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
-    for index in range(torch.emugpu.device_count()):
+    engine = torch.autograd.Variable._execution_engine
+    for index in range(device_module.device_count()):
         x = torch.zeros((), device=torch.device("emugpu", index), requires_grad=True)
         y = x * 1
         # The engine directly: no Python context is stashed in the task.

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from torch_emugpu.device import device_module
 from torch_emugpu.device._extension import _C, ensure_configured
 
 
@@ -25,7 +26,7 @@ def cost_report(device: int | None = None, reset: bool = False) -> list[dict[str
     by the bytes they move and reported as "unmodelled (by bytes)". Kernels that profiled regions re-timed
     count with what the cost model charged them."""
     ensure_configured()
-    index = torch.emugpu.current_device() if device is None else torch.device("emugpu", device).index
+    index = device_module.current_device() if device is None else torch.device("emugpu", device).index
     raw = list(_C._cost_report(index))
     if reset:
         _C._reset_cost_report(index)
@@ -57,7 +58,7 @@ def kernel_params(device: int | None = None) -> dict[str, Any]:
     (csrc/core/kernel_params.cpp) or "calibration: <file>" (fitted to a `torch-emugpu calibrate` sweep
     for this GPU found on the profile search path)."""
     ensure_configured()
-    index = torch.emugpu.current_device() if device is None else torch.device("emugpu", device).index
+    index = device_module.current_device() if device is None else torch.device("emugpu", device).index
     return dict(_C._current_kernel_params(index))
 
 

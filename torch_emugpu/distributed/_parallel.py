@@ -29,6 +29,8 @@ from torch._utils import (
 )
 from torch.nn.parallel import comm
 
+from torch_emugpu.device import device_module
+
 _DeviceLike = int | str | torch.device
 _original: dict[str, Callable[..., Any]] = {}
 
@@ -59,6 +61,7 @@ def broadcast(
         for o in out:
             o.copy_(tensor)
         return tuple(out)
+    assert devices is not None  # exactly one of the two, checked above
     # As on CUDA, the tensor itself stands for its own device.
     return tuple(tensor if tensor.device == _emu(d) else tensor.to(_emu(d)) for d in _indices(devices))
 
@@ -130,7 +133,7 @@ def scatter(
     results = []
     for i, (part, d) in enumerate(zip(parts, indices[: len(parts)], strict=True)):
         stream = streams[i] if streams is not None else None
-        on_stream = torch.emugpu.stream(stream) if stream is not None else contextlib.nullcontext()
+        on_stream = device_module.stream(stream) if stream is not None else contextlib.nullcontext()
         with torch.accelerator.device_index(d), on_stream:
             results.append(part.contiguous().to(_emu(d), non_blocking=True))
     return tuple(results)

@@ -393,7 +393,7 @@ def _conv_runs(s: Sweep) -> list[_ConvRun]:
     """The sweep's convolutions: ResNet-50/VGG/AlexNet/MobileNetV2 layers in NCHW (per dtype, in that order: the
     first points the sweep ever had), then depthwise, grouped and large-kernel layers in both memory formats,
     squeeze-excitation layers, and bfloat16 inference forwards of ResNet-50's layers at a large batch."""
-    dtypes = s.pick((F32, BF16), (F32,))
+    dtypes = tuple(s.pick((F32, BF16), (F32,)))
     if s.quick:
         runs = [_ConvRun(2, layer, (dtype,)) for dtype in dtypes for layer in QUICK_CONV_LAYERS]
         runs += [_ConvRun(2, layer, dtypes, cl) for layer in QUICK_CONV_VARIANT_LAYERS for cl in (False, True)]

@@ -28,7 +28,8 @@ def render(rng: np.random.Generator, w: int, h: int) -> Image.Image:
     chroma_amp = int(rng.integers(16, 49))
     top = 256 - luma_amp - chroma_amp  # base + grain never exceeds 255: plain uint8 adds
     gw, gh = (int(v) for v in rng.integers(2, 7, size=2))
-    img = Image.fromarray(rng.integers(0, top, size=(gh, gw, 3), dtype=np.uint8)).resize((w, h), Image.BILINEAR)
+    coarse = Image.fromarray(rng.integers(0, top, size=(gh, gw, 3), dtype=np.uint8))
+    img = coarse.resize((w, h), Image.Resampling.BILINEAR)
     draw = ImageDraw.Draw(img)
     for _ in range(int(rng.integers(3, 12))):
         x0, x1 = sorted(int(v) for v in rng.integers(-w // 4, w + w // 4 + 1, size=2))
@@ -45,7 +46,7 @@ def render(rng: np.random.Generator, w: int, h: int) -> Image.Image:
     luma = Image.frombytes("L", (w, h), rng.bytes(w * h)).point([v * (luma_amp + 1) >> 8 for v in range(256)])
     cw, ch = (w + 1) // 2, (h + 1) // 2
     chroma = Image.frombytes("RGB", (cw, ch), rng.bytes(3 * cw * ch))
-    chroma = chroma.point([v * (chroma_amp + 1) >> 8 for v in range(256)] * 3).resize((w, h), Image.NEAREST)
+    chroma = chroma.point([v * (chroma_amp + 1) >> 8 for v in range(256)] * 3).resize((w, h), Image.Resampling.NEAREST)
     pixels = np.asarray(img) + np.asarray(Image.merge("RGB", (luma, luma, luma)))
     pixels += np.asarray(chroma)
     return Image.fromarray(pixels)
@@ -53,7 +54,7 @@ def render(rng: np.random.Generator, w: int, h: int) -> Image.Image:
 
 def jpeg_header(data: torch.Tensor | bytes) -> tuple[int, int, int]:
     """(components, height, width) from a JPEG's frame header; ValueError if there is none."""
-    raw = memoryview(data.numpy()) if isinstance(data, torch.Tensor) else memoryview(data)  # no copy
+    raw = data.numpy().data if isinstance(data, torch.Tensor) else memoryview(data)  # no copy
     if bytes(raw[:2]) != b"\xff\xd8":
         raise ValueError(f"not a JPEG: expected the start-of-image marker FF D8, got {raw[:2].hex(' ') or 'nothing'}")
     i = 2

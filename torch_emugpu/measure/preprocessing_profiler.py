@@ -66,7 +66,9 @@ def _timer(device: torch.device) -> Callable[[Callable[[], Any], int, int], list
     return time_it
 
 
-def _points(device: torch.device, quick: bool) -> Iterator[tuple[dict[str, Any], Callable[[], Any]]]:
+# Called with no arguments; `...` because each lambda binds its loop variables as defaulted parameters,
+# which mypy cannot match against Callable[[], Any] ("cannot infer type of lambda").
+def _points(device: torch.device, quick: bool) -> Iterator[tuple[dict[str, Any], Callable[..., Any]]]:
     """(record without timings, the call to time) for every point."""
     from torchvision.io import decode_jpeg
     from torchvision.transforms.v2 import functional as F
