@@ -8,6 +8,9 @@ See README.md for configuration (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE).
 
 from __future__ import annotations
 
+import contextlib
+from types import ModuleType
+
 import torch
 
 from ._version import __version__
@@ -73,7 +76,7 @@ def gpu_names() -> list[str]:
 
 def utilization(device: int | None = None) -> int:
     """Percent of the last second the emulated GPU's compute engine was busy (torch.cuda.utilization)."""
-    return torch.emugpu.utilization(device)
+    return _device_module().utilization(device)
 
 
 def host_bound_report(device: int | None = None) -> dict[str, float | int]:
@@ -88,7 +91,7 @@ def host_bound_report(device: int | None = None) -> dict[str, float | int]:
     the first time it happens.
     """
     _ensure_configured()
-    index = torch.emugpu.current_device() if device is None else torch.device("emugpu", device).index
+    index = _device_module().current_device() if device is None else torch.device("emugpu", device).index
     return dict(_C._host_bound_stats(index))
 
 
@@ -99,7 +102,7 @@ def use_profile(module: torch.nn.Module, model: str) -> torch.nn.Module:
     return planner.use_profile(module, model)
 
 
-def profiled_as(model: str):  # type: ignore[no-untyped-def]
+def profiled_as(model: str) -> contextlib.AbstractContextManager[None]:
     """Context manager: root modules run inside use the profile named `model`."""
     from .timing import planner
 
@@ -111,6 +114,12 @@ def region_report(device: int | None = None) -> list[dict]:
     from .timing import planner
 
     return planner.region_report(device)
+
+
+def _device_module() -> ModuleType:
+    from .device import device_module  # what torch.emugpu is, typed (PyTorch adds torch.emugpu at run time)
+
+    return device_module
 
 
 def _register() -> None:

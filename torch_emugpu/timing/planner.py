@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from torch_emugpu import _C
+from torch_emugpu.device import device_module
 from torch_emugpu.distributed import _parallel
 from torch_emugpu.timing import profiles
 
@@ -92,6 +93,10 @@ def _user_stacklevel() -> int:
     return level
 
 
+# A root module's plans by (batch size, profile name, (autocast?, dtype)).
+_PlanKey = tuple[int, str | None, tuple[bool, str]]
+
+
 class _Planner:
     """Owns the model-level regions: which root module runs under which
     profile, and the forward / backward + update regions it opens on its
@@ -99,9 +104,9 @@ class _Planner:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.plans: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, str | None], _Plan | None]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.plans: weakref.WeakKeyDictionary[
+            torch.nn.Module, dict[tuple[int, str | None, tuple[bool, str]], _Plan | None]
+        ] = weakref.WeakKeyDictionary()
         self.module_info: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int] | None] = (
             weakref.WeakKeyDictionary()
         )
@@ -175,7 +180,7 @@ class _Planner:
         cached = self.plans.setdefault(module, {})
         if (batch, name, precision) in cached:
             return cached[(batch, name, precision)]
-        gpu = torch.emugpu.get_device_name(device)
+        gpu = device_module.get_device_name(device)
         label = name or f"{type(module).__name__}({parameters} parameters)"
         fingerprint = None if name else parameters
         span = _parallel.data_parallel_span(module, batch)
@@ -278,7 +283,7 @@ class _Planner:
                 # The loop waits on device_ids[0] only; the other devices reach a
                 # sync point here, so their last backward region closes now and
                 # their forward starts with device_ids[0]'s, not where that one ended.
-                torch.Event(device=torch.device("emugpu", device)).record(torch.emugpu.current_stream(device))
+                torch.Event(device=torch.device("emugpu", device)).record(device_module.current_stream(device))
             host_bound += _C._forward_begin(device, plan.forward_key, plan.forward_s, called_at)
         if host_bound > 0:
             self.warn_once(
@@ -325,6 +330,7 @@ class _Planner:
         # and the reduction onto device_ids[0] were launched. Parameter hooks
         # outlive the forward: the last forward's go first, fired or not.
         inner = module.module
+        assert isinstance(inner, torch.nn.Module), f"a replicated plan's module wraps a Module, got {type(inner)}"
         for handle in self.reduction_hooks.pop(inner, []):
             handle.remove()
         if not outputs:
@@ -481,6 +487,6 @@ def region_report(device: int | None = None) -> list[dict[str, Any]]:
     profile have regions too, with source "cost model" and target_s None: their
     ops keep the cost model's times, and last_s says what their forward and
     backward + update took on the device."""
-    index = torch.emugpu.current_device() if device is None else device
+    index = device_module.current_device() if device is None else device
     _planner.follow_reloads()
     return [{**r, **_planner.sources.get(r["key"], {"source": "unknown"})} for r in _C._region_report(index)]

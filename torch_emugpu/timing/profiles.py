@@ -18,9 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from torch_emugpu import _C
+from torch_emugpu.device import device_module
 from torch_emugpu.device._extension import ensure_configured, require
 from torch_emugpu.measure.common import atomic_output, user_profile_dir
 
@@ -100,7 +99,7 @@ def lookup(
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     ensure_configured()
-    gpu = gpu or torch.emugpu.get_device_name()
+    gpu = gpu or device_module.get_device_name()
     return _C._profile_lookup(gpu, model or "", parameters, int(batch_size), int(gpu_count))
 
 
