@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "error.h"
@@ -90,3 +92,51 @@ TEST(FrameParser, WordsOfTheWrongLengthAreRefused) {
 }
 
 }  // namespace
+
+TEST(FrameParser, ALargePayloadIsReadStraightIntoItsFrame) {
+  std::vector<uint8_t> payload(3 << 20);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7);
+  const auto wire = emugpu::encode_frame(FrameKind::kBytes, 5, payload.data(), payload.size());
+  const auto small = emugpu::encode_frame(FrameKind::kMessage, 6, "xy", 2);
+  std::vector<uint8_t> stream(wire);
+  stream.insert(stream.end(), small.begin(), small.end());
+  FrameParser parser("peer");
+  size_t fed = 0;
+  const uint8_t* direct = nullptr;  // the first payload space handed out
+  size_t direct_offset = 0;
+  size_t read = 1000;  // socket reads of varying sizes
+  while (fed < stream.size()) {
+    const auto into = parser.prepare();
+    const size_t n = std::min({read, into.size(), stream.size() - fed});
+    if (direct == nullptr && into.size() > 64 * 1024) {
+      direct = into.data();
+      direct_offset = fed - emugpu::kFrameHeaderBytes;
+    }
+    std::memcpy(into.data(), stream.data() + fed, n);
+    parser.commit(n);
+    fed += n;
+    read = read * 3 + 17;
+  }
+  Frame f;
+  ASSERT_TRUE(parser.next(f));
+  EXPECT_EQ(f.key, 5u);
+  EXPECT_EQ(f.payload, payload);
+  ASSERT_NE(direct, nullptr);
+  EXPECT_EQ(f.payload.data() + direct_offset, direct);  // no copy after the read
+  ASSERT_TRUE(parser.next(f));
+  EXPECT_EQ(f.kind, FrameKind::kMessage);
+  EXPECT_EQ(std::string(f.payload.begin(), f.payload.end()), "xy");
+  EXPECT_FALSE(parser.next(f));
+  EXPECT_EQ(parser.pending(), 0u);
+}
+
+TEST(FrameParser, AnAnnouncedPayloadIsAllocatedOnlyAsFarAsItsBytesCome) {
+  auto wire = emugpu::encode_frame(FrameKind::kBytes, 0, nullptr, 0);
+  const uint64_t claimed = uint64_t{1} << 39;  // within kMaxFramePayload, far beyond this machine
+  std::memcpy(wire.data() + 16, &claimed, 8);
+  FrameParser parser("peer");
+  parser.feed(wire.data(), wire.size());
+  const auto into = parser.prepare();
+  EXPECT_EQ(into.size(), emugpu::kEagerPayload);
+  EXPECT_EQ(parser.pending(), emugpu::kFrameHeaderBytes);
+}

@@ -6,6 +6,7 @@
 
 #include <boost/asio.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -319,6 +320,35 @@ TEST(TcpTransport, ExchangeSendsEachRankOnlyItsChunk) {
       EXPECT_EQ(got[r][static_cast<size_t>(from)], std::to_string(from) + "->" + std::to_string(r));
     }
   }
+}
+
+TEST(TcpTransport, ExchangedChunksMayChangeOnceTheExchangeReturns) {
+  // The chunks are written without a copy: exchange() must not return while
+  // a peer has still to read them. Each rank reuses one buffer for every round.
+  constexpr int kRanks = 3;
+  constexpr size_t kBytes = 3 << 20;  // larger than loopback's socket buffers
+  MapRendezvous rdv;
+  auto ranks = group(rdv, kRanks);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<uint8_t> buffer(kBytes);
+      for (int round = 0; round < 4; ++round) {
+        std::fill(buffer.begin(), buffer.end(), static_cast<uint8_t>(16 * r + round));
+        const std::vector<const void*> chunks(kRanks, buffer.data());  // one chunk for all: an all-gather
+        const std::vector<size_t> lengths(kRanks, kBytes);
+        const auto rows = ranks[static_cast<size_t>(r)]->exchange(chunks, lengths, 10s);
+        for (int from = 0; from < kRanks; ++from) {
+          const auto& row = rows[static_cast<size_t>(from)];
+          const auto want = static_cast<uint8_t>(16 * from + round);
+          if (row.size() != kBytes || std::count(row.begin(), row.end(), want) != static_cast<long>(kBytes)) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 }  // namespace

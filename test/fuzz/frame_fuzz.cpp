@@ -19,7 +19,8 @@ namespace {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  // The first byte picks the piece size (1..256 bytes), as reads may split frames anywhere.
+  // The first byte picks the piece size (1..256 bytes), as reads may split frames anywhere, and whether
+  // pieces are fed (copied) or read into the space the parser hands out.
   const size_t piece = static_cast<size_t>(data[0]) + 1;
   ++data;
   --size;
@@ -28,8 +29,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t handed = 0;
   try {
     while (fed < size) {
-      const size_t n = std::min(piece, size - fed);
-      parser.feed(data + fed, n);
+      size_t n = std::min(piece, size - fed);
+      if (piece % 2 == 0) {
+        parser.feed(data + fed, n);
+      } else {  // as the transport reads: into the space the parser hands out
+        const auto into = parser.prepare();
+        n = std::min(n, into.size());
+        std::memcpy(into.data(), data + fed, n);
+        parser.commit(n);
+      }
       fed += n;
       emugpu::Frame frame;
       while (parser.next(frame)) {

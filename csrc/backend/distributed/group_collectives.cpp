@@ -265,16 +265,10 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::all_reduce(const std::string& n
 void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<at::Tensor>& hosts,
                                     c10d::ReduceOp::RedOpType op, int64_t payload) {
   // Every rank's bytes reduced in rank order: all ranks hold identical results.
-  std::vector<uint8_t> mine(static_cast<size_t>(payload));
-  size_t offset = 0;
-  for (const auto& h : hosts) {
-    if (nbytes(h) > 0) std::memcpy(mine.data() + offset, h.data_ptr(), static_cast<size_t>(nbytes(h)));
-    offset += static_cast<size_t>(nbytes(h));
-  }
   std::vector<at::Tensor> acc(hosts.size());
   auto add = [&](int rank, const void* bytes, size_t length) {
-    TORCH_CHECK(length == mine.size(), "emu backend: ", name, " expected ", mine.size(), " bytes from rank ", rank,
-                ", got ", length);
+    TORCH_CHECK(length == static_cast<size_t>(payload), "emu backend: ", name, " expected ", payload,
+                " bytes from rank ", rank, ", got ", length);
     size_t at = 0;
     for (size_t i = 0; i < hosts.size(); ++i) {
       at::Tensor part = at::empty(hosts[i].sizes(), hosts[i].options());
@@ -298,7 +292,13 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
     }
   };
   // Ranks with equal signatures have equal payloads: all pick the same path.
-  if (std::string(words_->kind()) == "shm" && mine.size() <= words_->bytes_capacity()) {
+  if (std::string(words_->kind()) == "shm" && static_cast<size_t>(payload) <= words_->bytes_capacity()) {
+    std::vector<uint8_t> mine(static_cast<size_t>(payload));
+    size_t offset = 0;
+    for (const auto& h : hosts) {
+      if (nbytes(h) > 0) std::memcpy(mine.data() + offset, h.data_ptr(), static_cast<size_t>(nbytes(h)));
+      offset += static_cast<size_t>(nbytes(h));
+    }
     words_->gather_bytes(mine.data(), mine.size(), spec_.timeout, add);
     finish_into(mine);
     offset = 0;
@@ -316,23 +316,31 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
       const int64_t m = hosts[i].numel();
       return std::pair<int64_t, int64_t>{m * j / n, m * (j + 1) / n};
     };
-    std::vector<std::vector<uint8_t>> outgoing(static_cast<size_t>(n));
-    for (int j = 0; j < n; ++j) {
-      for (size_t i = 0; i < hosts.size(); ++i) {
-        const auto [begin, end] = slice(i, j);
-        const auto* base = static_cast<const uint8_t*>(hosts[i].data_ptr()) + begin * hosts[i].element_size();
-        outgoing[static_cast<size_t>(j)].insert(outgoing[static_cast<size_t>(j)].end(), base,
-                                                base + (end - begin) * hosts[i].element_size());
-      }
-    }
+    // One tensor (the common case): its slices are sent from where they lie.
+    // Several (a coalesced batch): each rank's slices are packed first.
+    std::vector<std::vector<uint8_t>> outgoing(hosts.size() == 1 ? 0 : static_cast<size_t>(n));
     std::vector<const void*> chunks(static_cast<size_t>(n));
     std::vector<size_t> lengths(static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) {
-      chunks[static_cast<size_t>(j)] = outgoing[static_cast<size_t>(j)].data();
-      lengths[static_cast<size_t>(j)] = outgoing[static_cast<size_t>(j)].size();
+      const auto uj = static_cast<size_t>(j);
+      for (size_t i = 0; i < hosts.size(); ++i) {
+        const auto [begin, end] = slice(i, j);
+        const auto* base = static_cast<const uint8_t*>(hosts[i].data_ptr()) + begin * hosts[i].element_size();
+        const auto length = static_cast<size_t>((end - begin) * hosts[i].element_size());
+        if (outgoing.empty()) {
+          chunks[uj] = base;
+          lengths[uj] = length;
+        } else {
+          outgoing[uj].insert(outgoing[uj].end(), base, base + length);
+        }
+      }
+      if (!outgoing.empty()) {
+        chunks[uj] = outgoing[uj].data();
+        lengths[uj] = outgoing[uj].size();
+      }
     }
     Rows parts = bulk_->exchange(chunks, lengths, spec_.timeout);
-    std::vector<uint8_t>& reduced = outgoing[static_cast<size_t>(spec_.rank)];
+    std::vector<uint8_t> reduced(lengths[static_cast<size_t>(spec_.rank)]);
     for (int r = 0; r < n; ++r) {
       TORCH_CHECK(parts[static_cast<size_t>(r)].size() == reduced.size(), "emu backend: ", name, " expected ",
                   reduced.size(), " bytes of slice ", spec_.rank, " from rank ", r, ", got ",

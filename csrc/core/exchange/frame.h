@@ -3,11 +3,15 @@
 // then `length` payload bytes. `key` is a gather's ticket or a channel's
 // tag. The parser is fed whatever the socket delivered and hands out whole
 // frames; a peer that sends garbage or truncated frames makes it throw
-// emugpu::Error, never crash or allocate what the peer claims.
+// emugpu::Error, never crash. It allocates at most kEagerPayload bytes for
+// what a header announces, the rest as the bytes arrive.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,9 +42,14 @@ constexpr size_t kFrameHeaderBytes = 24;
 // Larger than any payload a collective carries (compute mode moves whole
 // tensors), small enough that a garbage length is caught at once.
 constexpr uint64_t kMaxFramePayload = uint64_t{1} << 40;
+// Allocated at once for an announced payload: a large collective's slice
+// is read straight into its frame, with no copy and no regrowth.
+constexpr size_t kEagerPayload = size_t{64} << 20;
 
 // The header followed by the payload, ready to write.
 std::vector<uint8_t> encode_frame(FrameKind kind, uint64_t key, const void* payload, size_t length);
+// The header alone, for a payload written from elsewhere.
+std::vector<uint8_t> encode_frame_header(FrameKind kind, uint64_t key, size_t length);
 std::vector<uint8_t> encode_hello(const Hello& hello);
 // Throws emugpu::Error on a payload that is not a hello.
 Hello decode_hello(const Frame& frame);
@@ -52,18 +61,36 @@ class FrameParser {
   // `peer` names the other end in errors ("rank 3", "127.0.0.1:4711").
   explicit FrameParser(std::string peer) : peer_(std::move(peer)) {}
 
-  // Appends bytes as they arrived; throws on a malformed header.
+  // Where the next bytes read from the socket go: straight into the payload
+  // of the frame under way once its header was whole and much of it is
+  // still to come, else a staging area. Pass the bytes read to commit().
+  std::span<uint8_t> prepare();
+  // `n` bytes were written at the start of prepare()'s span; throws on a
+  // malformed header.
+  void commit(size_t n);
+  // Appends bytes as they arrived (copies them); throws on a malformed header.
   void feed(const uint8_t* data, size_t length);
   // Moves the next whole frame into `out`; false until one is complete.
   bool next(Frame& out);
   // Bytes of an incomplete frame: non-zero when the peer hung up mid-frame.
-  size_t pending() const { return buffer_.size() - consumed_; }
+  size_t pending() const;
 
  private:
-  bool header_ready_locked();
+  void consume(const uint8_t* data, size_t length);
+  void header_complete();
+  void frame_complete();
+  // Room for `count` more payload bytes, growing past kEagerPayload as they come.
+  void reserve_payload(size_t count);
+
   std::string peer_;
-  std::vector<uint8_t> buffer_;
-  size_t consumed_ = 0;  // bytes of buffer_ already handed out
+  std::array<uint8_t, kFrameHeaderBytes> header_{};
+  size_t header_have_ = 0;
+  Frame current_;      // its payload sized to what was allocated so far
+  size_t length_ = 0;  // what current_'s header announced
+  size_t payload_have_ = 0;
+  bool direct_ = false;  // prepare() handed out payload space, not staging
+  std::vector<uint8_t> staging_;
+  std::deque<Frame> ready_;
 };
 
 }  // namespace emugpu

@@ -46,6 +46,29 @@ std::pair<std::string, std::string> split_address(const std::string& text) {
   return {text.substr(0, colon), text.substr(colon + 1)};
 }
 
+// Writes whose payload the caller lends (exchange()): it waits until every
+// one was handed to the kernel or failed, before its memory may change.
+struct LentWrites {
+  std::mutex mutex;
+  std::condition_variable done;
+  int pending = 0;
+};
+
+// One queued frame: an encoded frame, or a header and a lent payload.
+struct Outgoing {
+  std::shared_ptr<const std::vector<uint8_t>> frame;
+  const void* lent = nullptr;
+  size_t lent_length = 0;
+  std::shared_ptr<LentWrites> owner;
+
+  void finished() const {
+    if (owner == nullptr) return;
+    std::lock_guard<std::mutex> lock(owner->mutex);
+    --owner->pending;
+    owner->done.notify_all();
+  }
+};
+
 // Every rank's part of one gather, as it arrives.
 struct Gather {
   std::vector<std::optional<std::vector<uint8_t>>> rows;
@@ -59,9 +82,8 @@ struct TcpTransport::Impl {
     explicit Peer(asio::io_context& io, int rank) : socket(io), parser("rank " + std::to_string(rank)) {}
     tcp::socket socket;
     FrameParser parser;
-    std::deque<std::shared_ptr<const std::vector<uint8_t>>> writes;  // I/O thread only
+    std::deque<Outgoing> writes;  // I/O thread only
     bool writing = false;
-    std::array<uint8_t, 64 * 1024> buffer{};
   };
 
   Impl(int rank, int size, Options options) : rank(rank), size(size), options(std::move(options)) {}
@@ -90,7 +112,10 @@ struct TcpTransport::Impl {
   // --- steady state (I/O thread) ---------------------------------------------
   void read(int r) {
     Peer& p = *peers[static_cast<size_t>(r)];
-    p.socket.async_read_some(asio::buffer(p.buffer), [this, r](const boost::system::error_code& ec, size_t n) {
+    // Large payloads are read straight into their frame (FrameParser::prepare).
+    const std::span<uint8_t> into = p.parser.prepare();
+    p.socket.async_read_some(asio::buffer(into.data(), into.size()), [this, r](const boost::system::error_code& ec,
+                                                                               size_t n) {
       Peer& peer = *peers[static_cast<size_t>(r)];
       if (ec) {
         const bool truncated = peer.parser.pending() > 0;
@@ -100,7 +125,7 @@ struct TcpTransport::Impl {
         return;
       }
       try {
-        peer.parser.feed(peer.buffer.data(), n);
+        peer.parser.commit(n);
         Frame frame;
         while (peer.parser.next(frame)) deliver(r, std::move(frame));
       } catch (const Error& e) {
@@ -139,9 +164,13 @@ struct TcpTransport::Impl {
   }
 
   void write(int r, std::shared_ptr<const std::vector<uint8_t>> frame) {
-    asio::post(io, [this, r, frame = std::move(frame)]() mutable {
+    write(r, Outgoing{std::move(frame), nullptr, 0, nullptr});
+  }
+
+  void write(int r, Outgoing out) {
+    asio::post(io, [this, r, out = std::move(out)]() mutable {
       Peer& p = *peers[static_cast<size_t>(r)];
-      p.writes.push_back(std::move(frame));
+      p.writes.push_back(std::move(out));
       if (!p.writing) write_next(r);
     });
   }
@@ -149,18 +178,38 @@ struct TcpTransport::Impl {
   void write_next(int r) {
     Peer& p = *peers[static_cast<size_t>(r)];
     p.writing = true;
-    asio::async_write(p.socket, asio::buffer(*p.writes.front()),
-                      [this, r](const boost::system::error_code& ec, size_t) {
-                        Peer& peer = *peers[static_cast<size_t>(r)];
-                        peer.writes.pop_front();
-                        peer.writing = false;
-                        if (ec) {
-                          lost(r, "lost its connection while this rank wrote to it: " + ec.message());
-                          peer.writes.clear();
-                          return;
-                        }
-                        if (!peer.writes.empty()) write_next(r);
-                      });
+    const Outgoing& out = p.writes.front();
+    const std::array<asio::const_buffer, 2> buffers{asio::buffer(*out.frame),
+                                                    asio::buffer(out.lent, out.lent == nullptr ? 0 : out.lent_length)};
+    asio::async_write(p.socket, buffers, [this, r](const boost::system::error_code& ec, size_t) {
+      Peer& peer = *peers[static_cast<size_t>(r)];
+      peer.writes.front().finished();
+      peer.writes.pop_front();
+      peer.writing = false;
+      if (ec) {
+        lost(r, "lost its connection while this rank wrote to it: " + ec.message());
+        for (const Outgoing& dropped : peer.writes) dropped.finished();
+        peer.writes.clear();
+        return;
+      }
+      if (!peer.writes.empty()) write_next(r);
+    });
+  }
+
+  // Ends the connections that still hold `lent`'s writes after `timeout`.
+  void abandon(const std::shared_ptr<LentWrites>& lent, std::chrono::nanoseconds timeout) {
+    asio::post(io, [this, lent, timeout] {
+      for (int r = 0; r < size; ++r) {
+        Peer* p = peers[static_cast<size_t>(r)].get();
+        if (p == nullptr) continue;
+        const bool holds =
+            std::any_of(p->writes.begin(), p->writes.end(), [&](const Outgoing& out) { return out.owner == lent; });
+        if (!holds) continue;
+        lost(r, "read nothing this rank sent for " + std::to_string(seconds(timeout)) + " s");
+        boost::system::error_code ignored;
+        p->socket.close(ignored);  // the pending writes complete with an error
+      }
+    });
   }
 
   // --- waits (any thread) -----------------------------------------------------
@@ -453,9 +502,43 @@ std::vector<std::vector<uint8_t>> TcpTransport::exchange(const std::vector<const
   EMUGPU_CHECK(chunks.size() == static_cast<size_t>(size_) && lengths.size() == chunks.size(), kValue,
                "tcp exchange: expected a chunk per rank (", size_, "), got ", chunks.size(), " chunks and ",
                lengths.size(), " lengths");
+  // The chunks are written from where they lie (no copy); this call returns
+  // only once the I/O thread handed them all to the kernel.
+  auto lent = std::make_shared<LentWrites>();
+  auto header = std::make_shared<const std::vector<uint8_t>>();
+  const void* last_chunk = nullptr;
+  size_t last_length = 0;
   for (int r = 0; r < size_; ++r) {
-    if (r != rank_) send(r, kExchangeChannel, chunks[static_cast<size_t>(r)], lengths[static_cast<size_t>(r)]);
+    if (r == rank_) continue;
+    const auto u = static_cast<size_t>(r);
+    if (header->empty() || chunks[u] != last_chunk || lengths[u] != last_length) {  // an all-gather shares one
+      EMUGPU_CHECK(lengths[u] <= kMaxFramePayload, kValue, "tcp exchange: expected at most ", kMaxFramePayload,
+                   " bytes for rank ", r, ", got ", lengths[u]);
+      header = std::make_shared<const std::vector<uint8_t>>(
+          encode_frame_header(FrameKind::kMessage, kExchangeChannel, lengths[u]));
+      last_chunk = chunks[u];
+      last_length = lengths[u];
+    }
+    {
+      std::lock_guard<std::mutex> lock(lent->mutex);
+      ++lent->pending;
+    }
+    impl_->write(r, Outgoing{header, chunks[u], lengths[u], lent});
   }
+  struct WaitForLent {  // also when a recv below throws: the I/O thread may still read the chunks
+    Impl& impl;
+    std::shared_ptr<LentWrites> lent;
+    std::chrono::nanoseconds timeout;
+    ~WaitForLent() {
+      std::unique_lock<std::mutex> lock(lent->mutex);
+      if (!lent->done.wait_for(lock, timeout, [&] { return lent->pending == 0; })) {
+        lock.unlock();
+        impl.abandon(lent, timeout);  // a peer that reads nothing: its connection ends, the writes fail
+        lock.lock();
+        lent->done.wait(lock, [&] { return lent->pending == 0; });
+      }
+    }
+  } wait_for_lent{*impl_, lent, timeout};
   std::vector<std::vector<uint8_t>> got(static_cast<size_t>(size_));
   const auto* own = static_cast<const uint8_t*>(chunks[static_cast<size_t>(rank_)]);
   got[static_cast<size_t>(rank_)].assign(own, own + lengths[static_cast<size_t>(rank_)]);
