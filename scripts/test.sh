@@ -3,7 +3,7 @@
 # (ctest), the style and type checks (ruff, ruff format, clang-format, mypy)
 # and the pytest suite.
 #   scripts/test.sh            everything (what CI runs)
-#   scripts/test.sh --fast     leaves out the pytest tests marked slow (multi-process runs)
+#   scripts/test.sh --fast     leaves out the pytest tests marked slow (multi-process runs, tests of seconds each): under 5 minutes
 # Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -23,6 +23,7 @@ def quick_doc(tmp_path_factory):
     return out, doc
 
 
+@pytest.mark.slow
 def test_quick_sweep_writes_records_with_analytic_flops_and_bytes(quick_doc):
     out, doc = quick_doc
     assert json.loads(out.read_text()) == doc
@@ -196,6 +197,7 @@ def test_default_out_is_beside_the_gpus_profiles_on_the_search_path(monkeypatch,
     assert path.name == "calibration.json" and " " not in path.parent.name
 
 
+@pytest.mark.slow
 def test_calibrate_runs_without_the_compiled_extension(tmp_path):
     out = tmp_path / "cal.json"
     code = (

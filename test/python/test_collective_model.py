@@ -42,6 +42,7 @@ def test_bad_nccl_algo_is_a_value_error_naming_the_choices() -> None:
         model("all_gather", GIB, "a100", 8, 1, None, None, "Tree")
 
 
+@pytest.mark.slow
 def test_nccl_algo_comes_from_the_environment() -> None:
     code = (
         "import torch_emugpu; r = torch_emugpu._C._collective_time('all_reduce', 1 << 30, 'a100', 8, 2, 100);"

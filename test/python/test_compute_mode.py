@@ -61,6 +61,7 @@ def test_op_matches_cpu(name):
 
 
 @pytest.mark.parametrize("name", [*TORCHVISION, "mobilenet_v3_small"])
+@pytest.mark.slow
 def test_model_forward_and_gradients_match_cpu(name):
     torch.manual_seed(0)
     kwargs = {"aux_logits": False, "init_weights": False} if name in ("googlenet", "inception_v3") else {}

@@ -7,6 +7,7 @@ from conftest import run_python
 import torch_emugpu
 
 
+@pytest.mark.slow
 def test_defaults_work_with_nothing_set():
     r = run_python(
         "import torch; print(torch.emugpu.device_count(), torch.emugpu.get_device_name(), torch_emugpu_mode())".replace(
@@ -18,6 +19,7 @@ def test_defaults_work_with_nothing_set():
     assert "A100" in r.stdout and r.stdout.strip().endswith("timing")
 
 
+@pytest.mark.slow
 def test_environment_selects_gpu_count_and_mode():
     r = run_python(
         "import torch; print(torch.emugpu.device_count(), torch.emugpu.get_device_name(1),"
@@ -38,6 +40,7 @@ def test_environment_selects_gpu_count_and_mode():
         ({"EMUGPU_MODE": "fast"}, "expected one of timing, compute"),
     ],
 )
+@pytest.mark.slow
 def test_malformed_environment_is_a_value_error(env, message):
     r = run_python(
         "import torch\ntry:\n    torch.empty(1, device='emugpu')\nexcept ValueError as e:\n    print('ValueError:', e)",
@@ -124,6 +127,7 @@ def test_catalog_has_the_gpus_the_docs_name():
         assert needed in names
 
 
+@pytest.mark.slow
 def test_more_devices_after_autograd_ran_is_refused_with_a_clear_error():
     # PyTorch's autograd engine sizes its device threads at the first backward; more devices after that
     # used to end in its INTERNAL ASSERT (engine.cpp) at the next backward on a new device.

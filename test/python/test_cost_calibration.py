@@ -127,6 +127,7 @@ def test_points_of_a_newer_versions_families_are_skipped_with_a_warning(calibrat
     assert torch_emugpu.kernel_params()["source"] == f"calibration: {path}"
 
 
+@pytest.mark.slow
 def test_the_shipped_h100_calibration_is_used_unless_switched_off() -> None:
     code = "import torch_emugpu; torch_emugpu.configure(gpu='h100-sxm'); print(torch_emugpu.kernel_params()['source'])"
     on = run_python(code, env={"EMUGPU_PROFILES": "off"})  # profiles off: the calibration still applies
@@ -139,6 +140,7 @@ def test_the_shipped_h100_calibration_is_used_unless_switched_off() -> None:
     assert bad.returncode != 0 and "EMUGPU_CALIBRATION" in bad.stderr
 
 
+@pytest.mark.slow
 def test_ops_before_any_model_are_charged_under_the_calibration(tmp_path: Path) -> None:
     # Configured from the environment by a bare op: no configure(), no module.
     code = (

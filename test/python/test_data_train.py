@@ -21,6 +21,7 @@ def photos(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_a_gpu_bound_epoch_has_high_au_and_little_stall(folder):
     # vgg11 on a K80 needs ~70 ms per batch of 8; two workers make a batch of tiny JPEGs far sooner.
     # The workers' decoding is real host work, which a loaded machine slows: best of 3 epochs.
@@ -37,6 +38,7 @@ def test_a_gpu_bound_epoch_has_high_au_and_little_stall(folder):
     assert r.pipeline_images_per_s > r.batch_size / r.gpu_iteration_s  # the GPU limits
 
 
+@pytest.mark.slow
 def test_a_data_bound_epoch_reports_the_preprocessing_stall(photos):
     # resnet18 on an A100 needs a few ms per batch of 8; decoding 640x480 JPEGs in the main process far longer
     r = data_train.run(photos, model="resnet18", gpu="a100", batch_size=8, workers=0, progress=False)
@@ -47,6 +49,7 @@ def test_a_data_bound_epoch_reports_the_preprocessing_stall(photos):
     assert "the host pipeline limits" in data_train.summary(r)
 
 
+@pytest.mark.slow
 def test_a_partly_cached_dataset_gets_a_cached_baseline_and_a_fetch_stall(folder, tmp_path):
     png = tmp_path / "timeline.png"
     r = data_train.run(
@@ -70,6 +73,7 @@ def test_a_partly_cached_dataset_gets_a_cached_baseline_and_a_fetch_stall(folder
     assert "baseline (all cached)" in text and "50% of the files cached" in text and "AU" in text
 
 
+@pytest.mark.slow
 def test_gpu_preprocessing_decodes_on_the_emulated_gpu(folder):
     r = data_train.run(
         folder, model="resnet18", gpu="h100", batch_size=8, workers=1, gpu_preprocessing=True, progress=False
@@ -102,6 +106,7 @@ def test_bad_arguments_are_value_errors(folder, kwargs, message):
         data_train.run(folder, **{"model": "resnet18", "progress": False, **kwargs})
 
 
+@pytest.mark.slow
 def test_the_cli_reports_a_missing_folder_and_bad_options(tmp_path):
     r = run_python(
         "from torch_emugpu import cli\n"

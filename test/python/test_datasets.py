@@ -63,6 +63,7 @@ def test_layout_is_read_by_imagefolder_in_the_same_order(tmp_path):
     assert sorted(p.name for p in (root / "class001").iterdir()) == ["000001.JPEG", "000005.JPEG", "000009.JPEG"]
 
 
+@pytest.mark.slow
 def test_imagenet_like_sizes_resemble_imagenet(tmp_path):
     # the sampler alone, many draws: the figures the module's comment states
     rng = np.random.default_rng(0)
@@ -249,6 +250,7 @@ def test_strict_raises_naming_the_file(damaged):
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])  # spawn: the shared flags travel by pickling
+@pytest.mark.slow
 def test_dataloader_workers_survive_corrupt_files_and_the_caller_sees_the_count(tmp_path, start):
     root = make_fixed(tmp_path / "d", images=16, classes=2)
     corrupt = [root / "class000" / "000004.JPEG", root / "class001" / "000011.JPEG"]

@@ -108,6 +108,7 @@ print(ms(torch.float32), ms(torch.float16), ms(torch.bfloat16), ms(torch.float16
 """
 
 
+@pytest.mark.slow
 def test_16_bit_batch_norms_take_cudnns_time_where_pytorch_would_use_cudnn() -> None:
     # PyTorch runs float16 batch norms with float32 weights (autocast) on cuDNN, as float32 ones;
     # bfloat16 ones and half models on its own, slower kernels (the H100 sweep).
@@ -120,6 +121,7 @@ def test_16_bit_batch_norms_take_cudnns_time_where_pytorch_would_use_cudnn() -> 
     assert half == pytest.approx(bf16, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_explain_prints_the_families_of_a_training_iteration() -> None:
     env = dict(os.environ, PYTHONPATH=REPO)
     r = subprocess.run(
@@ -196,6 +198,7 @@ print(*ms(3, False), *ms(3, True), *ms(1, False), *ms(1, True))
 """
 
 
+@pytest.mark.slow
 def test_nchw_tensor_core_convolutions_pay_the_layout_transforms_channels_last_ones_do_not() -> None:
     # cuDNN's tensor-core kernels work in NHWC: on NCHW tensors a 3x3 pass transposes its input and
     # output (the H100 sweep counts 4 kernels), a 1x1 stride-1 pass runs as a plain GEMM (1 kernel).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import warnings
 
+import pytest
 import torch
 
 import torch_emugpu
@@ -29,6 +30,7 @@ def _loop(size: int, per_iteration: int, host_s: float, seconds: float) -> list[
     return [str(w.message) for w in caught if "host-bound" in str(w.message)]
 
 
+@pytest.mark.slow
 def test_device_bound_loop_is_not_host_bound() -> None:
     torch.emugpu.reset_engine_stats()  # windows start over, the first a warm-up: earlier tests' gaps stay out
     # 8192^2 fp32 matmuls: tens of milliseconds each on the emulated GPU, microseconds to launch; an
@@ -40,6 +42,7 @@ def test_device_bound_loop_is_not_host_bound() -> None:
     assert report["worst_idle_fraction"] < 0.10, report
 
 
+@pytest.mark.slow
 def test_host_bound_loop_is_reported() -> None:
     before = torch_emugpu.host_bound_report()
     # 64^2 matmuls take microseconds; the host takes 2 ms per launch.

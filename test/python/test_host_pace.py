@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import run_python
 
 PACE_MS = 2.0
@@ -43,6 +44,7 @@ def probe(env: dict[str, str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_forward_ops_wait_for_the_emulated_hosts_time_per_op() -> None:
     paced = probe({"EMUGPU_HOST_OP_US": str(PACE_MS * 1e3)})
     assert paced["host_op_us"] == PACE_MS * 1e3
@@ -53,12 +55,14 @@ def test_forward_ops_wait_for_the_emulated_hosts_time_per_op() -> None:
     assert plain["forward_ms"] < 5 * PACE_MS
 
 
+@pytest.mark.slow
 def test_backward_ops_launched_by_autograd_keep_this_hosts_pace() -> None:
     paced = probe({"EMUGPU_HOST_OP_US": str(PACE_MS * 1e3)})
     # About 20 backward kernels; paced they would take >= 40 ms of host time in every repeat.
     assert paced["backward_wall_ms"] < 10 * PACE_MS
 
 
+@pytest.mark.slow
 def test_a_bad_time_per_op_names_the_variable() -> None:
     proc = run_python(
         "import torch, torch_emugpu; torch.ones(1, device='emugpu')", env={"EMUGPU_HOST_OP_US": "slow"}, timeout=120
@@ -67,6 +71,7 @@ def test_a_bad_time_per_op_names_the_variable() -> None:
     assert "EMUGPU_HOST_OP_US" in proc.stderr and "microseconds per op" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_bound_by_the_emulated_host_says_so() -> None:
     code = """
 import warnings, torch, torch_emugpu

@@ -65,6 +65,7 @@ def test_peak_persistent_and_activations_of_a_training_step():
     assert torch.emugpu.memory_allocated() - base >= 2 * weights  # gradients stay
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_torch_out_of_memory_error_with_a_cuda_style_message():
     import torchvision
 
@@ -82,6 +83,7 @@ def test_out_of_memory_is_torch_out_of_memory_error_with_a_cuda_style_message():
     del model, x, e
 
 
+@pytest.mark.slow
 def test_twenty_gib_of_device_tensors_cost_no_host_ram():
     code = """
 import torch, resource

@@ -53,6 +53,7 @@ def test_torchvision_classifier_trains(name):
     assert torch.emugpu.max_memory_allocated() > 2 * params  # weights, grads, momentum
 
 
+@pytest.mark.slow
 def test_gpt2_small_trains_with_adamw_and_sdpa():
     model = GPT().to("emugpu")
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(124.4e6, rel=0.01)

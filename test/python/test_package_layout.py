@@ -14,6 +14,7 @@ import ast
 import json
 import pathlib
 
+import pytest
 from conftest import REPO, run_python
 
 PACKAGE = "torch_emugpu"
@@ -139,6 +140,7 @@ def test_measuring_tools_never_reach_the_extension():
         assert chain is None, f"{tool} needs the extension: " + " -> ".join(chain or [])
 
 
+@pytest.mark.slow
 def test_measuring_tools_import_without_the_extension():
     # A CUDA machine without the build, where the extension cannot be found: the package's
     # __init__ tries it and goes on without; the tools must import, and never try it again.

@@ -11,17 +11,17 @@ import sys
 import time
 import uuid
 
+import pytest
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
 
 # Each process copies MIB pinned bytes to its device at a wall-clock instant
 # shared with the others, and prints how long the copy took on the device and
 # when it ended (the core's clock, which the processes of a machine share).
 JOB = r"""
 import json, sys, time
-import pytest
 import torch, torch_emugpu
-
-pytestmark = pytest.mark.slow  # multi-process runs: scripts/test.sh --fast leaves them out
 devices, start_at, mib = [int(d) for d in sys.argv[1].split(",")], float(sys.argv[2]), int(sys.argv[3])
 src = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
 for d in devices:

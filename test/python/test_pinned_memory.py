@@ -75,6 +75,7 @@ def test_host_memory_stats_count_pinned_blocks_like_torch_cuda():
     os.geteuid() == 0 and shutil.which("setpriv") is None,
     reason="root locks any amount of memory; dropping CAP_IPC_LOCK needs setpriv (util-linux)",
 )
+@pytest.mark.slow
 def test_beyond_the_lockable_limit_pinned_memory_falls_back_with_one_warning():
     code = (
         "import torch, torch_emugpu\n"

@@ -10,6 +10,7 @@ from conftest import run_python
 from torch_emugpu.measure import profiler
 
 
+@pytest.mark.slow
 def test_profiler_writes_a_loadable_profile_and_resumes(tmp_path):
     cpu = torch.device("cpu")
     paths = profiler.run(["squeezenet1_1"], [1, 2], tmp_path, cpu, warmup=1, iterations=2, progress=False)
@@ -42,6 +43,7 @@ def test_bad_arguments_are_value_errors(tmp_path):
         profiler.run(["resnet18"], [0], tmp_path, cpu, progress=False)
 
 
+@pytest.mark.slow
 def test_profiler_runs_without_the_compiled_extension(tmp_path):
     code = (
         "import sys; sys.modules['torch_emugpu._C'] = None\n"

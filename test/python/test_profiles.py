@@ -110,6 +110,7 @@ def test_lookup_interpolates_and_extrapolates(profile_dir):
         profiles.lookup("resnet18", 0)
 
 
+@pytest.mark.slow
 def test_a_matching_model_takes_the_profiled_iteration_time(profile_dir):
     write_profile(profile_dir)
     profiles.reload()
@@ -123,6 +124,7 @@ def test_a_matching_model_takes_the_profiled_iteration_time(profile_dir):
     assert report["resnet18@4:backward"]["source"].endswith("resnet18.json")
 
 
+@pytest.mark.slow
 def test_an_unprofiled_batch_size_is_interpolated(profile_dir):
     write_profile(profile_dir)
     profiles.reload()
@@ -162,6 +164,7 @@ def test_models_without_a_profile_use_the_cost_model_and_are_reported(profile_di
     assert backward["estimated_s"] > forward["estimated_s"]  # two matmuls against one
 
 
+@pytest.mark.slow
 def test_explicit_names_by_call_and_context_manager(profile_dir):
     write_profile(profile_dir, model="my_net", parameters=None)
     profiles.reload()
@@ -243,6 +246,7 @@ def test_a_profile_for_an_unknown_gpu_is_rejected(profile_dir):
 
 
 @pytest.mark.skipif(not REFERENCE.is_dir(), reason="GPEmu reference data (../shared/reference) is not present")
+@pytest.mark.slow
 def test_import_gpemu_reference(tmp_path):
     written = importers.import_gpemu(REFERENCE, tmp_path, progress=False)
     assert len(written) == 4 * 36
@@ -259,6 +263,7 @@ def test_import_of_a_wrong_layout_says_what_it_expected(tmp_path):
         importers.import_gpemu(tmp_path, tmp_path / "out", progress=False)
 
 
+@pytest.mark.slow
 def test_import_list_and_show_commands(tmp_path):
     src = tmp_path / "profiled_data"
     for kind in ("forward", "backward"):
@@ -301,6 +306,7 @@ def test_a_loop_that_waits_with_item_takes_the_profiled_time(profile_dir):
     assert sorted(times[2:])[1] == pytest.approx(0.090, rel=0.03)
 
 
+@pytest.mark.slow
 def test_the_first_use_reads_the_environments_profiles_without_configure_or_reload(tmp_path):
     # The core reads the search path when it configures itself from the environment: no Python runs there.
     (tmp_path / "env").mkdir()
@@ -318,6 +324,7 @@ def test_the_first_use_reads_the_environments_profiles_without_configure_or_relo
     assert run.stdout.strip() == f"[{str(path)!r}]", run.stdout
 
 
+@pytest.mark.slow
 def test_a_configure_after_import_follows_a_search_path_set_after_import(tmp_path):
     (tmp_path / "env").mkdir()
     write_profile(tmp_path / "env")

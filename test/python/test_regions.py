@@ -54,6 +54,7 @@ def event_ms(fn) -> float:
     return start.elapsed_time(end)
 
 
+@pytest.mark.slow
 def test_events_without_any_sync_see_the_profiled_time_from_the_second_iteration(profile_dir):  # noqa: F811
     model, opt, x, y = setup_resnet(profile_dir)
     step(model, opt, x, y)  # warm-up without synchronizing (its host work may be slow: Meta kernels run)
@@ -79,6 +80,7 @@ def test_events_without_any_sync_see_the_profiled_time_from_the_second_iteration
 
 
 @pytest.mark.parametrize("sync", ["synchronize", "item", "cpu", "tolist", "event"])
+@pytest.mark.slow
 def test_every_host_wait_ends_the_iteration_at_its_profiled_time(profile_dir, sync):  # noqa: F811
     model, opt, x, y = setup_resnet(profile_dir)
 
@@ -107,6 +109,7 @@ def test_every_host_wait_ends_the_iteration_at_its_profiled_time(profile_dir, sy
     assert sorted(times)[2] == pytest.approx(FWD + BWD, rel=0.02)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_charges_every_micro_batch(profile_dir):  # noqa: F811
     model, opt, x, y = setup_resnet(profile_dir)
 
@@ -143,6 +146,7 @@ class Generator(torch.nn.Module):
         return self.net(z).view(-1, 3, 32, 32)
 
 
+@pytest.mark.slow
 def test_two_models_in_one_loop_each_take_their_profiled_times(profile_dir):  # noqa: F811
     gen_params = 16 * 3 * 32 * 32 + 3 * 32 * 32
     write_profile(
@@ -177,6 +181,7 @@ def test_two_models_in_one_loop_each_take_their_profiled_times(profile_dir):  # 
     assert event_ms(gan_step) == pytest.approx(expected * 1e3, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_several_models_one_after_another_each_take_their_times(profile_dir):  # noqa: F811
     write_profile(
         profile_dir,
@@ -248,6 +253,7 @@ def test_models_without_a_profile_are_announced_once(profile_dir):  # noqa: F811
     assert caught[0].filename == __file__  # points at the user's line
 
 
+@pytest.mark.slow
 def test_without_any_profile_one_notice_says_times_come_from_the_cost_model(tmp_path):
     from conftest import run_python
 

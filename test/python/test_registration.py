@@ -1,15 +1,18 @@
 """The emugpu device is registered with stock PyTorch, by autoload or by import."""
 
+import pytest
 import torch
 from conftest import run_python
 
 
+@pytest.mark.slow
 def test_import_torch_alone_registers_emugpu():
     r = run_python("import torch; t = torch.ones(2, device='emugpu'); print(t.device, hasattr(torch, 'emugpu'))")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["emugpu:0", "True"]
 
 
+@pytest.mark.slow
 def test_autoload_can_be_turned_off_and_explicit_import_still_works():
     r = run_python("import torch; print(hasattr(torch, 'emugpu'))", env={"EMUGPU_AUTOLOAD": "0"})
     assert r.stdout.strip() == "False", r.stderr
@@ -19,6 +22,7 @@ def test_autoload_can_be_turned_off_and_explicit_import_still_works():
     assert r.stdout.strip() == "emugpu:0", r.stderr
 
 
+@pytest.mark.slow
 def test_autoload_stays_off_on_a_cuda_machine_unless_asked():
     fake_cuda = "import torch; torch.cuda.is_available = lambda: True\n"
     code = (

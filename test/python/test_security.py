@@ -86,6 +86,7 @@ def a_free_port_text() -> str:
     return str(20000 + uuid.uuid4().int % 20000)
 
 
+@pytest.mark.slow
 def test_two_jobs_with_torchruns_default_run_id_get_their_own_pcie_segments() -> None:
     first, mine = start_job(job_env(a_free_port_text()))
     try:
@@ -97,6 +98,7 @@ def test_two_jobs_with_torchruns_default_run_id_get_their_own_pcie_segments() ->
         stop(first)
 
 
+@pytest.mark.slow
 def test_sigterm_removes_a_jobs_pcie_segment() -> None:
     proc, name = start_job(job_env(a_free_port_text()))
     proc.send_signal(signal.SIGTERM)
@@ -105,6 +107,7 @@ def test_sigterm_removes_a_jobs_pcie_segment() -> None:
     assert not (SHM / name).exists()
 
 
+@pytest.mark.slow
 def test_the_next_job_sweeps_a_sigkilled_jobs_segment() -> None:
     proc, name = start_job(job_env(a_free_port_text()))
     proc.send_signal(signal.SIGKILL)
@@ -116,6 +119,7 @@ def test_the_next_job_sweeps_a_sigkilled_jobs_segment() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="planting a segment as another user needs root (setuid to 65534)")
+@pytest.mark.slow
 def test_a_segment_planted_by_another_user_is_refused_naming_its_owner() -> None:
     env = job_env(a_free_port_text())
     proc, name = start_job(env)  # learn the job's segment name
@@ -185,6 +189,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_torchrun_agent_leaves_no_segment(tmp_path: pathlib.Path) -> None:
     # How Slurm and Kubernetes stop a job: the agent gets SIGTERM and passes it to its workers.
     script = tmp_path / "worker.py"
