@@ -107,7 +107,10 @@ void Runtime::load_profiles_locked(const Catalog& catalog, const std::vector<std
 }
 
 void Runtime::reload_profiles() {
-  ensure_configured();
+  if (!configured()) {
+    ensure_configured();  // configuring reads them
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const State& s = *state_.load(std::memory_order_acquire);

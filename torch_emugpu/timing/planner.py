@@ -104,9 +104,9 @@ class _Planner:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.plans: weakref.WeakKeyDictionary[
-            torch.nn.Module, dict[tuple[int, str | None, tuple[bool, str]], _Plan | None]
-        ] = weakref.WeakKeyDictionary()
+        self.plans: weakref.WeakKeyDictionary[torch.nn.Module, dict[_PlanKey, _Plan | None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self.module_info: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int] | None] = (
             weakref.WeakKeyDictionary()
         )

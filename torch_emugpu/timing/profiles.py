@@ -27,7 +27,6 @@ __all__ = [
     "search_path",
     "calibration_path",
     "user_profile_dir",
-    "packaged_profile_dir",
     "reload",
     "available",
     "lookup",
@@ -35,12 +34,6 @@ __all__ = [
     "plot",
     "on_reload",
 ]
-
-
-def packaged_profile_dir() -> Path:
-    here = Path(__file__).resolve().parents[1]  # the package: an installed one holds the shipped profiles
-    inside = here / "profiles"
-    return inside if inside.is_dir() else here.parent / "profiles"
 
 
 def search_path() -> list[Path]:

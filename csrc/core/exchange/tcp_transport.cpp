@@ -179,8 +179,7 @@ struct TcpTransport::Impl {
     Peer& p = *peers[static_cast<size_t>(r)];
     p.writing = true;
     const Outgoing& out = p.writes.front();
-    const std::array<asio::const_buffer, 2> buffers{asio::buffer(*out.frame),
-                                                    asio::buffer(out.lent, out.lent == nullptr ? 0 : out.lent_length)};
+    const std::array<asio::const_buffer, 2> buffers{asio::buffer(*out.frame), asio::buffer(out.lent, out.lent_length)};
     asio::async_write(p.socket, buffers, [this, r](const boost::system::error_code& ec, size_t) {
       Peer& peer = *peers[static_cast<size_t>(r)];
       peer.writes.front().finished();
@@ -502,30 +501,14 @@ std::vector<std::vector<uint8_t>> TcpTransport::exchange(const std::vector<const
   EMUGPU_CHECK(chunks.size() == static_cast<size_t>(size_) && lengths.size() == chunks.size(), kValue,
                "tcp exchange: expected a chunk per rank (", size_, "), got ", chunks.size(), " chunks and ",
                lengths.size(), " lengths");
-  // The chunks are written from where they lie (no copy); this call returns
-  // only once the I/O thread handed them all to the kernel.
-  auto lent = std::make_shared<LentWrites>();
-  auto header = std::make_shared<const std::vector<uint8_t>>();
-  const void* last_chunk = nullptr;
-  size_t last_length = 0;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    const auto u = static_cast<size_t>(r);
-    if (header->empty() || chunks[u] != last_chunk || lengths[u] != last_length) {  // an all-gather shares one
-      EMUGPU_CHECK(lengths[u] <= kMaxFramePayload, kValue, "tcp exchange: expected at most ", kMaxFramePayload,
-                   " bytes for rank ", r, ", got ", lengths[u]);
-      header = std::make_shared<const std::vector<uint8_t>>(
-          encode_frame_header(FrameKind::kMessage, kExchangeChannel, lengths[u]));
-      last_chunk = chunks[u];
-      last_length = lengths[u];
-    }
-    {
-      std::lock_guard<std::mutex> lock(lent->mutex);
-      ++lent->pending;
-    }
-    impl_->write(r, Outgoing{header, chunks[u], lengths[u], lent});
+  for (int r = 0; r < size_; ++r) {  // before any is queued: a refusal leaves nothing lent behind
+    EMUGPU_CHECK(lengths[static_cast<size_t>(r)] <= kMaxFramePayload, kValue, "tcp exchange: expected at most ",
+                 kMaxFramePayload, " bytes for rank ", r, ", got ", lengths[static_cast<size_t>(r)]);
   }
-  struct WaitForLent {  // also when a recv below throws: the I/O thread may still read the chunks
+  // The chunks are written from where they lie (no copy); this call returns
+  // only once the I/O thread handed them all to the kernel, also when a recv
+  // below throws.
+  struct WaitForLent {
     Impl& impl;
     std::shared_ptr<LentWrites> lent;
     std::chrono::nanoseconds timeout;
@@ -538,7 +521,25 @@ std::vector<std::vector<uint8_t>> TcpTransport::exchange(const std::vector<const
         lent->done.wait(lock, [&] { return lent->pending == 0; });
       }
     }
-  } wait_for_lent{*impl_, lent, timeout};
+  } wait_for_lent{*impl_, std::make_shared<LentWrites>(), timeout};
+  auto header = std::make_shared<const std::vector<uint8_t>>();
+  const void* last_chunk = nullptr;
+  size_t last_length = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const auto u = static_cast<size_t>(r);
+    if (header->empty() || chunks[u] != last_chunk || lengths[u] != last_length) {  // an all-gather shares one
+      header = std::make_shared<const std::vector<uint8_t>>(
+          encode_frame_header(FrameKind::kMessage, kExchangeChannel, lengths[u]));
+      last_chunk = chunks[u];
+      last_length = lengths[u];
+    }
+    {
+      std::lock_guard<std::mutex> lock(wait_for_lent.lent->mutex);
+      ++wait_for_lent.lent->pending;
+    }
+    impl_->write(r, Outgoing{header, chunks[u], lengths[u], wait_for_lent.lent});
+  }
   std::vector<std::vector<uint8_t>> got(static_cast<size_t>(size_));
   const auto* own = static_cast<const uint8_t*>(chunks[static_cast<size_t>(rank_)]);
   got[static_cast<size_t>(rank_)].assign(own, own + lengths[static_cast<size_t>(rank_)]);
