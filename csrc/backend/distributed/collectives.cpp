@@ -66,8 +66,8 @@ std::vector<at::Tensor> hosts_of(const std::vector<at::Tensor>& tensors) {
 }
 
 // The tensors' bytes one after the other.
-std::vector<uint8_t> concat(const std::vector<at::Tensor>& hosts) {
-  std::vector<uint8_t> out(static_cast<size_t>(total_bytes(hosts)));
+Bytes concat(const std::vector<at::Tensor>& hosts) {
+  Bytes out(static_cast<size_t>(total_bytes(hosts)));
   size_t at = 0;
   for (const auto& h : hosts) {
     const auto n = static_cast<size_t>(nbytes(h));
@@ -78,17 +78,15 @@ std::vector<uint8_t> concat(const std::vector<at::Tensor>& hosts) {
 }
 
 // `length` bytes of `host` from byte `offset`.
-std::vector<uint8_t> slice(const at::Tensor& host, int64_t offset, int64_t length) {
+Bytes slice(const at::Tensor& host, int64_t offset, int64_t length) {
   const auto* p = static_cast<const uint8_t*>(host.data_ptr()) + offset;
-  return std::vector<uint8_t>(p, p + length);
+  return Bytes(p, p + length);
 }
 
-void append(std::vector<uint8_t>& out, const std::vector<uint8_t>& more) {
-  out.insert(out.end(), more.begin(), more.end());
-}
+void append(Bytes& out, const Bytes& more) { out.insert(out.end(), more.begin(), more.end()); }
 
 // Checks that `row` from `rank` holds `want` bytes.
-void expect_bytes(const std::string& name, const std::vector<uint8_t>& row, int rank, int64_t want) {
+void expect_bytes(const std::string& name, const Bytes& row, int rank, int64_t want) {
   TORCH_CHECK(static_cast<int64_t>(row.size()) >= want, "emu backend: ", name, " expected ", want, " bytes from rank ",
               rank, ", got ", row.size(), "; every rank must pass the same shapes");
 }
@@ -98,7 +96,7 @@ void write(const at::Tensor& host, const uint8_t* bytes) {
 }
 
 // A CPU tensor shaped and typed as `like`, holding `row`'s bytes from `offset`.
-at::Tensor typed(const std::vector<uint8_t>& row, int64_t offset, const at::Tensor& like) {
+at::Tensor typed(const Bytes& row, int64_t offset, const at::Tensor& like) {
   at::Tensor t = at::empty(like.sizes(), like.options().device(c10::kCPU));
   if (nbytes(t) > 0) std::memcpy(t.data_ptr(), row.data() + offset, static_cast<size_t>(nbytes(t)));
   return t;
@@ -165,7 +163,7 @@ Work broadcast(GroupCollectives& g, const std::vector<at::Tensor>& tensors, int 
   c.outputs = c.signed_ = tensors;
   c.payload = is_root ? total_bytes(tensors) : 0;
   auto hosts = hosts_of(tensors);
-  c.pack = [hosts, is_root] { return Rows{is_root ? concat(hosts) : std::vector<uint8_t>{}}; };
+  c.pack = [hosts, is_root] { return Rows{is_root ? concat(hosts) : Bytes{}}; };
   c.combine = [hosts, is_root, root, name = c.name](Rows& rows) {
     if (is_root) return;
     expect_bytes(name, rows[static_cast<size_t>(root)], root, total_bytes(hosts));
@@ -567,7 +565,7 @@ Work all_to_all(GroupCollectives& g, const std::vector<at::Tensor>& outputs, con
 Work barrier(GroupCollectives& g, int device) {
   CollectiveCall c = base("barrier", "barrier", 4, device);
   c.blocks_host = true;
-  c.pack = [] { return Rows{std::vector<uint8_t>{}}; };
+  c.pack = [] { return Rows{Bytes{}}; };
   c.combine = [](Rows&) {};
   return g.run(std::move(c));
 }

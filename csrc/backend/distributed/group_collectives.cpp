@@ -282,7 +282,7 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
       }
     }
   };
-  auto finish_into = [&](std::vector<uint8_t>& out) {
+  auto finish_into = [&](Bytes& out) {
     size_t at = 0;
     for (size_t i = 0; i < hosts.size(); ++i) {
       if (op == c10d::ReduceOp::AVG) acc[i].div_(spec_.size);
@@ -293,7 +293,7 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
   };
   // Ranks with equal signatures have equal payloads: all pick the same path.
   if (std::string(words_->kind()) == "shm" && static_cast<size_t>(payload) <= words_->bytes_capacity()) {
-    std::vector<uint8_t> mine(static_cast<size_t>(payload));
+    Bytes mine(static_cast<size_t>(payload));
     size_t offset = 0;
     for (const auto& h : hosts) {
       if (nbytes(h) > 0) std::memcpy(mine.data() + offset, h.data_ptr(), static_cast<size_t>(nbytes(h)));
@@ -318,7 +318,7 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
     };
     // One tensor (the common case): its slices are sent from where they lie.
     // Several (a coalesced batch): each rank's slices are packed first.
-    std::vector<std::vector<uint8_t>> outgoing(hosts.size() == 1 ? 0 : static_cast<size_t>(n));
+    std::vector<Bytes> outgoing(hosts.size() == 1 ? 0 : static_cast<size_t>(n));
     std::vector<const void*> chunks(static_cast<size_t>(n));
     std::vector<size_t> lengths(static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) {
@@ -340,7 +340,7 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
       }
     }
     Rows parts = bulk_->exchange(chunks, lengths, spec_.timeout);
-    std::vector<uint8_t> reduced(lengths[static_cast<size_t>(spec_.rank)]);
+    Bytes reduced(lengths[static_cast<size_t>(spec_.rank)]);
     for (int r = 0; r < n; ++r) {
       TORCH_CHECK(parts[static_cast<size_t>(r)].size() == reduced.size(), "emu backend: ", name, " expected ",
                   reduced.size(), " bytes of slice ", spec_.rank, " from rank ", r, ", got ",
@@ -369,7 +369,7 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
     std::fill(lengths.begin(), lengths.end(), reduced.size());
     const Rows slices = bulk_->exchange(chunks, lengths, spec_.timeout);
     for (int r = 0; r < n; ++r) {
-      const std::vector<uint8_t>& from = slices[static_cast<size_t>(r)];
+      const Bytes& from = slices[static_cast<size_t>(r)];
       size_t expected = 0;
       for (size_t i = 0; i < hosts.size(); ++i) {
         const auto [begin, end] = slice(i, r);
@@ -484,14 +484,14 @@ namespace {
 
 // Chunks of different lengths as one payload: their count and lengths
 // (int64) first, so that any rank can cut another's apart.
-std::vector<uint8_t> framed(const Rows& chunks) {
+Bytes framed(const Rows& chunks) {
   std::vector<int64_t> header{static_cast<int64_t>(chunks.size())};
   size_t total = 0;
   for (const auto& c : chunks) {
     header.push_back(static_cast<int64_t>(c.size()));
     total += c.size();
   }
-  std::vector<uint8_t> out(header.size() * 8 + total);
+  Bytes out(header.size() * 8 + total);
   std::memcpy(out.data(), header.data(), header.size() * 8);
   size_t at = header.size() * 8;
   for (const auto& c : chunks) {
@@ -502,7 +502,7 @@ std::vector<uint8_t> framed(const Rows& chunks) {
 }
 
 // Chunk `index` of a framed payload.
-std::vector<uint8_t> unframed(const uint8_t* bytes, size_t length, size_t index) {
+Bytes unframed(const uint8_t* bytes, size_t length, size_t index) {
   int64_t count = 0;
   TORCH_CHECK(length >= 8, "emu backend: a framed payload of ", length, " bytes");
   std::memcpy(&count, bytes, 8);
@@ -514,7 +514,7 @@ std::vector<uint8_t> unframed(const uint8_t* bytes, size_t length, size_t index)
     std::memcpy(&n, bytes + 8 * (1 + i), 8);
     TORCH_CHECK(n >= 0 && at + static_cast<size_t>(n) <= length, "emu backend: a framed payload's chunk ", i,
                 " overruns it");
-    if (i == index) return std::vector<uint8_t>(bytes + at, bytes + at + n);
+    if (i == index) return Bytes(bytes + at, bytes + at + n);
     at += static_cast<size_t>(n);
   }
   return {};
@@ -530,11 +530,11 @@ Rows GroupCollectives::move_bytes(const CollectiveCall& call, int64_t longest) {
   Rows rows(n);
   // Every rank reads the same longest payload: all pick the same transport.
   if (std::string(words_->kind()) == "shm" && longest <= static_cast<int64_t>(words_->bytes_capacity())) {
-    const std::vector<uint8_t> mine = call.per_destination ? framed(packed) : packed[0];
+    const Bytes mine = call.per_destination ? framed(packed) : packed[0];
     words_->gather_bytes(mine.data(), mine.size(), spec_.timeout, [&](int r, const void* bytes, size_t length) {
       const auto* p = static_cast<const uint8_t*>(bytes);
-      rows[static_cast<size_t>(r)] = call.per_destination ? unframed(p, length, static_cast<size_t>(spec_.rank))
-                                                          : std::vector<uint8_t>(p, p + length);
+      rows[static_cast<size_t>(r)] =
+          call.per_destination ? unframed(p, length, static_cast<size_t>(spec_.rank)) : Bytes(p, p + length);
     });
     return rows;
   }

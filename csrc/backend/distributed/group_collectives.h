@@ -50,7 +50,7 @@ struct GroupSpec {
 };
 
 // Bytes as they travel between ranks: what each rank sent this one.
-using Rows = std::vector<std::vector<uint8_t>>;
+using Rows = std::vector<Bytes>;
 
 // One collective of any family (collectives.h builds them): what it reads
 // and writes, how its bytes travel where the data rule moves them, and how

@@ -200,7 +200,7 @@ c10::intrusive_ptr<c10d::Work> PointToPoint::post_and_resolve(bool sends, const 
         TORCH_CHECK(group != nullptr, "emu backend: ", what, " was resolved after its process group was destroyed");
         const GroupSpec& spec = group->spec();
         if (ticket) group->run_through_post(ticket);
-        std::vector<uint8_t> message;
+        Bytes message;
         try {
           message = group->bulk().recv(peer, channel(tag, back), spec.timeout);
         } catch (const Error& e) {
@@ -222,7 +222,7 @@ c10::intrusive_ptr<c10d::Work> PointToPoint::post_and_resolve(bool sends, const 
           const bool arrived = theirs[1] != 0;
           if (arrived) {
             for (const auto& h : hosts) {
-              const std::vector<uint8_t> bytes = group->bulk().recv(peer, channel(tag, kBytes), spec.timeout);
+              const Bytes bytes = group->bulk().recv(peer, channel(tag, kBytes), spec.timeout);
               TORCH_CHECK_VALUE(static_cast<int64_t>(bytes.size()) == nbytes(h), "emu backend: ", what, " expected ",
                                 nbytes(h), " bytes, got ", bytes.size(),
                                 "; the send and the recv must have the same size");

@@ -8,7 +8,7 @@
 namespace emugpu {
 
 namespace {
-TimeNs read_time(const std::vector<uint8_t>& message, int peer) {
+TimeNs read_time(const Bytes& message, int peer) {
   EMUGPU_CHECK(message.size() == sizeof(TimeNs), kRuntime, "clock offset: expected ", sizeof(TimeNs),
                " bytes from rank ", peer, ", got ", message.size());
   TimeNs t;

@@ -11,11 +11,38 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace emugpu {
+
+// Value-initialises nothing: a received payload is overwritten by the bytes
+// that arrive, so zero-filling it first would be a wasted pass over memory.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <class U>
+  explicit UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+// Bytes received from a peer.
+using Bytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
 
 enum class FrameKind : uint8_t {
   kHello = 1,    // payload: version u32, rank i32, size i32, group token u64
@@ -27,7 +54,7 @@ enum class FrameKind : uint8_t {
 struct Frame {
   FrameKind kind = FrameKind::kHello;
   uint64_t key = 0;
-  std::vector<uint8_t> payload;
+  Bytes payload;
 };
 
 struct Hello {

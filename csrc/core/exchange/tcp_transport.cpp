@@ -71,7 +71,7 @@ struct Outgoing {
 
 // Every rank's part of one gather, as it arrives.
 struct Gather {
-  std::vector<std::optional<std::vector<uint8_t>>> rows;
+  std::vector<std::optional<Bytes>> rows;
   int arrived = 0;
 };
 
@@ -99,7 +99,7 @@ struct TcpTransport::Impl {
   std::condition_variable changed;
   std::map<uint64_t, Gather> words;
   std::map<uint64_t, Gather> bytes;
-  std::map<std::pair<int, uint64_t>, std::deque<std::vector<uint8_t>>> messages;
+  std::map<std::pair<int, uint64_t>, std::deque<Bytes>> messages;
   std::vector<std::string> dead;  // by rank: why its connection ended ("" while it lives)
   uint64_t next_word_ticket = 0;
   uint64_t next_byte_ticket = 0;
@@ -149,7 +149,7 @@ struct TcpTransport::Impl {
     changed.notify_all();
   }
 
-  void arrive(Gather& g, int r, std::vector<uint8_t> payload) {
+  void arrive(Gather& g, int r, Bytes payload) {
     if (g.rows.empty()) g.rows.resize(static_cast<size_t>(size));
     auto& row = g.rows[static_cast<size_t>(r)];
     EMUGPU_CHECK(!row.has_value(), kRuntime, "rank ", r, " sent one gather twice");
@@ -414,8 +414,8 @@ uint64_t TcpTransport::start_gather(const int64_t* words, int count, std::chrono
   EMUGPU_CHECK(count >= 0 && count <= kMaxWords, kValue, "tcp exchange: expected at most ", kMaxWords, " words, got ",
                count);
   const size_t n = static_cast<size_t>(count) * 8;
-  std::vector<uint8_t> mine(n);
-  if (n > 0) std::memcpy(mine.data(), words, n);
+  const auto* first = reinterpret_cast<const uint8_t*>(words);
+  Bytes mine(first, first + n);
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -450,7 +450,7 @@ void TcpTransport::gather_bytes(const void* data, size_t length, std::chrono::na
     std::lock_guard<std::mutex> lock(impl_->mutex);
     ticket = impl_->next_byte_ticket++;
     const auto* p = static_cast<const uint8_t*>(data);
-    impl_->arrive(impl_->bytes[ticket], rank_, std::vector<uint8_t>(p, p + length));
+    impl_->arrive(impl_->bytes[ticket], rank_, Bytes(p, p + length));
     auto frame = std::make_shared<const std::vector<uint8_t>>(encode_frame(FrameKind::kBytes, ticket, data, length));
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) impl_->write(r, frame);
@@ -470,7 +470,7 @@ void TcpTransport::send(int peer, uint64_t channel, const void* data, size_t len
                std::make_shared<const std::vector<uint8_t>>(encode_frame(FrameKind::kMessage, channel, data, length)));
 }
 
-std::vector<uint8_t> TcpTransport::recv(int peer, uint64_t channel, std::chrono::nanoseconds timeout) {
+Bytes TcpTransport::recv(int peer, uint64_t channel, std::chrono::nanoseconds timeout) {
   EMUGPU_CHECK(peer >= 0 && peer < size_ && peer != rank_, kValue, "tcp exchange: expected a peer rank in [0, ", size_,
                ") other than ", rank_, ", got ", peer);
   const auto deadline = Steady::now() + timeout;
@@ -478,7 +478,7 @@ std::vector<uint8_t> TcpTransport::recv(int peer, uint64_t channel, std::chrono:
   while (true) {
     auto it = impl_->messages.find({peer, channel});
     if (it != impl_->messages.end() && !it->second.empty()) {
-      std::vector<uint8_t> message = std::move(it->second.front());
+      Bytes message = std::move(it->second.front());
       it->second.pop_front();
       if (it->second.empty()) impl_->messages.erase(it);
       return message;
@@ -495,9 +495,8 @@ std::vector<uint8_t> TcpTransport::recv(int peer, uint64_t channel, std::chrono:
   }
 }
 
-std::vector<std::vector<uint8_t>> TcpTransport::exchange(const std::vector<const void*>& chunks,
-                                                         const std::vector<size_t>& lengths,
-                                                         std::chrono::nanoseconds timeout) {
+std::vector<Bytes> TcpTransport::exchange(const std::vector<const void*>& chunks, const std::vector<size_t>& lengths,
+                                          std::chrono::nanoseconds timeout) {
   EMUGPU_CHECK(chunks.size() == static_cast<size_t>(size_) && lengths.size() == chunks.size(), kValue,
                "tcp exchange: expected a chunk per rank (", size_, "), got ", chunks.size(), " chunks and ",
                lengths.size(), " lengths");
@@ -540,7 +539,7 @@ std::vector<std::vector<uint8_t>> TcpTransport::exchange(const std::vector<const
     }
     impl_->write(r, Outgoing{header, chunks[u], lengths[u], wait_for_lent.lent});
   }
-  std::vector<std::vector<uint8_t>> got(static_cast<size_t>(size_));
+  std::vector<Bytes> got(static_cast<size_t>(size_));
   const auto* own = static_cast<const uint8_t*>(chunks[static_cast<size_t>(rank_)]);
   got[static_cast<size_t>(rank_)].assign(own, own + lengths[static_cast<size_t>(rank_)]);
   for (int r = 0; r < size_; ++r) {

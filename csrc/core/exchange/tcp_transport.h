@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "exchange/frame.h"
 #include "exchange/transport.h"
 
 namespace emugpu {
@@ -51,15 +52,15 @@ class TcpTransport : public Transport {
   // channel reach the peer's recv() in the order sent.
   void send(int peer, uint64_t channel, const void* data, size_t length);
   // The next message from `peer` on `channel`, waiting up to `timeout`.
-  std::vector<uint8_t> recv(int peer, uint64_t channel, std::chrono::nanoseconds timeout);
+  Bytes recv(int peer, uint64_t channel, std::chrono::nanoseconds timeout);
 
   // All-to-all of byte chunks: `chunks[r]` (of `chunks_length[r]` bytes)
   // goes to rank r; returns what every rank sent this one (this rank's own
   // chunk copied), in rank order. Collectives whose ranks need different
   // bytes (reduce-scatter, all-to-all, a rooted reduce) move only those.
   // Exchanges pair up across ranks in the order each rank calls them.
-  std::vector<std::vector<uint8_t>> exchange(const std::vector<const void*>& chunks, const std::vector<size_t>& lengths,
-                                             std::chrono::nanoseconds timeout);
+  std::vector<Bytes> exchange(const std::vector<const void*>& chunks, const std::vector<size_t>& lengths,
+                              std::chrono::nanoseconds timeout);
 
   // The local address from which this machine reaches `host` (the route's
   // source address): one the other ranks reach if they all reach `host`.
