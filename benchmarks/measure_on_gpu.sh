@@ -2,12 +2,13 @@
 # Measures, on a machine with a CUDA GPU and plain PyTorch + torchvision (no
 # compiled extension), what torch-emugpu ships as measured data: the
 # preprocessing table, the calibration sweep, DataStall-model profiles, the
-# end-to-end training validation and the data-pipeline epochs. Run from the
-# repository root; results go to $OUT (default ./gpu-results), one tarball.
+# host's per-op launch cost, the end-to-end training validation and the
+# data-pipeline epochs. Run from the repository root; results go to $OUT
+# (default ./gpu-results), one tarball.
 # The measuring steps run torch_emugpu/measure's tools themselves, which import
 # nothing that needs the extension; `dataset make` goes through the command.
 #
-#   benchmarks/measure_on_gpu.sh [steps...]   steps: preprocessing calibrate profiles validation pipeline pinned
+#   benchmarks/measure_on_gpu.sh [steps...]   steps: preprocessing calibrate profiles host validation pipeline pinned
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-results}
 WORK=${WORK:-/tmp/emugpu-measure}
@@ -15,7 +16,7 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(preprocessing profiles validation pipeline)
+[ ${#steps[@]} -eq 0 ] && steps=(preprocessing profiles host validation pipeline)
 log() { echo "== $(date +%T) $*"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$WORK/gpu.txt"
@@ -34,6 +35,9 @@ for step in "${steps[@]}"; do
     profiles)
       timeout 240 $PY -m torch_emugpu.measure.profiler --device cuda --out "$WORK/profiles" --no-progress \
         --models alexnet,resnet18,shufflenet_v2_x1_0,mobilenet_v2,resnet50,vgg11 --batch-sizes 32,64,128,256 ;;
+    host)
+      # the host's cost per launched op (profiles carry it too, as provenance.host): about 15 s
+      timeout 60 $PY -m torch_emugpu.measure.host_cost --device cuda --out "$WORK/host_cost.json" ;;
     validation)
       timeout 300 $PY benchmarks/training_validation.py --device cuda --out "$WORK/validation.json" --no-progress ;;
     pipeline)

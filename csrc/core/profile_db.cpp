@@ -79,6 +79,36 @@ std::optional<double> maybe_bytes(const json& obj, const char* key, const std::s
   return maybe_in(obj, key, kMaxBytes, false, "expected a number of bytes >= 0 and < 2^60", path, where);
 }
 
+// Far beyond any host (a launch takes microseconds): catches seconds or
+// nanoseconds written where microseconds belong.
+constexpr double kMaxHostMicroseconds = 1e6;
+
+// provenance.host: unknown keys are passed over, so later tools may add figures.
+HostProfile parse_host(const json& host, const std::string& path) {
+  const std::string where = "provenance.host.";
+  if (!host.is_object()) {
+    bad(path, "provenance.host",
+        "expected an object (the measuring host's per-op costs) or null, got " + describe_json(host));
+  }
+  const auto micros = [&](const char* key) {
+    return maybe_in(host, key, kMaxHostMicroseconds, true, "expected a number of microseconds >= 0 and <= 1e6", path,
+                    where);
+  };
+  HostProfile h;
+  h.python_op_us = micros("python_op_us");
+  h.module_op_us = micros("module_op_us");
+  h.autograd_op_us = micros("autograd_op_us");
+  h.optimizer_param_us = micros("optimizer_param_us");
+  if (host.contains("cpu") && !host.at("cpu").is_null()) {
+    if (!host.at("cpu").is_string()) {
+      bad(path, where + "cpu",
+          "expected the CPU's model name as a string or null, got " + describe_json(host.at("cpu")));
+    }
+    h.cpu = host.at("cpu").get<std::string>();
+  }
+  return h;
+}
+
 ProfileTable parse_table(const json& batches, int gpu_count, const std::string& path, const std::string& where) {
   if (!batches.is_array()) bad(path, where, "expected an array of batch entries, got " + describe_json(batches));
   if (batches.empty()) bad(path, where, "expected at least one batch entry, found none");
@@ -177,6 +207,7 @@ Profile from_document(const json& doc, const std::string& path) {
     p.amp = prov.at("amp").get<bool>();
   }
   p.source = need_string(prov, "source", path, "provenance.");
+  if (prov.contains("host") && !prov.at("host").is_null()) p.host = parse_host(prov.at("host"), path);
   if (doc.contains("fingerprint") && !doc.at("fingerprint").is_null()) {
     // Beyond any model that exists (10^15 parameters) and exact as a double.
     constexpr int64_t kMaxParameters = 1'000'000'000'000'000;

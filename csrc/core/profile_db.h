@@ -27,6 +27,17 @@ struct ProfileTable {
   std::vector<ProfilePoint> points;  // strictly increasing batch sizes
 };
 
+// The measuring host's cost per launched op (provenance.host), in
+// microseconds, each when measured: what the host of a virtual clock charges
+// per op. Written by torch-emugpu profile (torch_emugpu/measure/host_cost.py).
+struct HostProfile {
+  std::optional<double> python_op_us;        // a torch op called from a Python loop
+  std::optional<double> module_op_us;        // an aten op of an nn.Module's forward
+  std::optional<double> autograd_op_us;      // an aten op of a backward (the engine's C++ path)
+  std::optional<double> optimizer_param_us;  // one parameter of a foreach AdamW step
+  std::string cpu;                           // the CPU's model name, when recorded
+};
+
 struct Profile {
   std::string path;
   std::string gpu;                    // as written in the file
@@ -35,6 +46,7 @@ struct Profile {
   std::string source;                 // provenance.source
   std::string dtype;                  // provenance.dtype: what the model computed in
   bool amp = false;                   // provenance.amp: under autocast to `dtype`
+  std::optional<HostProfile> host;    // provenance.host: absent in profiles from before it
   std::vector<ProfileTable> tables;   // one per GPU count, 1 first
 
   const ProfileTable* table(int gpu_count) const;

@@ -53,6 +53,58 @@ TEST(ProfileDb, ParsesTablesFingerprintAndDataParallelEntries) {
   EXPECT_EQ(p.table(4), nullptr);
 }
 
+const char* kHost = R"("source": "unit test", "host": {"python_op_us": 5.5, "module_op_us": 7.25,
+    "autograd_op_us": 3, "optimizer_param_us": 0.75, "module_ops": 12, "cpu": "AMD EPYC 9654",
+    "cores": 16, "future_figure": {"any": ["shape"]}})";
+
+TEST(ProfileDb, ParsesTheMeasuringHostsPerOpCosts) {
+  const auto p = emugpu::parse_profile(replaced(kProfile, R"("source": "unit test")", kHost), "p.json");
+  ASSERT_TRUE(p.host.has_value());
+  EXPECT_DOUBLE_EQ(*p.host->python_op_us, 5.5);
+  EXPECT_DOUBLE_EQ(*p.host->module_op_us, 7.25);
+  EXPECT_DOUBLE_EQ(*p.host->autograd_op_us, 3.0);
+  EXPECT_DOUBLE_EQ(*p.host->optimizer_param_us, 0.75);
+  EXPECT_EQ(p.host->cpu, "AMD EPYC 9654");
+  // Each figure is optional; so is the CPU's name.
+  const auto partial = emugpu::parse_profile(
+      replaced(kProfile, R"("source": "unit test")", R"("source": "s", "host": {"autograd_op_us": 4, "cpu": null})"),
+      "p.json");
+  ASSERT_TRUE(partial.host.has_value());
+  EXPECT_FALSE(partial.host->python_op_us.has_value());
+  EXPECT_DOUBLE_EQ(*partial.host->autograd_op_us, 4.0);
+  EXPECT_EQ(partial.host->cpu, "");
+}
+
+TEST(ProfileDb, ProfilesWithoutAHostStillParse) {
+  EXPECT_FALSE(emugpu::parse_profile(kProfile, "p.json").host.has_value());
+  const auto null_host =
+      emugpu::parse_profile(replaced(kProfile, R"("source": "unit test")", R"("source": "s", "host": null)"), "p.json");
+  EXPECT_FALSE(null_host.host.has_value());
+}
+
+TEST(ProfileDb, BadHostFiguresAreRefusedNamingTheField) {
+  const std::string with_host = replaced(kProfile, R"("source": "unit test")", kHost);
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{R"("python_op_us": 5.5)", R"("python_op_us": -1)"}, "provenance.host.python_op_us"},
+      {{R"("module_op_us": 7.25)", R"("module_op_us": "NaN")"}, "provenance.host.module_op_us"},
+      {{R"("autograd_op_us": 3)", R"("autograd_op_us": 2e6)"}, "provenance.host.autograd_op_us"},
+      {{R"("optimizer_param_us": 0.75)", R"("optimizer_param_us": true)"}, "provenance.host.optimizer_param_us"},
+      {{R"("cpu": "AMD EPYC 9654")", R"("cpu": 9654)"}, "provenance.host.cpu"},
+  };
+  for (const auto& [edit, field] : cases) {
+    const std::string msg = error_of(replaced(with_host, edit.first, edit.second));
+    EXPECT_NE(msg.find("profile p.json: field '" + field + "'"), std::string::npos) << edit.second << ": " << msg;
+  }
+  const std::string negative = error_of(replaced(with_host, R"("python_op_us": 5.5)", R"("python_op_us": -1)"));
+  EXPECT_NE(negative.find("expected a number of microseconds >= 0 and <= 1e6"), std::string::npos) << negative;
+  EXPECT_NE(negative.find("got -1"), std::string::npos) << negative;
+  const std::string nan = error_of(replaced(with_host, R"("module_op_us": 7.25)", R"("module_op_us": "NaN")"));
+  EXPECT_NE(nan.find(R"(got "NaN")"), std::string::npos) << nan;
+  const std::string not_object =
+      error_of(replaced(kProfile, R"("source": "unit test")", R"("source": "s", "host": "gpu-box-7")"));
+  EXPECT_NE(not_object.find("field 'provenance.host': expected an object"), std::string::npos) << not_object;
+}
+
 TEST(ProfileDb, InterpolatesBetweenMeasuredBatchSizes) {
   const auto p = emugpu::parse_profile(kProfile, "p.json");
   const auto exact = emugpu::interpolate(p, *p.table(1), 16);

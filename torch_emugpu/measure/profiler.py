@@ -12,6 +12,12 @@ host-to-device copy of one input batch (pageable and pinned) and the peak and
 persistent memory, drops outliers (more than 3 median absolute deviations from
 the median) and records the median. Output is resumable: batch sizes already in
 a profile file are skipped unless --force.
+
+Once per run, before it writes its first profile, it also measures the host's
+cost per launched op (`host_cost.measure_host_cost`: a Python op, a module's
+op, a backward op, an optimizer's parameter, in microseconds, and the CPU) and
+writes it into each profile it writes as `provenance.host`; a profile that
+already has one (a resumed file) keeps it.
 """
 
 from __future__ import annotations
@@ -35,9 +41,11 @@ from torch_emugpu.measure.common import (
     user_profile_dir,
     write_json_atomic,
 )
+from torch_emugpu.measure.host_cost import measure_host_cost
 from torch_emugpu.measure.models import image_size, torchvision_model
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_HOST_PROBE_S = 1.0  # four probes: about 4 s once per run
 
 
 def measure(name: str, batch_size: int, device: torch.device, warmup: int, iterations: int) -> dict[str, Any]:
@@ -120,6 +128,7 @@ def run(
     iterations: int = 10,
     force: bool = False,
     progress: bool = True,
+    host_probe_s: float = DEFAULT_HOST_PROBE_S,
 ) -> list[Path]:
     from tqdm import tqdm
 
@@ -129,6 +138,8 @@ def run(
         raise ValueError(f"batch sizes must be integers >= 1, got {batch_sizes}")
     if warmup < 0 or iterations < 1:
         raise ValueError("warm-up must be >= 0 and iterations >= 1")
+    if not host_probe_s > 0:
+        raise ValueError(f"host probe time: expected seconds > 0, got {host_probe_s!r}")
     import torchvision
 
     known = set(torchvision.models.list_models(module=torchvision.models))
@@ -140,6 +151,16 @@ def run(
     jobs = [(m, b) for m in models for b in sorted(set(batch_sizes))]
     bar = tqdm(jobs, desc=f"profiling on {gpu}", unit="run", disable=not progress)
     stopped: set[str] = set()
+    host: dict[str, Any] | None = None
+
+    def write(path: Path, doc: dict[str, Any]) -> None:
+        nonlocal host
+        if "host" not in doc["provenance"]:
+            if host is None:  # measured once per run, when the first profile is written
+                host = measure_host_cost(device, seconds_per_probe=host_probe_s)
+            doc["provenance"]["host"] = host
+        write_json_atomic(path, doc)
+
     for model, bs in bar:
         bar.set_postfix_str(f"{model} @ {bs}")
         path = profile_path(out, gpu, model)
@@ -171,10 +192,10 @@ def run(
         except torch.OutOfMemoryError:
             stopped.add(model)
             doc["provenance"]["note"] = f"batch size {bs} and larger did not fit in memory"
-            write_json_atomic(path, doc)
+            write(path, doc)
             continue
         doc["batches"] = sorted([*doc["batches"], entry], key=lambda b: b["batch_size"])
-        write_json_atomic(path, doc)
+        write(path, doc)
         if path not in written:
             written.append(path)
     return written
@@ -197,6 +218,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="warm-up iterations per batch size (default: 3)")
     p.add_argument("--iterations", type=int, default=10, help="measured iterations per batch size (default: 10)")
     p.add_argument("--force", action="store_true", help="measure batch sizes already in the output again")
+    p.add_argument(
+        "--host-probe-seconds",
+        type=float,
+        default=DEFAULT_HOST_PROBE_S,
+        help=f"time of each of the four host-cost probes, measured once per run (default: {DEFAULT_HOST_PROBE_S:g})",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -229,6 +256,7 @@ def main(args: argparse.Namespace) -> int:
         args.iterations,
         args.force,
         progress=not args.no_progress,
+        host_probe_s=args.host_probe_seconds,
     )
     for p in paths:
         print(p)
