@@ -15,8 +15,33 @@ DEFAULT_GPU: str
 
 # --- device: configuration, devices, synchronize, statistics (device.cpp) ---
 
-def _configure(gpu: str | None, count: int | None, mode: str | None) -> None:
+def _configure(
+    gpu: str | None,
+    count: int | None,
+    mode: str | None,
+    clock: str | None = None,
+    host: str | None = None,
+    host_speed: float | None = None,
+) -> None:
     """Configures the emulated devices; arguments left as None come from the environment."""
+
+def _clock_kind() -> str:
+    """ "real" or "virtual": the clock the devices run on."""
+
+def _clock_read_ns() -> int:
+    """The process's time as a script reads it: virtual (charging the host work since the last read) or steady."""
+
+def _clock_sleep_ns(ns: int) -> None:
+    """Advances the virtual clock by `ns` (time.sleep); RuntimeError under the real clock."""
+
+def _clock_receive_ns(ns: int) -> None:
+    """Moves the virtual clock to at least `ns` (a message stamped then arrived); nothing under the real clock."""
+
+def _clock_stats() -> dict[str, Any]:
+    """The clock's kind and, under the virtual clock, its speedup and where its time went."""
+
+def _clock_reset_stats() -> None:
+    """Restarts _clock_stats()'s figures."""
 
 def _ensure_configured() -> None:
     """Configures from the environment unless already configured."""

@@ -9,12 +9,14 @@ See README.md for configuration (EMUGPU_GPU, EMUGPU_DEVICE_COUNT, EMUGPU_MODE).
 from __future__ import annotations
 
 import contextlib
+import os
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from ._version import __version__
-from .device import _config
+from .device import _config, _virtual_time
 from .device._extension import _C
 from .device._extension import BUILD_HINT as _BUILD_HINT
 from .device._extension import ERROR as _C_ERROR
@@ -34,21 +36,39 @@ __all__ = [
     "cost_report",
     "reset_cost_report",
     "kernel_params",
+    "clock_report",
+    "reset_clock_report",
     "__version__",
 ]
 
 
-def configure(gpu: str | None = None, device_count: int | None = None, mode: str | None = None) -> None:
+def configure(
+    gpu: str | None = None,
+    device_count: int | None = None,
+    mode: str | None = None,
+    *,
+    clock: str | None = None,
+    host: str | None = None,
+    host_speed: float | None = None,
+) -> None:
     """(Re)configure the emulated GPUs; arguments left out keep their current
     value, or come from the environment before the first configuration.
+
+    `clock`: "real" (the host sleeps until the emulated GPU is done) or
+    "virtual" (nothing sleeps; Python's clocks read emulated time). Under the
+    virtual clock, `host` says how the host's own work advances time:
+    "measured" (this thread's CPU time, divided by `host_speed`) or "modelled"
+    (a fixed cost per op: the same times on every rerun and machine).
 
     Must run before emugpu tensors exist (or after they are all freed), except
     that `mode` alone may change at any time. A wrong type raises TypeError, a
     value out of range ValueError, naming the argument.
     """
     device_count = _config.check_arguments(gpu, device_count, mode)
+    host_speed = _config.check_clock_arguments(clock, host, host_speed)
     _require_extension()
-    if gpu is None and device_count is None and mode is not None and _C._configured():
+    clock_given = clock is not None or host is not None or host_speed is not None
+    if gpu is None and device_count is None and mode is not None and not clock_given and _C._configured():
         _C._set_mode(mode)
         return
     if _C._configured():
@@ -56,10 +76,30 @@ def configure(gpu: str | None = None, device_count: int | None = None, mode: str
         gpu = current.gpu if gpu is None else gpu
         device_count = current.device_count if device_count is None else device_count
         mode = current.mode if mode is None else mode
-    _C._configure(gpu, device_count, mode)  # reads the profiles and calibration on the search path too
+        clock = current.clock if clock is None else clock
+        host = current.host if host is None else host
+        host_speed = current.host_speed if host_speed is None else host_speed
+    _C._configure(gpu, device_count, mode, clock, host, host_speed)  # reads the profiles and calibration too
+    _virtual_time.follow_configuration()
     from .timing import planner
 
     planner.profiles_reloaded()
+
+
+def clock_report() -> dict[str, Any]:
+    """Which clock runs ("clock": real or virtual) and, under the virtual one,
+    how fast: "speedup" (emulated seconds per wall second), "elapsed_s",
+    "wall_s", and where the emulated time went: "host_s" (the host's own
+    work), "waited_s" (waits for the device or other processes), "slept_s"
+    (time.sleep), since the process started or the last reset_clock_report()."""
+    _ensure_configured()
+    return _virtual_time.clock_report()
+
+
+def reset_clock_report() -> None:
+    """Restarts clock_report()'s figures."""
+    _ensure_configured()
+    _C._clock_reset_stats()
 
 
 def config() -> _config.Config:
@@ -122,6 +162,19 @@ def _device_module() -> ModuleType:
     return device_module
 
 
+def _start_virtual_clock() -> None:
+    """Under EMUGPU_CLOCK=virtual, Python's clocks read virtual time from the
+    import on: the device is configured now so that they never switch later.
+    A configuration error is left for the first use to raise."""
+    if os.environ.get("EMUGPU_CLOCK", "").strip().lower() != "virtual":
+        return
+    try:
+        _C._ensure_configured()
+    except Exception:  # noqa: BLE001 - raised again, with its message, at the first use
+        return
+    _virtual_time.follow_configuration()
+
+
 def _register() -> None:
     from .device import device_module
 
@@ -135,6 +188,7 @@ def _register() -> None:
     from .timing import planner
 
     _parallel.install()
+    _start_virtual_clock()
     _shutdown.install()
     _ties.install()
     _sharing.install()

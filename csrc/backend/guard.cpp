@@ -111,6 +111,7 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // Records where the stream's timeline will be (now, if idle).
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag /*flag*/) const override {
+    const EmulatorCall call(active_virtual_clock());
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "emugpu: event device index ",
                 static_cast<int>(device_index), " does not match the stream's device ", stream.device());
     auto& dev = device_at(stream.device_index());
@@ -125,6 +126,7 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // Later work on `stream` starts after the event's time (held until it is known).
   void block(void* event, const c10::Stream& stream) const override {
+    const EmulatorCall call(active_virtual_clock());
     const EventPoint p = read(event);
     if (p.recorded()) {
       translate_errors([&] { device_at(stream.device_index()).stream_wait(stream.id(), p.time); });
@@ -133,6 +135,7 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // True once host time has passed the event's time (or it was never recorded).
   bool queryEvent(void* event) const override {
+    const EmulatorCall call(active_virtual_clock());
     const EventPoint p = read(event);
     if (!p.recorded()) return true;
     auto& dev = device_at(static_cast<c10::DeviceIndex>(p.device));
@@ -142,6 +145,7 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // Blocks the host until the event's time.
   void synchronizeEvent(void* event) const override {
+    const EmulatorCall call(active_virtual_clock());
     const EventPoint p = read(event);
     if (p.recorded()) {
       const TimeNs t = p.force();
@@ -164,17 +168,20 @@ struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // True when all work enqueued on `stream` is done.
   bool queryStream(const c10::Stream& stream) const override {
+    const EmulatorCall call(active_virtual_clock());
     auto& dev = device_at(stream.device_index());
     return dev.reached(dev.stream_ready(stream.id()));
   }
 
   // Blocks the host until `stream` is done (a sync point).
   void synchronizeStream(const c10::Stream& stream) const override {
+    const EmulatorCall call(active_virtual_clock());
     translate_errors([&] { device_at(stream.device_index()).synchronize_stream(stream.id()); });
   }
 
   // Blocks the host until all work on the device is done (a sync point).
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    const EmulatorCall call(active_virtual_clock());
     Runtime::get().drain_deferred();
     translate_errors([&] { device_at(device_index).synchronize(); });
   }

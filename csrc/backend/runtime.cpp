@@ -36,9 +36,30 @@ std::string default_catalog() {
   return (here / "profiles" / "gpus.json").string();
 }
 
-void on_fork_child() { Runtime::get().mark_forked_child(); }
+void on_fork_child() {
+  VirtualClock::after_fork();
+  Runtime::get().mark_forked_child();
+}
 
 }  // namespace
+
+namespace detail {
+std::atomic<VirtualClock*> g_active_virtual_clock{nullptr};
+}
+
+VirtualClock& Runtime::virtual_clock() {
+  static VirtualClock* clock = new VirtualClock(kVirtualStartNs);  // leaked, as the runtime
+  return *clock;
+}
+
+Clock& Runtime::clock() {
+  if (VirtualClock* v = active_virtual_clock()) return *v;
+  return steady_clock();
+}
+
+ClockKind Runtime::clock_kind() const {
+  return active_virtual_clock() != nullptr ? ClockKind::kVirtual : ClockKind::kReal;
+}
 
 Runtime& Runtime::get() {
   static Runtime* runtime = [] {
@@ -205,8 +226,18 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   const GpuSpec& gpu = state->catalog->find(config.gpu);
   CostModelParams cost;
   cost.host_staging_rate = config.host_copy_gbps * 1e9;
+  Clock* clock = &steady_clock();
+  if (config.clock == ClockKind::kVirtual) {
+    HostCost host{config.host, config.host_speed, kMeasuredLaunchNs, 0};
+    if (config.host == HostModel::kModelled) {
+      host.op_ns = config.host_op_us > 0 ? static_cast<TimeNs>(config.host_op_us * 1e3) : kModelledOpNs;
+      host.read_ns = kModelledReadNs;
+    }
+    virtual_clock().set_host_cost(host);
+    clock = &virtual_clock();
+  }
   for (int i = 0; i < config.device_count; ++i) {
-    state->devices.push_back(std::make_unique<Device>(i, gpu, steady_clock(), 1024, cost));
+    state->devices.push_back(std::make_unique<Device>(i, gpu, *clock, 1024, cost));
     state->devices.back()->set_host_pace(static_cast<TimeNs>(config.host_op_us * 1e3));
   }
   if (config.pcie_shared_by > 1) attach_shared_pcie(config, gpu, state->devices);
@@ -214,6 +245,8 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   // unconfigured, so the next use says so again instead of running without it.
   load_profiles_locked(*state->catalog, state->devices);
   mode_.store(config.mode);
+  detail::g_active_virtual_clock.store(config.clock == ClockKind::kVirtual ? &virtual_clock() : nullptr,
+                                       std::memory_order_release);
   state_.store(state.release(), std::memory_order_release);  // the old state is leaked on purpose
 }
 

@@ -18,6 +18,7 @@
 #include "core/kernel_params.h"
 #include "core/pending_time.h"
 #include "core/profile_db.h"
+#include "core/virtual_clock.h"
 
 namespace emugpu {
 
@@ -61,6 +62,15 @@ class Runtime {
     if (auto* hook = drain_hook_.load()) hook();
   }
 
+  // The process's virtual clock (every process's starts at kVirtualStartNs,
+  // so that ranks launched together agree without measuring offsets); it
+  // keeps its time across configurations. Its host cost follows the last
+  // configuration that chose it.
+  static VirtualClock& virtual_clock();
+  // The clock devices run on: the virtual one or the host's steady clock.
+  Clock& clock();
+  ClockKind clock_kind() const;
+
   // A fork()ed child may not use the devices its parent used (as CUDA).
   void mark_forked_child();
   bool in_bad_fork() const { return bad_fork_.load(); }
@@ -88,6 +98,25 @@ class Runtime {
   std::atomic<void (*)()> drain_hook_{nullptr};
   std::atomic<uint64_t> profiles_generation_{0};
 };
+
+constexpr TimeNs kVirtualStartNs = 1'000'000'000;
+// A CUDA host's launch call (cudaLaunchKernel and its stream bookkeeping),
+// which this host does not make: added per op to measured host work.
+constexpr TimeNs kMeasuredLaunchNs = 4'000;
+// The modelled host's time per op where EMUGPU_HOST_OP_US does not set it:
+// an eager PyTorch op launched on CUDA (Python, dispatcher, launch): an
+// H100 machine's host took 12-23 us per op (benchmarks/data/h100/host_cost.json).
+constexpr TimeNs kModelledOpNs = 15'000;
+// The modelled host's time per clock read by the script: a loop that spins
+// on time.time() until a deadline gets there.
+constexpr TimeNs kModelledReadNs = 1'000;
+
+namespace detail {
+extern std::atomic<VirtualClock*> g_active_virtual_clock;
+}
+// The virtual clock while it is the configured one, else null: what
+// EmulatorCall takes at every entry into the emulator from a host thread.
+inline VirtualClock* active_virtual_clock() { return detail::g_active_virtual_clock.load(std::memory_order_acquire); }
 
 // Thread-local current device and, per device, current stream (as CUDA).
 int current_device();

@@ -131,6 +131,42 @@ const char* exchange_name(ExchangeTransport transport) {
   return "auto";
 }
 
+namespace {
+
+std::string lower_trimmed(const std::string& text) {
+  std::string t = trim(text);
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  return t;
+}
+
+void check_host_speed(double v, const std::string& source) {
+  EMUGPU_CHECK(std::isfinite(v) && v >= kMinHostSpeed && v <= kMaxHostSpeed, kValue, source,
+               ": expected how many times faster the emulated host is than this one, from ", plain(kMinHostSpeed),
+               " to ", plain(kMaxHostSpeed), " (e.g. 1.5), got ", v);
+}
+
+}  // namespace
+
+ClockKind parse_clock(const std::string& text, const std::string& source) {
+  const std::string t = lower_trimmed(text);
+  if (t == "real") return ClockKind::kReal;
+  if (t == "virtual") return ClockKind::kVirtual;
+  detail::throw_error(ErrorKind::kValue, source, ": expected one of real, virtual, got '", brief(text), "'");
+}
+
+HostModel parse_host_model(const std::string& text, const std::string& source) {
+  const std::string t = lower_trimmed(text);
+  if (t == "measured") return HostModel::kMeasured;
+  if (t == "modelled" || t == "modeled") return HostModel::kModelled;
+  detail::throw_error(ErrorKind::kValue, source, ": expected one of measured, modelled, got '", brief(text), "'");
+}
+
+double parse_host_speed(const std::string& text, const std::string& source) {
+  const double v = parse_number(text, source, "a host speed factor (e.g. 1.5)");
+  check_host_speed(v, source);
+  return v;
+}
+
 int parse_device_count(const std::string& text, const std::string& source) {
   const std::string t = trim(text);
   size_t used = 0;
@@ -228,6 +264,22 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
                  c.host_op_us);
   }
   if (auto v = env("EMUGPU_EXCHANGE")) c.exchange = parse_exchange(*v, "EMUGPU_EXCHANGE");
+  if (request.clock) {
+    c.clock = parse_clock(*request.clock, "clock");
+  } else if (auto v = env("EMUGPU_CLOCK")) {
+    c.clock = parse_clock(*v, "EMUGPU_CLOCK");
+  }
+  if (request.host) {
+    c.host = parse_host_model(*request.host, "host");
+  } else if (auto v = env("EMUGPU_HOST")) {
+    c.host = parse_host_model(*v, "EMUGPU_HOST");
+  }
+  if (request.host_speed) {
+    check_host_speed(*request.host_speed, "host_speed");
+    c.host_speed = *request.host_speed;
+  } else if (auto v = env("EMUGPU_HOST_SPEED")) {
+    c.host_speed = parse_host_speed(*v, "EMUGPU_HOST_SPEED");
+  }
   if (auto v = env("EMUGPU_PCIE_SHARED_BY")) {
     const double k = parse_number(*v, "EMUGPU_PCIE_SHARED_BY", "a GPU count (e.g. 2: two GPUs per PCIe switch)");
     EMUGPU_CHECK(k >= 1 && k <= kMaxDevices && k == std::floor(k), kValue,

@@ -7,12 +7,15 @@
 // EMUGPU_HOST_OP_US; shared PCIe uplinks:
 // EMUGPU_PCIE_SHARED_BY, EMUGPU_PCIE_UPLINK_GBPS; where profiles and
 // calibrations are found: EMUGPU_PROFILE_PATH, EMUGPU_PROFILES,
-// EMUGPU_CALIBRATION, XDG_DATA_HOME): the one place either is parsed.
+// EMUGPU_CALIBRATION, XDG_DATA_HOME; the clock: EMUGPU_CLOCK, EMUGPU_HOST,
+// EMUGPU_HOST_SPEED): the one place either is parsed.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "virtual_clock.h"
 
 namespace emugpu {
 
@@ -40,6 +43,9 @@ constexpr double kMaxNetLatencyUs = 1'000'000;  // a second per hop
 // The host's memcpy into CUDA's pinned staging buffers (pageable copies).
 constexpr double kDefaultHostCopyGBps = 14;
 constexpr double kMaxHostOpUs = 1'000'000;
+// EMUGPU_HOST_SPEED: a host a thousand times slower or faster than this one.
+constexpr double kMinHostSpeed = 0.001;
+constexpr double kMaxHostSpeed = 1000;
 
 struct Config {
   std::string catalog_path;
@@ -64,6 +70,11 @@ struct Config {
   // this many microseconds apart (0: this host's own pace).
   double host_op_us = 0;
   ExchangeTransport exchange = ExchangeTransport::kAuto;
+  // Real: the host sleeps until the emulated GPU is done. Virtual: nothing
+  // sleeps; host work advances time as `host` says (virtual_clock.h).
+  ClockKind clock = ClockKind::kReal;
+  HostModel host = HostModel::kMeasured;
+  double host_speed = 1.0;
 };
 
 // What a caller asks for; whatever is left out comes from the environment,
@@ -74,6 +85,9 @@ struct ConfigRequest {
   std::optional<std::string> mode;
   std::optional<double> net_gbps;
   std::optional<double> net_latency_us;
+  std::optional<std::string> clock;
+  std::optional<std::string> host;
+  std::optional<double> host_speed;
 };
 
 // The directories searched, first match wins: EMUGPU_PROFILE_PATH's (split
@@ -95,6 +109,10 @@ int parse_device_count(const std::string& text, const std::string& source);
 const char* mode_name(Mode mode);
 ExchangeTransport parse_exchange(const std::string& text, const std::string& source);
 const char* exchange_name(ExchangeTransport transport);
+ClockKind parse_clock(const std::string& text, const std::string& source);
+HostModel parse_host_model(const std::string& text, const std::string& source);
+// A number in [kMinHostSpeed, kMaxHostSpeed]; throws kValue naming `source`.
+double parse_host_speed(const std::string& text, const std::string& source);
 // A number in [kMinRateGBps, kMaxNetGBps] GB/s; throws kValue naming `source`.
 double parse_net_gbps(const std::string& text, const std::string& source);
 // A number in [0, kMaxNetLatencyUs] microseconds; throws kValue naming `source`.

@@ -16,11 +16,12 @@ using emugpu::Mode;
 
 struct CleanEnvironment : ::testing::Test {
   void SetUp() override {
-    for (const char* v :
-         {"EMUGPU_GPU", "EMUGPU_DEVICE_COUNT", "EMUGPU_MODE", "EMUGPU_CATALOG", "EMUGPU_NET_GBPS",
-          "EMUGPU_HOST_COPY_GBPS", "EMUGPU_HOST_OP_US", "EMUGPU_NET_LATENCY_US", "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE",
-          "NCCL_ALGO", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "EMUGPU_PROFILE_PATH",
-          "EMUGPU_PROFILES", "EMUGPU_CALIBRATION", "XDG_DATA_HOME"}) {
+    for (const char* v : {"EMUGPU_GPU",      "EMUGPU_DEVICE_COUNT",   "EMUGPU_MODE",       "EMUGPU_CATALOG",
+                          "EMUGPU_NET_GBPS", "EMUGPU_HOST_COPY_GBPS", "EMUGPU_HOST_OP_US", "EMUGPU_NET_LATENCY_US",
+                          "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE",      "NCCL_ALGO",         "TORCHELASTIC_RUN_ID",
+                          "MASTER_ADDR",     "MASTER_PORT",           "GROUP_RANK",        "EMUGPU_PROFILE_PATH",
+                          "EMUGPU_PROFILES", "EMUGPU_CALIBRATION",    "XDG_DATA_HOME",     "EMUGPU_CLOCK",
+                          "EMUGPU_HOST",     "EMUGPU_HOST_SPEED"}) {
       unsetenv(v);
     }
   }
@@ -154,7 +155,9 @@ TEST_F(CleanEnvironment, TheEnvironmentFillsWhatTheCallerLeavesOut) {
   EXPECT_EQ(c.device_count, 4);
   EXPECT_EQ(c.mode, Mode::kCompute);
   EXPECT_EQ(c.catalog_path, "/y.json");
-  c = emugpu::resolve_config({std::string("t4"), 2, std::string("timing"), std::nullopt, std::nullopt}, "/x.json");
+  c = emugpu::resolve_config({std::string("t4"), 2, std::string("timing"), std::nullopt, std::nullopt, std::nullopt,
+                              std::nullopt, std::nullopt},
+                             "/x.json");
   EXPECT_EQ(c.gpu, "t4");
   EXPECT_EQ(c.device_count, 2);
   EXPECT_EQ(c.mode, Mode::kTiming);
@@ -199,7 +202,10 @@ TEST_F(CleanEnvironment, BadValuesNameTheirSource) {
     EXPECT_LT(std::string(e.what()).size(), 200u);  // the echo is bounded
   }
   unsetenv("EMUGPU_MODE");
-  EXPECT_THROW(emugpu::resolve_config({std::nullopt, 0, std::nullopt, std::nullopt, std::nullopt}, ""), emugpu::Error);
+  EXPECT_THROW(
+      emugpu::resolve_config(
+          {std::nullopt, 0, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt}, ""),
+      emugpu::Error);
 }
 
 }  // namespace
@@ -245,3 +251,53 @@ TEST_F(CleanEnvironment, SearchPathSwitchesTurnProfilesAndCalibrationOffApart) {
         << e.what();
   }
 }
+
+namespace {
+
+using emugpu::ConfigRequest;
+
+TEST_F(CleanEnvironment, TheClockIsRealUnlessAskedForVirtual) {
+  auto c = emugpu::resolve_config({}, "/x/gpus.json");
+  EXPECT_EQ(c.clock, emugpu::ClockKind::kReal);
+  EXPECT_EQ(c.host, emugpu::HostModel::kMeasured);
+  EXPECT_EQ(c.host_speed, 1.0);
+  setenv("EMUGPU_CLOCK", " Virtual ", 1);
+  setenv("EMUGPU_HOST", "modelled", 1);
+  setenv("EMUGPU_HOST_SPEED", "2.5", 1);
+  c = emugpu::resolve_config({}, "/x/gpus.json");
+  EXPECT_EQ(c.clock, emugpu::ClockKind::kVirtual);
+  EXPECT_EQ(c.host, emugpu::HostModel::kModelled);
+  EXPECT_EQ(c.host_speed, 2.5);
+  ConfigRequest r;
+  r.clock = "real";
+  r.host = "measured";
+  r.host_speed = 0.5;
+  c = emugpu::resolve_config(r, "/x/gpus.json");  // explicit values win over the environment
+  EXPECT_EQ(c.clock, emugpu::ClockKind::kReal);
+  EXPECT_EQ(c.host, emugpu::HostModel::kMeasured);
+  EXPECT_EQ(c.host_speed, 0.5);
+}
+
+TEST_F(CleanEnvironment, UnknownClockAndHostValuesListTheValidOnes) {
+  auto message = [](const char* var, const char* value) {
+    setenv(var, value, 1);
+    std::string what;
+    try {
+      emugpu::resolve_config({}, "/x/gpus.json");
+    } catch (const emugpu::Error& e) {
+      what = e.what();
+    }
+    unsetenv(var);
+    return what;
+  };
+  const std::string clock = message("EMUGPU_CLOCK", "simulated");
+  EXPECT_NE(clock.find("EMUGPU_CLOCK: expected one of real, virtual, got 'simulated'"), std::string::npos) << clock;
+  const std::string host = message("EMUGPU_HOST", "guess");
+  EXPECT_NE(host.find("EMUGPU_HOST: expected one of measured, modelled, got 'guess'"), std::string::npos) << host;
+  for (const char* bad : {"0", "-1", "nan", "1e9", "fast"}) {
+    const std::string speed = message("EMUGPU_HOST_SPEED", bad);
+    EXPECT_NE(speed.find("EMUGPU_HOST_SPEED"), std::string::npos) << bad << ": " << speed;
+  }
+}
+
+}  // namespace

@@ -40,6 +40,8 @@ def default_config():
     cfg = torch_emugpu._C._configured() and torch_emugpu.config()
     if not cfg or (cfg.gpu, cfg.device_count) != (torch_emugpu._C.DEFAULT_GPU, 2):
         torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, device_count=2, mode="timing")
+    if torch_emugpu.config().clock != "real":  # a virtual-clock test left it on
+        torch_emugpu.configure(clock="real", host="measured", host_speed=1.0)
     torch_emugpu.configure(mode="timing")
     yield
     gc.collect()

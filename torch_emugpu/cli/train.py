@@ -33,6 +33,8 @@ class TrainResult:
     host_overhead_s: float  # host time per iteration not spent waiting for the emulated GPU
     peak_memory: int
     samples_per_s: float
+    clock: str = "real"  # "real", or "virtual (measured host)" / "virtual (modelled host)"
+    emulated_per_wall: float = 1.0  # emulated seconds per wall second over the measured iterations
 
 
 def build(model: str, batch_size: int, seq_len: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
@@ -99,6 +101,7 @@ def run(
     device_module.reset_peak_memory_stats()
     times: list[float] = []
     _C._reset_engine_stats(0)
+    clock_before = torch_emugpu.clock_report()
     start = time.perf_counter()
     bar = tqdm(range(iterations), desc=f"{model} on {device_module.get_device_name()}", unit="it", disable=not progress)
     for _ in bar:
@@ -107,6 +110,12 @@ def run(
         device_module.synchronize()
         times.append(time.perf_counter() - t0)
     total = time.perf_counter() - start
+    clock_after = torch_emugpu.clock_report()
+    clock, emulated_per_wall = "real", 1.0
+    if clock_after["clock"] == "virtual":
+        clock = f"virtual ({clock_after['host']} host)"
+        wall = clock_after["wall_s"] - clock_before.get("wall_s", 0.0)
+        emulated_per_wall = (clock_after["elapsed_s"] - clock_before.get("elapsed_s", 0.0)) / max(wall, 1e-9)
     stats = _C._engine_stats(0)
     busy = stats["compute"][1] / 1e9 / iterations
     blocked = stats["host_blocked_ns"] / 1e9
@@ -121,6 +130,8 @@ def run(
         host_overhead_s=(total - blocked) / iterations,
         peak_memory=device_module.max_memory_allocated(),
         samples_per_s=batch_size / median,
+        clock=clock,
+        emulated_per_wall=emulated_per_wall,
     )
 
 
@@ -129,12 +140,15 @@ def summary(r: TrainResult) -> str:
         [
             f"model              {r.model} (batch {r.batch_size}, {r.iterations} iterations)",
             f"emulated GPU       {r.gpu}",
-            f"iteration time     {r.iteration_s * 1e3:.2f} ms (median wall time)",
+            f"iteration time     {r.iteration_s * 1e3:.2f} ms (median, "
+            f"{'wall time' if r.clock == 'real' else 'emulated time'})",
             f"throughput         {r.samples_per_s:.1f} samples/s",
             f"GPU busy           {r.gpu_busy_s * 1e3:.2f} ms per iteration (emulated compute engine)",
             f"host overhead      {r.host_overhead_s * 1e3:.2f} ms per iteration "
             f"({r.host_overhead_s / max(r.iteration_s, 1e-12):.1%} of the iteration)",
             f"peak memory        {r.peak_memory / 2**30:.2f} GiB (max_memory_allocated)",
+            f"clock              {r.clock}"
+            + ("" if r.clock == "real" else f": {r.emulated_per_wall:.1f} emulated seconds per wall second"),
         ]
     )
 

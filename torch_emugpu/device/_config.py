@@ -16,6 +16,8 @@ from typing import Any
 
 MAX_DEVICES = 64  # kMaxDevices in csrc/core/config.h
 MODES = ("timing", "compute")
+CLOCKS = ("real", "virtual")
+HOSTS = ("measured", "modelled")
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,29 @@ class Config:
     exchange: str  # how backend `emu`'s ranks exchange: auto, tcp or shm
     host_copy_gbps: float  # staging rate of pageable host<->device copies
     host_op_us: float  # the emulated host's time per launched op (0: this host's pace)
+    clock: str = "real"  # real: the host sleeps until the GPU is done; virtual: nothing sleeps
+    host: str = "measured"  # under the virtual clock: measured or modelled host work
+    host_speed: float = 1.0  # how many times faster the emulated host is than this one
 
 
 def _found(value: Any) -> str:
     return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+def check_clock_arguments(clock: Any, host: Any, host_speed: Any) -> float | None:
+    """Checks configure()'s clock arguments' types (the core checks their values); returns host_speed as a float."""
+    if clock is not None and not isinstance(clock, str):
+        raise TypeError(f"configure(clock=...): expected one of {', '.join(map(repr, CLOCKS))}, got {_found(clock)}")
+    if host is not None and not isinstance(host, str):
+        raise TypeError(f"configure(host=...): expected one of {', '.join(map(repr, HOSTS))}, got {_found(host)}")
+    if host_speed is None:
+        return None
+    if isinstance(host_speed, bool) or not isinstance(host_speed, (int, float)):
+        raise TypeError(
+            f"configure(host_speed=...): expected a number, how many times faster the emulated host is "
+            f"(e.g. 1.5), got {_found(host_speed)}"
+        )
+    return float(host_speed)
 
 
 def check_arguments(gpu: Any, device_count: Any, mode: Any) -> int | None:

@@ -186,11 +186,15 @@ def engine_stats(device: _DeviceLike = None) -> dict[str, float | int]:
         out[f"{engine}_launches"] = int(launches)
         out[f"{engine}_busy_s"] = busy_ns / 1e9
     out["host_blocked_s"] = raw["host_blocked_ns"] / 1e9
+    # Under the virtual clock: emulated seconds per wall second since the last reset (the real clock's is 1).
+    out["emulated_s_per_wall_s"] = float(_C._clock_stats().get("speedup", 1.0))
     return out
 
 
 def reset_engine_stats(device: _DeviceLike = None) -> None:
+    """Restarts engine_stats()'s figures (and the clock's, torch_emugpu.clock_report())."""
     _C._reset_engine_stats(_index(device))
+    _C._clock_reset_stats()
 
 
 # --- streams and events ------------------------------------------------------

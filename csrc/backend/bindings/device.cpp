@@ -41,14 +41,22 @@ std::optional<std::string> optional_string(const py::object& o) {
 
 void bind_device(py::module_& m) {
   // Arguments left as None come from the environment (core/config.h).
-  m.def("_configure", [](py::object gpu, py::object count, py::object mode) {
-    guarded([&] {
-      ConfigRequest request{optional_string(gpu),
-                            count.is_none() ? std::nullopt : std::optional<int>(count.cast<int>()),
-                            optional_string(mode), std::nullopt, std::nullopt};
-      Runtime::get().configure(request);
-    });
-  });
+  m.def(
+      "_configure",
+      [](py::object gpu, py::object count, py::object mode, py::object clock, py::object host, py::object speed) {
+        guarded([&] {
+          ConfigRequest request;
+          request.gpu = optional_string(gpu);
+          if (!count.is_none()) request.device_count = count.cast<int>();
+          request.mode = optional_string(mode);
+          request.clock = optional_string(clock);
+          request.host = optional_string(host);
+          if (!speed.is_none()) request.host_speed = speed.cast<double>();
+          Runtime::get().configure(request);
+        });
+      },
+      py::arg("gpu"), py::arg("count"), py::arg("mode"), py::arg("clock") = py::none(), py::arg("host") = py::none(),
+      py::arg("host_speed") = py::none());
   m.def("_ensure_configured", [] { guarded([&] { Runtime::get().ensure_configured(); }); });
   m.def("_configured", [] { return Runtime::get().configured(); });
   m.def("_config", [] {
@@ -62,6 +70,9 @@ void bind_device(py::module_& m) {
       d["exchange"] = exchange_name(c.exchange);
       d["host_copy_gbps"] = c.host_copy_gbps;
       d["host_op_us"] = c.host_op_us;
+      d["clock"] = clock_kind_name(c.clock);
+      d["host"] = host_model_name(c.host);
+      d["host_speed"] = c.host_speed;
       return d;
     });
   });
@@ -84,6 +95,7 @@ void bind_device(py::module_& m) {
   m.def("_gpu_properties",
         [](const std::string& name) { return guarded([&] { return gpu_dict(Runtime::get().catalog().find(name)); }); });
   m.def("_synchronize", [](int index) {
+    const EmulatorCall call(active_virtual_clock());
     guarded([&] {
       Device& dev = Runtime::get().device(index);
       py::gil_scoped_release no_gil;    // the wait checks for signals with the GIL
@@ -102,7 +114,47 @@ void bind_device(py::module_& m) {
   m.def("_in_bad_fork", [] { return Runtime::get().in_bad_fork(); });
   m.def("_shape_cache_stats", [] { return shape_cache_stats(); });
   m.def("_shape_cache_entries", [] { return shape_cache_entries(); });
-  m.def("_host_now_ns", [] { return host_now(); });
+  // The clock devices run on, as the planner stamps its calls (no host work charged).
+  m.def("_host_now_ns", [] { return Runtime::get().clock().now(); });
+  // What Python's time functions read under the virtual clock; the steady
+  // clock otherwise. Works in a forked child too (its time goes on).
+  m.def("_clock_kind", [] { return clock_kind_name(Runtime::get().clock_kind()); });
+  m.def("_clock_read_ns", [] {
+    VirtualClock* v = active_virtual_clock();
+    return v != nullptr ? v->read() : host_now();
+  });
+  m.def("_clock_sleep_ns", [](int64_t ns) {
+    guarded([&] {
+      VirtualClock* v = active_virtual_clock();
+      EMUGPU_CHECK(v != nullptr, kRuntime, "the virtual clock is not running: expected EMUGPU_CLOCK=virtual");
+      v->sleep_for(ns);
+    });
+  });
+  m.def("_clock_receive_ns", [](int64_t ns) {
+    if (VirtualClock* v = active_virtual_clock()) v->receive(ns);
+  });
+  m.def("_clock_stats", [] {
+    py::dict d;
+    d["clock"] = clock_kind_name(Runtime::get().clock_kind());
+    if (VirtualClock* v = active_virtual_clock()) {
+      const VirtualClockStats s = v->stats();
+      const HostCost cost = v->host_cost();
+      d["host"] = host_model_name(cost.model);
+      d["host_speed"] = cost.speed;
+      d["elapsed_s"] = static_cast<double>(s.elapsed_ns) / 1e9;
+      d["host_s"] = static_cast<double>(s.host_ns) / 1e9;
+      d["waited_s"] = static_cast<double>(s.waited_ns) / 1e9;
+      d["slept_s"] = static_cast<double>(s.slept_ns) / 1e9;
+      d["calls"] = s.calls;
+      d["reads"] = s.reads;
+      d["wall_s"] = s.wall_s;
+      d["speedup"] = s.wall_s > 0 ? static_cast<double>(s.elapsed_ns) / 1e9 / s.wall_s : 0.0;
+    }
+    return d;
+  });
+  m.def("_clock_reset_stats", [] {
+    if (VirtualClock* v = active_virtual_clock()) v->reset_stats();
+  });
   m.def("_device_ready_ns",
         [](int index) { return guarded([&] { return Runtime::get().device(index).device_ready(); }); });
   m.def("_engine_stats", [](int index) {

@@ -104,6 +104,7 @@ TimeNs EmuWork::end() {
 
 // Orders the caller's current stream after the collective; the host goes on.
 bool EmuWork::wait(std::chrono::milliseconds /*timeout*/) {
+  const EmulatorCall call(active_virtual_clock());
   translate_errors([&] {
     auto& device = Runtime::get().device(device_);
     if (blocks_host_) {
@@ -117,6 +118,7 @@ bool EmuWork::wait(std::chrono::milliseconds /*timeout*/) {
 
 // Done on the emulated device: its end is known and the host clock reached it.
 bool EmuWork::isCompleted() {
+  const EmulatorCall call(active_virtual_clock());  // a loop polling it is host work
   if (ticket_ && !ticket_->done()) return false;
   if (ticket_ && ticket_->error()) return true;
   return Runtime::get().device(device_).reached(end());

@@ -76,13 +76,21 @@ EmuProcessGroup::EmuProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, i
   auto shm_store = c10::make_intrusive<c10d::PrefixStore>("shm/", prefixed);
   std::shared_ptr<ShmExchange> shm = shared_memory(*shm_store, rank, size, *tcp_, wait);
   words_ = shm ? std::static_pointer_cast<Transport>(shm) : std::static_pointer_cast<Transport>(tcp_);
-  const std::vector<int64_t> keys =
-      gather_setup_words(*words_, {node_key(), clock_key()}, wait, "process group set-up");
+  // Virtual clocks start equal in every process (runtime.h): nothing to measure.
+  Runtime::get().ensure_configured();
+  const ClockKind kind = Runtime::get().clock_kind();
+  const std::vector<int64_t> keys = gather_setup_words(
+      *words_, {node_key(), kind == ClockKind::kVirtual ? 0 : clock_key(), static_cast<int64_t>(kind)}, wait,
+      "process group set-up");
   std::vector<int64_t> nodes;
   std::vector<int64_t> clocks;
   for (int r = 0; r < size; ++r) {
-    nodes.push_back(keys[static_cast<size_t>(2 * r)]);
-    clocks.push_back(keys[static_cast<size_t>(2 * r + 1)]);
+    nodes.push_back(keys[static_cast<size_t>(3 * r)]);
+    clocks.push_back(keys[static_cast<size_t>(3 * r + 1)]);
+    const auto theirs = static_cast<ClockKind>(keys[static_cast<size_t>(3 * r + 2)]);
+    TORCH_CHECK_VALUE(theirs == kind, "emu backend: rank ", rank, " runs the ", clock_kind_name(kind),
+                      " clock but rank ", r, " the ", clock_kind_name(theirs),
+                      " one; every rank of a group must run the same clock: set EMUGPU_CLOCK alike for all ranks");
   }
   const GroupTopology topo = topology(nodes, size);
   const TimeNs offset = align_clocks(*tcp_, *words_, clocks, rank, wait);
@@ -131,9 +139,12 @@ void EmuProcessGroup::gather_words(int count) {
                            "gather_words");
 }
 
-void EmuProcessGroup::count(const char* method) {
-  std::lock_guard<std::mutex> lock(calls_mutex_);
-  ++calls_[method];
+EmulatorCall EmuProcessGroup::count(const char* method) {
+  {
+    std::lock_guard<std::mutex> lock(calls_mutex_);
+    ++calls_[method];
+  }
+  return EmulatorCall(active_virtual_clock());
 }
 
 std::map<std::string, int64_t> EmuProcessGroup::calls() const {
@@ -143,19 +154,19 @@ std::map<std::string, int64_t> EmuProcessGroup::calls() const {
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  count("broadcast");
+  const EmulatorCall call = count("broadcast");
   return emugpu::broadcast(*group_, tensors, static_cast<int>(opts.rootRank));
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
-  count("allreduce");
+  const EmulatorCall call = count("allreduce");
   return emugpu::all_reduce(*group_, "all_reduce", tensors, opts.reduceOp.op_);
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                     const c10d::AllreduceCoalescedOptions& opts) {
-  count("allreduce_coalesced");
+  const EmulatorCall call = count("allreduce_coalesced");
   return emugpu::all_reduce(*group_, "all_reduce_coalesced", tensors, opts.reduceOp.op_);
 }
 
@@ -168,67 +179,67 @@ c10::intrusive_ptr<c10d::Work> EmuProcessGroup::allreduce_sparse(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  count("reduce");
+  const EmulatorCall call = count("reduce");
   return emugpu::reduce(*group_, tensors, static_cast<int>(opts.rootRank), opts.reduceOp.op_);
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions&) {
-  count("allgather");
+  const EmulatorCall call = count("allgather");
   return emugpu::all_gather(*group_, outputs, inputs, "all_gather");
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions&) {
-  count("_allgather_base");
+  const EmulatorCall call = count("_allgather_base");
   return emugpu::all_gather_into_tensor(*group_, {output}, {input}, "all_gather_into_tensor");
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions&) {
-  count("allgather_coalesced");
+  const EmulatorCall call = count("allgather_coalesced");
   return emugpu::all_gather(*group_, outputs, inputs, "all_gather_coalesced");
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions&) {
-  count("allgather_into_tensor_coalesced");
+  const EmulatorCall call = count("allgather_into_tensor_coalesced");
   return emugpu::all_gather_into_tensor(*group_, outputs, inputs, "all_gather_into_tensor_coalesced");
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  count("gather");
+  const EmulatorCall call = count("gather");
   return emugpu::gather(*group_, outputs, inputs, static_cast<int>(opts.rootRank));
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  count("scatter");
+  const EmulatorCall call = count("scatter");
   return emugpu::scatter(*group_, outputs, inputs, static_cast<int>(opts.rootRank));
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                std::vector<std::vector<at::Tensor>>& inputs,
                                                                const c10d::ReduceScatterOptions& opts) {
-  count("reduce_scatter");
+  const EmulatorCall call = count("reduce_scatter");
   return emugpu::reduce_scatter(*group_, outputs, inputs, opts.reduceOp.op_);
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
-  count("_reduce_scatter_base");
+  const EmulatorCall call = count("_reduce_scatter_base");
   return emugpu::reduce_scatter_tensor(*group_, {output}, {input}, opts.reduceOp.op_, "reduce_scatter_tensor");
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  count("reduce_scatter_tensor_coalesced");
+  const EmulatorCall call = count("reduce_scatter_tensor_coalesced");
   return emugpu::reduce_scatter_tensor(*group_, outputs, inputs, opts.reduceOp.op_, "reduce_scatter_tensor_coalesced");
 }
 
@@ -236,30 +247,30 @@ c10::intrusive_ptr<c10d::Work> EmuProcessGroup::alltoall_base(at::Tensor& output
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions&) {
-  count("alltoall_base");
+  const EmulatorCall call = count("alltoall_base");
   return emugpu::all_to_all_single(*group_, output, input, output_splits, input_splits);
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions&) {
-  count("alltoall");
+  const EmulatorCall call = count("alltoall");
   return emugpu::all_to_all(*group_, outputs, inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::barrier(const c10d::BarrierOptions& opts) {
-  count("barrier");
+  const EmulatorCall call = count("barrier");
   const int device = opts.device_ids.empty() ? current_device() : static_cast<int>(opts.device_ids.front());
   return emugpu::barrier(*group_, device);
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  count("send");
+  const EmulatorCall call = count("send");
   return p2p_->send(tensors, dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> EmuProcessGroup::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  count("recv");
+  const EmulatorCall call = count("recv");
   return p2p_->recv(tensors, src, tag);
 }
 
@@ -269,8 +280,14 @@ c10::intrusive_ptr<c10d::Work> EmuProcessGroup::recvAnysource(std::vector<at::Te
                               "collective, send and recv but recv from any source and sparse all_reduce)");
 }
 
-void EmuProcessGroup::startCoalescing() { p2p_->start_coalescing(); }
+void EmuProcessGroup::startCoalescing() {
+  const EmulatorCall call(active_virtual_clock());
+  p2p_->start_coalescing();
+}
 
-c10::intrusive_ptr<c10d::Work> EmuProcessGroup::endCoalescing() { return p2p_->end_coalescing(); }
+c10::intrusive_ptr<c10d::Work> EmuProcessGroup::endCoalescing() {
+  const EmulatorCall call(active_virtual_clock());
+  return p2p_->end_coalescing();
+}
 
 }  // namespace emugpu

@@ -20,6 +20,7 @@
 
 #include "backend/distributed/group_collectives.h"
 #include "backend/distributed/point_to_point.h"
+#include "core/virtual_clock.h"
 
 namespace emugpu {
 
@@ -102,7 +103,9 @@ class EmuProcessGroup : public c10d::Backend {
   std::map<std::string, int64_t> calls() const;
 
  private:
-  void count(const char* method);
+  // Counts a call and opens its emulator call (virtual_clock.h): c10d's
+  // methods are entries into the emulator, as ops are.
+  [[nodiscard]] EmulatorCall count(const char* method);
 
   std::chrono::milliseconds timeout_;
   std::shared_ptr<TcpTransport> tcp_;

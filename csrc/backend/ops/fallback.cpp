@@ -237,6 +237,7 @@ void await_collective_writes(const std::vector<c10::IValue>& args) {
 }
 
 void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+  const EmulatorCall call(active_virtual_clock());
   const OpInfo& info = info_for(op);
   const size_t num_args = op.schema().arguments().size();
   const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());

@@ -1,0 +1,188 @@
+"""The virtual clock: waits jump instead of sleeping, Python's clocks read
+emulated time, and the modelled host makes emulated times exact."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+
+import pytest
+import torch
+from conftest import run_python
+
+import torch_emugpu
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def virtual() -> Iterator[None]:
+    torch_emugpu.configure(gpu=H100, clock="virtual", host="modelled")
+    try:
+        yield
+    finally:
+        torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, clock="real", host="measured", host_speed=1.0)
+
+
+def gpu_bound_loop(iterations: int) -> list[float]:
+    """Per-iteration times in seconds (from time.perf_counter_ns, exact) of a loop whose matmuls keep the GPU
+    busier than the host."""
+    w = torch.empty(8192, 8192, device="emugpu")
+    x = torch.empty(8192, 8192, device="emugpu")
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter_ns()
+        for _ in range(4):
+            y = x @ w
+        y.sum().item()
+        times.append((time.perf_counter_ns() - t0) / 1e9)
+    return times
+
+
+def test_a_gpu_bound_loop_takes_exactly_its_device_time(virtual: None) -> None:
+    gpu_bound_loop(2)
+    torch.emugpu.reset_engine_stats()
+    times = gpu_bound_loop(5)
+    busy = torch.emugpu.engine_stats()["compute_busy_s"] / 5
+    # Each iteration waits for its own work: its time is the device's, to the nanosecond (no host load moves it).
+    assert times[1:] == [times[1]] * 4
+    # ... plus what the device cannot hide: the first launch after the wait (15 us) and the read-back.
+    assert busy < times[1] < busy + 50e-6
+    assert busy > 0.01  # four 8192^3 matmuls: the device, not the modelled host (15 us per op), sets the pace
+
+
+def test_modelled_times_are_the_same_on_every_run(virtual: None) -> None:
+    first = gpu_bound_loop(3)
+    torch_emugpu.configure(clock="virtual", host="modelled")  # a fresh device timeline; the clock goes on
+    second = gpu_bound_loop(3)
+    assert first == second
+
+
+def test_the_emulator_is_faster_than_the_gpu_it_emulates(virtual: None) -> None:
+    gpu_bound_loop(1)
+    torch.emugpu.reset_engine_stats()
+    wall = time.get_clock_info("perf_counter")  # the function is ours; its info is the host's
+    assert wall.monotonic
+    gpu_bound_loop(10)
+    report = torch_emugpu.clock_report()
+    assert report["clock"] == "virtual" and report["host"] == "modelled"
+    assert report["elapsed_s"] == pytest.approx(report["host_s"] + report["waited_s"] + report["slept_s"])
+    assert report["speedup"] > 1  # emulated seconds per wall second
+    assert torch.emugpu.engine_stats()["emulated_s_per_wall_s"] > 1
+
+
+def test_a_host_slower_than_the_gpu_sets_the_pace(virtual: None) -> None:
+    torch_emugpu.configure(clock="virtual", host="modelled", host_speed=0.001)  # a host 1000x slower: 15 ms per op
+    x = torch.empty(16, device="emugpu")
+    x.sum().item()
+    torch_emugpu.reset_clock_report()
+    t0 = time.perf_counter_ns()
+    for _ in range(10):
+        x = x + 1
+    x.sum().item()
+    elapsed = (time.perf_counter_ns() - t0) / 1e9
+    report = torch_emugpu.clock_report()
+    assert report["waited_s"] < 20e-6  # the device finished each op before the host launched the next; the read-back
+    assert report["calls"] >= 12  # 10 adds, the sum, the read-back
+    # All of it host work and the read-back's wait, but for the first clock read's own cost (1 ms), charged before it
+    assert elapsed == pytest.approx(report["host_s"] - 0.001 + report["waited_s"], abs=1e-9)
+    assert report["host_s"] == pytest.approx(report["calls"] * 0.015 + report["reads"] * 0.001, abs=1e-9)
+
+
+def test_sleep_advances_time_without_sleeping(virtual: None) -> None:
+    real = time.get_clock_info("monotonic")
+    assert real.monotonic
+    t0, d0, w0 = time.perf_counter(), datetime.datetime.now(), time.time()
+    time.sleep(3600)
+    assert time.perf_counter() - t0 == pytest.approx(3600, abs=1e-3)
+    assert time.time() - w0 == pytest.approx(3600, abs=1e-3)
+    assert (datetime.datetime.now() - d0).total_seconds() == pytest.approx(3600, abs=1e-3)
+    assert torch_emugpu.clock_report()["slept_s"] >= 3600
+
+
+@pytest.mark.parametrize(
+    ("seconds", "error", "message"),
+    [
+        (-1, ValueError, "sleep length must be non-negative"),
+        (math.nan, ValueError, "Invalid value NaN"),
+        (1e300, OverflowError, "out of range"),
+        ("1", TypeError, "cannot be interpreted as an integer"),
+    ],
+)
+def test_sleep_refuses_what_cpython_refuses(virtual: None, seconds: object, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        time.sleep(seconds)  # type: ignore[arg-type]
+    with pytest.raises(error, match=message):  # the same as CPython's own
+        torch_emugpu.device._virtual_time._originals["sleep"](seconds)
+
+
+def test_a_script_spinning_until_a_deadline_gets_there(virtual: None) -> None:
+    deadline = time.time() + 0.05
+    spins = 0
+    while time.time() < deadline:
+        spins += 1
+        assert spins < 10_000_000
+    assert spins >= 1000  # 1 us per read of the modelled host
+
+
+def test_names_bound_before_are_rebound_but_the_runtimes_timeouts_stay_real(virtual: None) -> None:
+    torch_emugpu.configure(clock="real")
+    module = types.ModuleType("bound_before")
+    module.perf_counter = time.perf_counter  # as `from time import perf_counter` (tqdm does)
+    sys.modules["bound_before"] = module
+    try:
+        torch_emugpu.configure(clock="virtual", host="modelled")
+        assert module.perf_counter is time.perf_counter
+        assert module.perf_counter is not torch_emugpu.device._virtual_time._originals["perf_counter"]
+        assert threading._time is torch_emugpu.device._virtual_time._originals["monotonic"]  # type: ignore[attr-defined]
+        torch_emugpu.configure(clock="real")
+        assert module.perf_counter is time.perf_counter
+        assert time.perf_counter.__module__ == "time"  # the builtin again
+    finally:
+        del sys.modules["bound_before"]
+
+
+def test_the_real_clock_gives_pythons_clocks_back(virtual: None) -> None:
+    assert time.perf_counter.__module__ != "time"
+    torch_emugpu.configure(clock="real")
+    assert time.perf_counter.__module__ == "time" and datetime.datetime.__module__ == "datetime"
+    assert torch_emugpu.clock_report() == {"clock": "real"}
+    assert torch_emugpu.config().clock == "real"
+
+
+def test_unknown_clock_and_host_values_list_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="clock: expected one of real, virtual, got 'simulated'"):
+        torch_emugpu.configure(clock="simulated")
+    with pytest.raises(ValueError, match="host: expected one of measured, modelled, got 'guess'"):
+        torch_emugpu.configure(host="guess")
+    with pytest.raises(ValueError, match="host_speed"):
+        torch_emugpu.configure(host_speed=0)
+    with pytest.raises(TypeError, match="configure\\(clock=...\\)"):
+        torch_emugpu.configure(clock=1)  # type: ignore[arg-type]
+    assert torch_emugpu.config().clock == "real"
+
+
+@pytest.mark.slow
+def test_the_environment_starts_the_virtual_clock_at_import() -> None:
+    code = (
+        "import time, torch, torch_emugpu\n"
+        "x = torch.empty(8192, 8192, device='emugpu')\n"
+        "t0 = time.perf_counter_ns()\n"
+        "for _ in range(20): y = x @ x\n"
+        "y.sum().item()\n"
+        "print(torch_emugpu.config().clock, torch_emugpu.config().host, time.perf_counter_ns() - t0)\n"
+    )
+    env = {"EMUGPU_CLOCK": "virtual", "EMUGPU_HOST": "modelled", "EMUGPU_GPU": "h100"}
+    runs = [run_python(code, env) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert runs[0].stdout.split()[:2] == ["virtual", "modelled"]
+    assert runs[0].stdout == runs[1].stdout  # bit-identical across processes
+    bad = run_python("import torch, torch_emugpu; torch.ones(1, device='emugpu')", {"EMUGPU_CLOCK": "sundial"})
+    assert bad.returncode != 0
+    assert "EMUGPU_CLOCK: expected one of real, virtual, got 'sundial'" in bad.stderr
