@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -13,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from conftest import run_python
+from conftest import REPO, run_python
 
 import torch_emugpu
 
@@ -186,3 +189,71 @@ def test_the_environment_starts_the_virtual_clock_at_import() -> None:
     bad = run_python("import torch, torch_emugpu; torch.ones(1, device='emugpu')", {"EMUGPU_CLOCK": "sundial"})
     assert bad.returncode != 0
     assert "EMUGPU_CLOCK: expected one of real, virtual, got 'sundial'" in bad.stderr
+
+
+RANK_CODE = """
+import datetime, os, time, torch, torch_emugpu, torch.distributed as dist
+rank = int(os.environ["RANK"])
+torch.emugpu.set_device(rank)
+try:
+    dist.init_process_group("emu", timeout=datetime.timedelta(seconds=60))
+except ValueError as e:
+    print("refused:", e)
+    raise SystemExit(0)
+x = torch.empty(25 << 20, device="emugpu")
+dist.all_reduce(x)
+torch.emugpu.synchronize()
+t0 = time.perf_counter_ns()
+if rank == 1:
+    time.sleep(2.0)  # this rank's host arrives 2 s later (virtual time; nothing sleeps)
+dist.all_reduce(x)
+torch.emugpu.synchronize()
+print("ok", time.perf_counter_ns() - t0)
+dist.destroy_process_group()
+"""
+
+
+def run_two_ranks(clocks: tuple[str, str]) -> list[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, clock in enumerate(clocks):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
+        env.update(
+            RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), EMUGPU_DEVICE_COUNT="2",
+            EMUGPU_CLOCK=clock, EMUGPU_HOST="modelled", EMUGPU_GPU="h100",
+        )  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RANK_CODE],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+        )
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        outs.append(out.strip().splitlines()[-1])
+    return outs
+
+
+@pytest.mark.slow
+def test_ranks_with_different_clocks_are_refused_naming_both() -> None:
+    outs = run_two_ranks(("virtual", "real"))
+    assert "refused: emu backend: rank 0 runs the virtual clock but rank 1 the real one" in outs[0], outs
+    assert "refused: emu backend: rank 1 runs the real clock but rank 0 the virtual one" in outs[1], outs
+
+
+@pytest.mark.slow
+def test_a_collective_waits_for_the_latest_ranks_virtual_start() -> None:
+    outs = run_two_ranks(("virtual", "virtual"))
+    assert all(o.startswith("ok ") for o in outs), outs
+    elapsed = [int(o.split()[1]) / 1e9 for o in outs]
+    # Rank 0 waited for rank 1's late start: both end together, 2 s and the all_reduce's cost after rank 0's start.
+    assert elapsed[0] == pytest.approx(elapsed[1], abs=1e-3)
+    assert 2.0 < elapsed[0] < 2.5
