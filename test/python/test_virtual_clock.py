@@ -257,3 +257,45 @@ def test_a_collective_waits_for_the_latest_ranks_virtual_start() -> None:
     # Rank 0 waited for rank 1's late start: both end together, 2 s and the all_reduce's cost after rank 0's start.
     assert elapsed[0] == pytest.approx(elapsed[1], abs=1e-3)
     assert 2.0 < elapsed[0] < 2.5
+
+
+class SleepyDataset(torch.utils.data.Dataset):
+    """Each sample takes `seconds` of its worker's time (time.sleep: virtual in the worker too)."""
+
+    def __init__(self, seconds: float, samples: int = 16) -> None:
+        self.seconds, self.samples = seconds, samples
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return torch.ones(4)
+
+
+def epoch_time(loader: torch.utils.data.DataLoader) -> float:
+    t0 = time.perf_counter_ns()
+    for batch in loader:
+        batch.to("emugpu").sum().item()
+    return (time.perf_counter_ns() - t0) / 1e9
+
+
+def test_slow_workers_hold_the_loop_back_as_processes_in_parallel(virtual: None) -> None:
+    loader = torch.utils.data.DataLoader(SleepyDataset(0.1), batch_size=2, num_workers=2, pin_memory=True)
+    # 16 samples of 0.1 s over 2 workers: the loop waits 0.8 s for its data, not 1.6 s, and not 0.
+    assert epoch_time(loader) == pytest.approx(0.8, abs=0.01)
+
+
+def test_fast_workers_do_not_stall_the_loop(virtual: None) -> None:
+    loader = torch.utils.data.DataLoader(SleepyDataset(0.0), batch_size=2, num_workers=2)
+    assert epoch_time(loader) < 0.01
+
+
+@pytest.mark.slow
+def test_a_worker_on_another_clock_is_refused_naming_both(virtual: None) -> None:
+    # A spawned worker reads the environment (no EMUGPU_CLOCK): the real clock, while this process runs the virtual one.
+    loader = torch.utils.data.DataLoader(
+        SleepyDataset(0.0, samples=2), batch_size=2, num_workers=1, multiprocessing_context="spawn"
+    )
+    with pytest.raises(RuntimeError, match="worker 0 runs the real clock but this process the virtual one"):
+        epoch_time(loader)

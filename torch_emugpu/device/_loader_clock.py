@@ -1,0 +1,137 @@
+"""DataLoader workers keep causality under the virtual clock.
+
+A batch request carries the consumer's virtual time when it was made (the
+index list handed to a worker is stamped); the worker's clock moves to at
+least that time before it fetches, its fetch advances its own clock (the
+decoding and transforms it measures, its `time.sleep`s), and the batch
+carries the worker's time when it was ready. The consumer's clock moves to
+at least that time when it takes the batch: a worker slower than the
+training step holds the loop back (a data stall), a fast one does not, and
+workers run in parallel as processes do. Batches from a worker whose clock
+differs from the consumer's are refused, naming both.
+
+Only batched loading (a batch_sampler yielding lists, the default) stamps
+requests; without them a worker's clock still moves by its own work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.utils.data as torch_utils_data
+import torch.utils.data._utils.fetch as _fetch
+import torch.utils.data.dataloader as _dataloader
+
+from ._extension import _C
+
+
+class StampedIndex(list):
+    """A batch's sample indices and the virtual time they were requested at."""
+
+    ns: int
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_stamped_index, (list(self), self.ns))
+
+
+def _stamped_index(items: list[Any], ns: int) -> StampedIndex:
+    index = StampedIndex(items)
+    index.ns = ns
+    return index
+
+
+class StampedBatch:
+    """A worker's batch and its virtual time when it was ready (-1: the worker ran the real clock)."""
+
+    __slots__ = ("data", "ns")
+
+    def __init__(self, data: Any, ns: int) -> None:
+        self.data = data
+        self.ns = ns
+
+    def pin_memory(self, device: Any = None) -> StampedBatch:  # the DataLoader's pinning thread
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return StampedBatch(pin_memory(self.data, device), self.ns)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StampedBatch, (self.data, self.ns))
+
+
+def _virtual() -> bool:
+    return _C is not None and _C._clock_kind() == "virtual"
+
+
+def _fetching(original: Any) -> Any:
+    def fetch(self: Any, possibly_batched_index: Any) -> Any:
+        stamped = isinstance(possibly_batched_index, StampedIndex)
+        virtual = _virtual()
+        if not (stamped or virtual) or torch_utils_data.get_worker_info() is None:
+            return original(self, possibly_batched_index)  # the consumer's own process, or both clocks real
+        if virtual:
+            _C._clock_read_ns()  # the worker's work since its last batch is its own
+            if stamped:
+                _C._clock_receive_ns(possibly_batched_index.ns)  # not before it was asked for
+        data = original(self, possibly_batched_index)
+        return StampedBatch(data, int(_C._clock_read_ns()) if virtual else -1)
+
+    fetch.__wrapped__ = original  # type: ignore[attr-defined]
+    return fetch
+
+
+def _putting_index(original: Any) -> Any:
+    def _try_put_index(self: Any) -> None:
+        if not _virtual():
+            return original(self)
+        next_index = self._next_index
+
+        def stamped_next() -> Any:
+            index = next_index()
+            if type(index) is list:
+                index = _stamped_index(index, int(_C._clock_read_ns()))
+            return index
+
+        self._next_index = stamped_next
+        try:
+            return original(self)
+        finally:
+            del self._next_index  # the class's method again
+
+    _try_put_index.__wrapped__ = original  # type: ignore[attr-defined]
+    return _try_put_index
+
+
+def _processing(original: Any) -> Any:
+    def _process_data(self: Any, data: Any, worker_idx: int) -> Any:
+        if isinstance(data, StampedBatch):
+            virtual = _virtual()
+            if data.ns < 0 and virtual:
+                raise RuntimeError(
+                    f"DataLoader worker {worker_idx} runs the real clock but this process the virtual one "
+                    f"(EMUGPU_CLOCK=virtual); a worker must run the clock of the process that loads from it: "
+                    f"set EMUGPU_CLOCK before the DataLoader starts its workers"
+                )
+            if data.ns >= 0 and not virtual:
+                raise RuntimeError(
+                    f"DataLoader worker {worker_idx} runs the virtual clock but this process the real one; "
+                    f"a worker must run the clock of the process that loads from it: set EMUGPU_CLOCK alike"
+                )
+            if virtual:
+                _C._clock_receive_ns(data.ns)  # not before the worker had it ready
+            data = data.data
+        return original(self, data, worker_idx)
+
+    _process_data.__wrapped__ = original  # type: ignore[attr-defined]
+    return _process_data
+
+
+def install() -> None:
+    """Wraps the DataLoader's fetchers and its multi-process iterator (idempotent)."""
+    for cls in (_fetch._MapDatasetFetcher, _fetch._IterableDatasetFetcher):
+        if not hasattr(cls.fetch, "__wrapped__"):
+            cls.fetch = _fetching(cls.fetch)  # type: ignore[method-assign]
+    it = _dataloader._MultiProcessingDataLoaderIter
+    if not hasattr(it._try_put_index, "__wrapped__"):
+        it._try_put_index = _putting_index(it._try_put_index)  # type: ignore[method-assign]
+    if not hasattr(it._process_data, "__wrapped__"):
+        it._process_data = _processing(it._process_data)  # type: ignore[method-assign]
