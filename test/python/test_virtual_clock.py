@@ -106,6 +106,9 @@ def test_sleep_advances_time_without_sleeping(virtual: None) -> None:
     assert time.time() - w0 == pytest.approx(3600, abs=1e-3)
     assert (datetime.datetime.now() - d0).total_seconds() == pytest.approx(3600, abs=1e-3)
     assert torch_emugpu.clock_report()["slept_s"] >= 3600
+    made_by_the_real_class = torch_emugpu.device._virtual_time._original_datetime(2020, 1, 1)
+    assert isinstance(made_by_the_real_class, datetime.datetime)  # libraries' isinstance checks still hold
+    assert isinstance(datetime.datetime.now(), datetime.datetime) and isinstance(d0, datetime.date)
 
 
 @pytest.mark.parametrize(

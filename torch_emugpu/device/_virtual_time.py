@@ -78,7 +78,15 @@ def _make(base_ns: int, start_ns: int) -> tuple[Callable[[], float], Callable[[]
 
 
 def _virtual_datetime(real: type[_datetime.datetime]) -> type[_datetime.datetime]:
-    class datetime(real):  # type: ignore[valid-type,misc]
+    class _Kind(type):
+        # Datetimes made by the real class (C code, modules that kept it) are datetime.datetime too.
+        def __instancecheck__(cls, obj: object) -> bool:
+            return isinstance(obj, real)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, real)
+
+    class datetime(real, metaclass=_Kind):  # type: ignore[valid-type,misc]
         """datetime.datetime whose now(), utcnow() and today() read the virtual clock."""
 
         @classmethod
