@@ -79,26 +79,15 @@ def _fetching(original: Any) -> Any:
     return fetch
 
 
-def _putting_index(original: Any) -> Any:
-    def _try_put_index(self: Any) -> None:
-        if not _virtual():
-            return original(self)
-        next_index = self._next_index
+def _stamping(original: Any) -> Any:
+    def _next_index(self: Any) -> Any:
+        index = original(self)
+        if type(index) is list and _virtual():
+            index = _stamped_index(index, int(_C._clock_read_ns()))
+        return index
 
-        def stamped_next() -> Any:
-            index = next_index()
-            if type(index) is list:
-                index = _stamped_index(index, int(_C._clock_read_ns()))
-            return index
-
-        self._next_index = stamped_next
-        try:
-            return original(self)
-        finally:
-            del self._next_index  # the class's method again
-
-    _try_put_index.__wrapped__ = original  # type: ignore[attr-defined]
-    return _try_put_index
+    _next_index.__wrapped__ = original  # type: ignore[attr-defined]
+    return _next_index
 
 
 def _processing(original: Any) -> Any:
@@ -131,7 +120,7 @@ def install() -> None:
         if not hasattr(cls.fetch, "__wrapped__"):
             cls.fetch = _fetching(cls.fetch)  # type: ignore[method-assign]
     it = _dataloader._MultiProcessingDataLoaderIter
-    if not hasattr(it._try_put_index, "__wrapped__"):
-        it._try_put_index = _putting_index(it._try_put_index)  # type: ignore[method-assign]
+    if not hasattr(it._next_index, "__wrapped__"):  # the multi-process iterator's own, not its base's
+        it._next_index = _stamping(it._next_index)  # type: ignore[method-assign]
     if not hasattr(it._process_data, "__wrapped__"):
         it._process_data = _processing(it._process_data)  # type: ignore[method-assign]

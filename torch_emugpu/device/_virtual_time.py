@@ -41,7 +41,6 @@ _REAL_TIME_MODULES = (
     "concurrent",
     "torch",
     "torch_emugpu",
-    "_virtual_time",
 )
 _NAMES = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "sleep")
 
