@@ -704,13 +704,16 @@ def _large_values(rank: int, world: int) -> list[bool]:
     z = torch.full((3, 50001), float(rank), dtype=torch.float64).to(dev)
     dist.all_reduce(z, op=dist.ReduceOp.AVG)
     ok.append(torch.allclose(z.cpu(), torch.full((3, 50001), (world - 1) / 2, dtype=torch.float64)))
-    parts = [torch.full((40000 + k,), float(rank + k)).to(dev) for k in range(3)]
+    # Every element differs, so that a slice reduced or copied home to the wrong place shows.
+    parts = [(torch.arange(40000 + k, dtype=torch.float32) + float(rank + k)).to(dev) for k in range(3)]
     with dist._coalescing_manager(device=dev, async_ops=True) as cm:
         for t in parts:
             dist.all_reduce(t)
     cm.wait()
-    want = [float(sum(r + k for r in range(world))) for k in range(3)]
-    ok.append(all(bool((t.cpu() == w).all()) for t, w in zip(parts, want, strict=True)))
+    want = [
+        torch.arange(40000 + k, dtype=torch.float32) * world + float(sum(r + k for r in range(world))) for k in range(3)
+    ]
+    ok.append(all(torch.equal(t.cpu(), w) for t, w in zip(parts, want, strict=True)))
     return ok
 
 

@@ -308,6 +308,8 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
       if (nbytes(h) > 0) std::memcpy(h.data_ptr(), mine.data() + offset, static_cast<size_t>(nbytes(h)));
       offset += static_cast<size_t>(nbytes(h));
     }
+  } else if (std::string(words_->kind()) == "shm") {
+    reduce_bytes_in_rounds(name, hosts, op);
   } else {
     // Reduce-scatter, then all-gather (NCCL's ring moves as much): rank j
     // reduces slice j of every tensor, in rank order so that every rank ends
@@ -392,6 +394,139 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
     }
   }
   add_payload_bytes_moved(static_cast<uint64_t>(payload));
+}
+
+void GroupCollectives::reduce_bytes_in_rounds(const std::string& name, const std::vector<at::Tensor>& hosts,
+                                              c10d::ReduceOp::RedOpType op) {
+  // Rounds of at most one shared-memory slot per rank. In each, every rank
+  // publishes its bytes of the round's pieces and reduces its share of each
+  // piece from every rank's slot, in rank order (so that one rank computes
+  // each element and all end identical); the reduced shares are then
+  // published and copied home in rounds of their own. Per rank, the payload
+  // is written twice and read twice, with no system call but the futex.
+  struct Piece {
+    size_t tensor;
+    int64_t begin, end;  // elements of the tensor
+    size_t offset;       // bytes into the round's slot
+  };
+  const int n = spec_.size;
+  const size_t capacity = words_->bytes_capacity();
+  auto share = [n](const Piece& p, int rank) {
+    const int64_t m = p.end - p.begin;
+    return std::pair<int64_t, int64_t>{m * rank / n, m * (rank + 1) / n};
+  };
+  // The largest share of a piece over ranks: rounds are published when
+  // these fill a slot, a decision every rank takes alike.
+  auto largest_share = [n, &hosts](const Piece& p) {
+    return static_cast<size_t>((p.end - p.begin + n - 1) / n) * static_cast<size_t>(hosts[p.tensor].element_size());
+  };
+  // Shares reduced by this rank and not yet published, their bytes, and
+  // the largest such bytes over ranks.
+  std::vector<Piece> reduced_pieces;
+  Bytes reduced;
+  reduced.reserve(capacity);  // the views below stay put
+  size_t reduced_bound = 0;
+  auto publish_reduced = [&] {
+    if (reduced_pieces.empty()) return;
+    words_->gather_bytes(reduced.data(), reduced.size(), spec_.timeout, [&](int r, const void* bytes, size_t length) {
+      size_t at = 0;
+      for (const Piece& p : reduced_pieces) {
+        const auto [b, e] = share(p, r);
+        const auto es = static_cast<size_t>(hosts[p.tensor].element_size());
+        const size_t len = static_cast<size_t>(e - b) * es;
+        TORCH_CHECK(at + len <= length, "emu backend: ", name, " expected at least ", at + len,
+                    " reduced bytes from rank ", r, ", got ", length);
+        if (r != spec_.rank && len > 0) {
+          std::memcpy(static_cast<uint8_t*>(hosts[p.tensor].data_ptr()) + (p.begin + b) * es,
+                      static_cast<const uint8_t*>(bytes) + at, len);
+        }
+        at += len;
+      }
+    });
+    reduced_pieces.clear();
+    reduced.clear();
+    reduced_bound = 0;
+  };
+  auto run_round = [&](const std::vector<Piece>& pieces, size_t round_bytes) {
+    Bytes packed;
+    const void* mine = nullptr;
+    if (pieces.size() == 1) {
+      const Piece& p = pieces[0];
+      mine = static_cast<const uint8_t*>(hosts[p.tensor].data_ptr()) + p.begin * hosts[p.tensor].element_size();
+    } else {
+      packed.resize(round_bytes);
+      for (const Piece& p : pieces) {
+        const auto es = hosts[p.tensor].element_size();
+        std::memcpy(packed.data() + p.offset, static_cast<const uint8_t*>(hosts[p.tensor].data_ptr()) + p.begin * es,
+                    static_cast<size_t>((p.end - p.begin) * es));
+      }
+      mine = packed.data();
+    }
+    // My shares land at the end of `reduced`, in piece order; reduced in place there.
+    size_t round_bound = 0;
+    for (const Piece& p : pieces) round_bound += largest_share(p);
+    if (reduced_bound + round_bound > capacity) publish_reduced();
+    reduced_bound += round_bound;
+    std::vector<at::Tensor> acc;
+    for (const Piece& p : pieces) {
+      const auto [b, e] = share(p, spec_.rank);
+      const size_t len = static_cast<size_t>((e - b) * hosts[p.tensor].element_size());
+      reduced_pieces.push_back(p);
+      const size_t at = reduced.size();
+      reduced.resize(at + len);
+      acc.push_back(at::from_blob(reduced.data() + at, {e - b}, hosts[p.tensor].options()));
+    }
+    words_->gather_bytes(mine, round_bytes, spec_.timeout, [&](int r, const void* bytes, size_t length) {
+      TORCH_CHECK(length == round_bytes, "emu backend: ", name, " expected ", round_bytes, " bytes from rank ", r,
+                  ", got ", length);
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const Piece& p = pieces[k];
+        const auto [b, e] = share(p, spec_.rank);
+        if (e == b) continue;
+        const auto es = hosts[p.tensor].element_size();
+        const auto* src = static_cast<const uint8_t*>(bytes) + p.offset + b * es;
+        if (r == 0) {
+          std::memcpy(acc[k].data_ptr(), src, static_cast<size_t>((e - b) * es));
+        } else {
+          reduce_into(acc[k], at::from_blob(const_cast<uint8_t*>(src), {e - b}, hosts[p.tensor].options()), op);
+        }
+      }
+    });
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      if (op == c10d::ReduceOp::AVG) acc[k].div_(spec_.size);
+      // This rank's own share goes home now; the others' arrive when published.
+      const Piece& p = pieces[k];
+      const auto [b, e] = share(p, spec_.rank);
+      const auto es = hosts[p.tensor].element_size();
+      if (e > b) {
+        std::memcpy(static_cast<uint8_t*>(hosts[p.tensor].data_ptr()) + (p.begin + b) * es, acc[k].data_ptr(),
+                    static_cast<size_t>((e - b) * es));
+      }
+    }
+  };
+  // The pieces of each round, in tensor order, filling one slot.
+  std::vector<Piece> round;
+  size_t round_bytes = 0;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    const auto es = static_cast<size_t>(hosts[i].element_size());
+    const int64_t m = hosts[i].numel();
+    int64_t at = 0;
+    while (at < m) {
+      const auto room = static_cast<int64_t>((capacity - round_bytes) / es);
+      if (room == 0) {
+        run_round(round, round_bytes);
+        round.clear();
+        round_bytes = 0;
+        continue;
+      }
+      const int64_t take = std::min(room, m - at);
+      round.push_back(Piece{i, at, at + take, round_bytes});
+      round_bytes += static_cast<size_t>(take) * es;
+      at += take;
+    }
+  }
+  if (!round.empty()) run_round(round, round_bytes);
+  publish_reduced();
 }
 
 c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, const std::string& model_kind,

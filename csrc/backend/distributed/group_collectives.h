@@ -172,11 +172,14 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   uint64_t gather_words(const CollectiveWords& mine);
   GatheredWords finish(uint64_t ticket, const std::string& name);
   // Exchanges the ranks' bytes of `hosts` (`payload` in all) and reduces
-  // them into `hosts`: an all-gather where shared memory holds them, else
-  // to rank 0 and back over TCP (each rank moves its bytes twice, not once
-  // per rank).
+  // them into `hosts`: an all-gather where shared memory holds them whole;
+  // else a reduce-scatter and an all-gather, in shared-memory rounds on one
+  // machine and over TCP across machines (each rank moves its bytes twice,
+  // not once per rank).
   void reduce_bytes(const std::string& name, const std::vector<at::Tensor>& hosts, c10d::ReduceOp::RedOpType op,
                     int64_t payload);
+  void reduce_bytes_in_rounds(const std::string& name, const std::vector<at::Tensor>& hosts,
+                              c10d::ReduceOp::RedOpType op);
   // What each rank sent this one (CollectiveCall's rule); `longest`: the
   // longest payload over ranks, the same on every rank, picks the transport.
   Rows move_bytes(const CollectiveCall& call, int64_t longest);
