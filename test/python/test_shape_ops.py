@@ -118,6 +118,32 @@ def test_shape_results_are_cached_across_iterations():
     assert _C._shape_cache_stats()[1] == misses
 
 
+def test_an_optimizers_changing_step_size_does_not_miss_the_shape_cache():
+    # Adam's bias-corrected step size changes every step; an in-place op's scalar cannot change its output's shape.
+    m = torch.nn.Linear(64, 64).to("emugpu")
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    x = emu(8, 64)
+    for _ in range(2):
+        m(x).sum().backward()
+        opt.step()
+    _, misses = _C._shape_cache_stats()
+    for _ in range(3):
+        m(x).sum().backward()
+        opt.step()
+    assert _C._shape_cache_stats()[1] == misses
+
+
+def test_a_functional_ops_scalar_still_keys_the_shape_cache():
+    # Not in place: the scalar is keyed, so a new value is a new entry (arange's shape depends on it).
+    _, misses = _C._shape_cache_stats()
+    assert torch.arange(0.0, 10.5, device="emugpu").shape == (11,)
+    assert torch.arange(0.0, 12.5, device="emugpu").shape == (13,)
+    x = emu(4)
+    torch.add(x, x, alpha=0.5)
+    torch.add(x, x, alpha=0.25)
+    assert _C._shape_cache_stats()[1] >= misses + 2
+
+
 def test_factories_and_random_ops_produce_device_tensors():
     for t in (
         torch.zeros(3, 4, device="emugpu"),

@@ -98,8 +98,8 @@ Shapes find_shapes(const c10::OperatorHandle& op, const OpInfo& info, const std:
   key.push_back(reinterpret_cast<intptr_t>(&op.schema()));
   key.push_back((at::globalContext().allowTF32CuBLAS() ? 1 : 0) + (at::globalContext().allowTF32CuDNN() ? 2 : 0));
   Shapes shapes;
-  for (const auto& a : args) {
-    if (!encode(a, key)) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!encode(args[i], key, !info.value_free[i])) {
       shapes.cacheable = false;
       break;
     }

@@ -44,6 +44,18 @@ DataDependent data_dependent_of(const std::string& name) {
   return it == table.end() ? DataDependent::kNone : it->second;
 }
 
+// Scalar, float, complex, optionally, or a list of them.
+bool floating_scalar(const c10::TypePtr& type) {
+  switch (type->kind()) {
+    case c10::TypeKind::NumberType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::ComplexType: return true;
+    case c10::TypeKind::OptionalType: return floating_scalar(type->castRaw<c10::OptionalType>()->getElementType());
+    case c10::TypeKind::ListType: return floating_scalar(type->castRaw<c10::ListType>()->getElementType());
+    default: return false;
+  }
+}
+
 OpInfo analyze(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   OpInfo info;
@@ -100,6 +112,19 @@ OpInfo analyze(const c10::OperatorHandle& op) {
     }
     if (r.alias_arg < 0 || r.write) info.metadata_only = false;
     info.returns.push_back(r);
+  }
+  // In place: writes positional arguments only. out= arguments (keyword-only)
+  // are resized to what the values say (arange's out).
+  bool writes_any = false, writes_out = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!info.writes[i]) continue;
+    (args[i].kwarg_only() ? writes_out : writes_any) = true;
+  }
+  const bool returns_written = std::all_of(info.returns.begin(), info.returns.end(),
+                                           [](const ReturnInfo& r) { return r.alias_arg >= 0 && r.write; });
+  info.value_free.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    info.value_free[i] = writes_any && !writes_out && returns_written && floating_scalar(args[i].type());
   }
   // An op that neither returns nor writes anything still ran on the device.
   if (info.returns.empty() && std::none_of(info.writes.begin(), info.writes.end(), [](bool w) { return w; })) {

@@ -39,8 +39,13 @@ struct OpInfo {
   DataDependent data_dependent = DataDependent::kNone;
   bool value_dependent = false;  // output sizes depend on input values
   std::vector<ReturnInfo> returns;
-  std::vector<bool> writes;         // per argument: mutated by the op
-  std::vector<bool> reads;          // per argument: read by the op (all but out= arguments)
+  std::vector<bool> writes;  // per argument: mutated by the op
+  std::vector<bool> reads;   // per argument: read by the op (all but out= arguments)
+  // Per argument: a floating scalar (or a list of them) of an in-place op
+  // (its outputs are written positional arguments, no out=): its value
+  // cannot change their metadata, so the shape cache keys only its kind (an
+  // optimizer's step size changes every step).
+  std::vector<bool> value_free;
   bool metadata_only = true;        // only views: no kernel runs on the device
   bool per_tensor_devices = false;  // foreach / fused ops: list entries may sit on different devices
   bool host_index_tensors = false;  // CPU index or length tensors are accepted, as CUDA does

@@ -32,7 +32,7 @@ void encode_tensor(const at::Tensor& t, Key& key) {
 
 }  // namespace
 
-bool encode(const c10::IValue& v, Key& key) {
+bool encode(const c10::IValue& v, Key& key, bool values) {
   // Each kind pushes its own tag first, so different kinds never collide.
   if (v.isTensor()) {
     key.push_back(1);
@@ -46,12 +46,14 @@ bool encode(const c10::IValue& v, Key& key) {
     key.push_back(v.toBool() ? 4 : 5);
   } else if (v.isDouble()) {
     key.push_back(6);
-    key.push_back(std::bit_cast<int64_t>(v.toDouble()));
+    if (values) key.push_back(std::bit_cast<int64_t>(v.toDouble()));
   } else if (v.isComplexDouble()) {
     const auto c = v.toComplexDouble();
     key.push_back(7);
-    key.push_back(std::bit_cast<int64_t>(c.real()));
-    key.push_back(std::bit_cast<int64_t>(c.imag()));
+    if (values) {
+      key.push_back(std::bit_cast<int64_t>(c.real()));
+      key.push_back(std::bit_cast<int64_t>(c.imag()));
+    }
   } else if (v.isString()) {
     key.push_back(8);
     key.push_back(static_cast<int64_t>(std::hash<std::string_view>{}(v.toStringView())));
@@ -73,12 +75,14 @@ bool encode(const c10::IValue& v, Key& key) {
   } else if (v.isDoubleList()) {
     key.push_back(13);
     key.push_back(static_cast<int64_t>(v.toDoubleList().size()));
-    for (double x : v.toDoubleList()) key.push_back(std::bit_cast<int64_t>(x));
+    if (values) {
+      for (double x : v.toDoubleList()) key.push_back(std::bit_cast<int64_t>(x));
+    }
   } else if (v.isList()) {
     key.push_back(14);
     key.push_back(static_cast<int64_t>(v.toList().size()));
     for (const c10::IValue& e : v.toList()) {
-      if (!encode(e, key)) return false;
+      if (!encode(e, key, values)) return false;
     }
   } else {
     return false;

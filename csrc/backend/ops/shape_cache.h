@@ -48,7 +48,9 @@ using Key = std::vector<int64_t>;
 
 // Appends what determines an argument's effect on output shapes; false for
 // argument kinds that cannot be keyed (the call then runs uncached).
-bool encode(const c10::IValue& v, Key& key);
+// `values`: false where the argument's value cannot change the outputs'
+// metadata (a scalar of an in-place op): only its kind is keyed.
+bool encode(const c10::IValue& v, Key& key, bool values = true);
 
 // Entries are found by a 128-bit fingerprint of the key, not the key itself
 // (which is hundreds of bytes for ops on several tensors): two keys that
