@@ -69,6 +69,26 @@ def test_gpt2_job_runs():
     assert r.samples_per_s == pytest.approx(1 / r.iteration_s)
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_6_7b_decoder_is_made_on_the_device_and_needs_an_h200_for_adamw():
+    before = _rss_bytes()
+    kwargs = dict(batch_size=1, seq_len=128, iterations=1, warmup=1, optimizer="adamw", amp="bf16", progress=False)
+    r = train.run(model="gpt-6.7b", gpu="h200", **kwargs)
+    # Its 27 GB of fp32 weights never touched the host.
+    assert _rss_bytes() - before < 2 << 30
+    with torch.device("meta"):
+        params = sum(p.numel() for p in GPT(train.GPT_MODELS["gpt-6.7b"]).parameters())
+    assert 6.6e9 < params < 6.8e9
+    # Weights, gradients and AdamW's two moments in fp32: more than an H100's 80 GB, less than an H200's 141.
+    assert 16 * params <= r.peak_memory < 141e9
+    with pytest.raises(torch.OutOfMemoryError):
+        train.run(model="gpt-6.7b", gpu="h100", **kwargs)
+
+
 def test_bad_input_exits_2_with_a_message(capsys):
     assert cli.main(["train", "--model", "resnet9000", "--iterations", "1"]) == 2
     assert "unknown model 'resnet9000'" in capsys.readouterr().err

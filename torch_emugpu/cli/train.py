@@ -17,9 +17,15 @@ from tqdm import tqdm
 import torch_emugpu
 from torch_emugpu import _C
 from torch_emugpu.device import device_module
-from torch_emugpu.measure.models import image_size, torchvision_model
+from torch_emugpu.measure.models import GPT2_SMALL, GPTConfig, image_size, torchvision_model
 
-GPT_MODELS = ("gpt2",)
+# GPT-2 124M, and GPT-3 6.7B's layout (made on the emulated device: its
+# 27 GB of fp32 weights need not fit the host's memory).
+GPT_MODELS = {
+    "gpt2": GPT2_SMALL,
+    "gpt-6.7b": GPTConfig(context=2048, layers=32, heads=32, width=4096),
+}
+BUILT_ON_DEVICE = {"gpt-6.7b"}
 
 
 @dataclass
@@ -41,14 +47,15 @@ def build(model: str, batch_size: int, seq_len: int) -> tuple[torch.nn.Module, t
     if model in GPT_MODELS:
         from torch_emugpu.measure.models import GPT
 
-        gpt = GPT()
+        with torch.device("emugpu" if model in BUILT_ON_DEVICE else "cpu"):
+            gpt = GPT(GPT_MODELS[model])
         x = torch.randint(0, gpt.cfg.vocab_size, (batch_size, seq_len))
         return gpt, x, x.clone()
     import torchvision
 
     if model not in torchvision.models.list_models(module=torchvision.models):
         known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models)))
-        raise ValueError(f"unknown model {model!r}; choose gpt2 or a torchvision classifier: {known}")
+        raise ValueError(f"unknown model {model!r}; choose gpt2, gpt-6.7b or a torchvision classifier: {known}")
     net = torchvision_model(model)
     size = image_size(model)
     return net, torch.randn(batch_size, 3, size, size), torch.randint(0, 1000, (batch_size,))
@@ -154,7 +161,9 @@ def summary(r: TrainResult) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="resnet50", help="torchvision classifier name or gpt2 (default: resnet50)")
+    p.add_argument(
+        "--model", default="resnet50", help="torchvision classifier name, gpt2 (124M) or gpt-6.7b (default: resnet50)"
+    )
     p.add_argument(
         "--gpu",
         default=None,
