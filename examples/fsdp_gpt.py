@@ -103,6 +103,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per data-parallel rank (default: 8)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree, a divisor of the world size")
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations after one warm-up")
+    parser.add_argument(
+        "--sync",
+        choices=("iteration", "phase", "none"),
+        default="iteration",
+        help="synchronize after each iteration (default), after each phase (forward, backward, step), or never "
+        "(iterations are then timed by the host's launches, as on CUDA)",
+    )
     args = parser.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -128,10 +135,15 @@ def main() -> None:
         batch = tokens.to(device, non_blocking=True)
         logits = model(batch[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+        if args.sync == "phase":
+            torch.emugpu.synchronize()
         loss.backward()
+        if args.sync == "phase":
+            torch.emugpu.synchronize()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        torch.emugpu.synchronize()
+        if args.sync != "none":
+            torch.emugpu.synchronize()
         if i > 0:  # the first iteration fills the shape caches and FSDP's lazy state
             times.append(time.perf_counter() - start)
 

@@ -48,6 +48,14 @@ def default_config():
     torch.emugpu.synchronize()
 
 
+@pytest.fixture
+def virtual_clock() -> Iterator[None]:
+    """The virtual clock with the modelled host: emulated times are exact, whatever else the machine does."""
+    torch_emugpu.configure(clock="virtual", host="modelled")
+    yield
+    torch_emugpu.configure(clock="real", host="measured", host_speed=1.0)
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (for import-time and environment behaviour)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}

@@ -165,12 +165,13 @@ def test_models_without_a_profile_use_the_cost_model_and_are_reported(profile_di
 
 
 @pytest.mark.slow
-def test_explicit_names_by_call_and_context_manager(profile_dir):
+def test_explicit_names_by_call_and_context_manager(profile_dir, virtual_clock):
     write_profile(profile_dir, model="my_net", parameters=None)
     profiles.reload()
     net = torchvision.models.resnet18()  # parameters do not identify "my_net"
     torch_emugpu.use_profile(net, "my_net")
-    assert train_iterations(net, batch=2, iterations=3) == pytest.approx(0.060, rel=0.02)
+    # Exact on the virtual clock, but for the (modelled) host's time before the forward.
+    assert 0.060 <= train_iterations(net, batch=2, iterations=3) <= 0.060 * 1.002
     other = torchvision.models.resnet18().to("emugpu")
     with torch_emugpu.profiled_as("my_net"):
         other(torch.empty(2, 3, 32, 32, device="emugpu"))

@@ -81,7 +81,7 @@ def test_events_without_any_sync_see_the_profiled_time_from_the_second_iteration
 
 @pytest.mark.parametrize("sync", ["synchronize", "item", "cpu", "tolist", "event"])
 @pytest.mark.slow
-def test_every_host_wait_ends_the_iteration_at_its_profiled_time(profile_dir, sync):  # noqa: F811
+def test_every_host_wait_ends_the_iteration_at_its_profiled_time(profile_dir, virtual_clock, sync):  # noqa: F811
     model, opt, x, y = setup_resnet(profile_dir)
 
     def wait(loss: torch.Tensor) -> None:
@@ -105,8 +105,8 @@ def test_every_host_wait_ends_the_iteration_at_its_profiled_time(profile_dir, sy
         t0 = torch_emugpu._C._host_now_ns()
         wait(step(model, opt, x, y))
         times.append(iteration_s(t0))
-    # The host's own latency before the forward adds a little.
-    assert sorted(times)[2] == pytest.approx(FWD + BWD, rel=0.02)
+    # The host's own (modelled) latency before the forward adds a little; nothing else does.
+    assert FWD + BWD <= sorted(times)[2] <= (FWD + BWD) * 1.002
 
 
 @pytest.mark.slow
