@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -162,11 +163,25 @@ def _device_module() -> ModuleType:
     return device_module
 
 
+# Launchers that only start and watch the processes that use the device:
+# their heartbeats, restarts and monitor loops (time.sleep) run in real time.
+_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def _is_launcher() -> bool:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name in _LAUNCHERS:
+        return True
+    return os.path.basename(sys.argv[0] if sys.argv else "") == "torchrun"
+
+
 def _start_virtual_clock() -> None:
     """Under EMUGPU_CLOCK=virtual, Python's clocks read virtual time from the
     import on: the device is configured now so that they never switch later.
-    A configuration error is left for the first use to raise."""
-    if os.environ.get("EMUGPU_CLOCK", "").strip().lower() != "virtual":
+    A launcher (torchrun) keeps the real clock; its workers start the virtual
+    one. A configuration error is left for the first use to raise."""
+    if os.environ.get("EMUGPU_CLOCK", "").strip().lower() != "virtual" or _is_launcher():
         return
     try:
         _C._ensure_configured()

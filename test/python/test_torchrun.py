@@ -286,6 +286,30 @@ def test_torchrun_runs_the_ddp_example_on_one_emulated_node(tmp_path: Path) -> N
     assert "host-bound       " in o.output
 
 
+@pytest.mark.parametrize("launcher", ["module", "script"])
+def test_torchrun_under_the_virtual_clock_keeps_its_own_clock_real(tmp_path: Path, launcher: str) -> None:
+    # The launcher imports torch (and so torch_emugpu) too: its rendezvous pickles datetimes and its monitor
+    # loop sleeps, so it must keep the real clock while its workers run the virtual one.
+    torchrun = TORCHRUN if launcher == "module" else [os.path.join(os.path.dirname(sys.executable), "torchrun")]
+    cmd = [
+        *torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        os.path.join(REPO, "examples", "ddp_resnet.py"),
+        "--model",
+        "resnet18",
+        "--batch-size",
+        "4",
+        "--iterations",
+        "1",
+    ]
+    (o,) = run_together([cmd], tmp_path, _env(EMUGPU_CLOCK="virtual", EMUGPU_HOST="modelled"))
+    assert o.returncode == 0, _describe([o])
+    assert "resnet18 DDP on 2 x NVIDIA" in o.output
+    assert "PicklingError" not in o.output
+
+
 def test_torchrun_runs_the_fsdp_example_with_tensor_parallelism(tmp_path: Path) -> None:
     # A 1 x 2 mesh: the example's FSDP2 and parallelize_module paths, tiny.
     cmd = [

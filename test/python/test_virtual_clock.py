@@ -158,6 +158,25 @@ def test_the_real_clock_gives_pythons_clocks_back(virtual: None) -> None:
     assert torch_emugpu.config().clock == "real"
 
 
+def test_datetimes_pickle_and_unpickle_as_datetime(virtual: None) -> None:
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    real_class = type(datetime.datetime.now())  # now() makes the real class's datetimes
+    values = [
+        datetime.datetime.now(),
+        datetime.datetime(2020, 5, 6, tzinfo=datetime.timezone.utc),
+        real_class(1999, 1, 1),
+    ]
+    for value in values:
+        for dumped in (pickle.dumps(value), bytes(ForkingPickler.dumps(value))):
+            back = pickle.loads(dumped)
+            assert back == value and isinstance(back, datetime.datetime)
+    dumped = pickle.dumps(values)
+    torch_emugpu.configure(clock="real")
+    assert pickle.loads(dumped) == values  # and a process on the real clock reads them
+
+
 def test_unknown_clock_and_host_values_list_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="clock: expected one of real, virtual, got 'simulated'"):
         torch_emugpu.configure(clock="simulated")

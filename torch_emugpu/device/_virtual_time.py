@@ -19,6 +19,7 @@ jumps to the host's.
 
 from __future__ import annotations
 
+import copyreg
 import datetime as _datetime
 import math
 import operator
@@ -105,6 +106,13 @@ def _virtual_datetime(real: type[_datetime.datetime]) -> type[_datetime.datetime
     return datetime
 
 
+def _reduce_datetime(value: _datetime.datetime) -> tuple[Any, ...]:
+    # (class, state args): datetime's own reduction, with the class pickle can find.
+    reduced = value.__reduce__()
+    assert isinstance(reduced, tuple)
+    return (_datetime.datetime, reduced[1])
+
+
 def installed() -> bool:
     return bool(_originals)
 
@@ -129,6 +137,10 @@ def install() -> None:
     _original_datetime = _datetime.datetime
     virtual_datetime = _virtual_datetime(_original_datetime)
     _datetime.datetime = virtual_datetime  # type: ignore[misc]
+    # Pickle finds a class by its module and name, which now give the virtual
+    # class: datetimes of the real one pickle as the virtual class's (the
+    # same bytes; any process unpickles them as its datetime.datetime).
+    copyreg.pickle(_original_datetime, _reduce_datetime)
     by_identity = {id(original): replacements[name] for name, original in _originals.items()}
     by_identity[id(_original_datetime)] = virtual_datetime
     for module_name, module in list(sys.modules.items()):
@@ -152,6 +164,7 @@ def uninstall() -> None:
         setattr(_time, name, fn)
     if _original_datetime is not None:
         _datetime.datetime = _original_datetime  # type: ignore[misc]
+        copyreg.dispatch_table.pop(_original_datetime, None)
     for module, attribute, value in _rebound:
         setattr(module, attribute, value)
     _rebound.clear()
