@@ -176,7 +176,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--amp", choices=("none", "fp16", "bf16"), default="none", help="autocast dtype (default: none, fp32)"
     )
-    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample for gpt2 (default: 1024)")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample for the decoders (default: 1024)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     from torch_emugpu.data import data_train
 
