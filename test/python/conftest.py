@@ -53,6 +53,8 @@ def virtual_clock() -> Iterator[None]:
     """The virtual clock with the modelled host: emulated times are exact, whatever else the machine does."""
     torch_emugpu.configure(clock="virtual", host="modelled")
     yield
+    gc.collect()  # the test's tensors, so that the device may be reconfigured
+    torch.emugpu.synchronize()
     torch_emugpu.configure(clock="real", host="measured", host_speed=1.0)
 
 
