@@ -263,23 +263,16 @@ def test_the_exchange_listens_on_the_address_facing_the_store() -> None:
 # --- torchrun ------------------------------------------------------------------
 
 
+def _ddp_example_on_two_ranks(torchrun: list[str]) -> list[str]:
+    """examples/ddp_resnet.py, tiny, on one node of two ranks."""
+    example = [os.path.join(REPO, "examples", "ddp_resnet.py"), "--model", "resnet18", "--batch-size", "4"]
+    return [*torchrun, "--standalone", "--nproc-per-node", "2", *example, "--iterations", "1"]
+
+
 def test_torchrun_runs_the_ddp_example_on_one_emulated_node(tmp_path: Path) -> None:
     # torchrun's rendezvous on a free loopback port; the device count comes
     # from its LOCAL_WORLD_SIZE.
-    cmd = [
-        *TORCHRUN,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        os.path.join(REPO, "examples", "ddp_resnet.py"),
-        "--model",
-        "resnet18",
-        "--batch-size",
-        "4",
-        "--iterations",
-        "1",
-    ]
-    (o,) = run_together([cmd], tmp_path, _env())
+    (o,) = run_together([_ddp_example_on_two_ranks(TORCHRUN)], tmp_path, _env())
     assert o.returncode == 0, _describe([o])
     assert "resnet18 DDP on 2 x NVIDIA" in o.output
     assert "rank 0:" in o.output and "rank 1:" in o.output
@@ -291,19 +284,7 @@ def test_torchrun_under_the_virtual_clock_keeps_its_own_clock_real(tmp_path: Pat
     # The launcher imports torch (and so torch_emugpu) too: its rendezvous pickles datetimes and its monitor
     # loop sleeps, so it must keep the real clock while its workers run the virtual one.
     torchrun = TORCHRUN if launcher == "module" else [os.path.join(os.path.dirname(sys.executable), "torchrun")]
-    cmd = [
-        *torchrun,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        os.path.join(REPO, "examples", "ddp_resnet.py"),
-        "--model",
-        "resnet18",
-        "--batch-size",
-        "4",
-        "--iterations",
-        "1",
-    ]
+    cmd = _ddp_example_on_two_ranks(torchrun)
     (o,) = run_together([cmd], tmp_path, _env(EMUGPU_CLOCK="virtual", EMUGPU_HOST="modelled"))
     assert o.returncode == 0, _describe([o])
     assert "resnet18 DDP on 2 x NVIDIA" in o.output

@@ -19,6 +19,11 @@ namespace {
 
 int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.element_size(); }
 
+// The address of element `i` of a contiguous host tensor.
+uint8_t* element_at(const at::Tensor& t, int64_t i) {
+  return static_cast<uint8_t*>(t.data_ptr()) + i * t.element_size();
+}
+
 // A launch's start on `stream` (rank 0's clock), learnt off the host's
 // thread (the runner, the post lane): once `placed`, a pending point taken at
 // the launch, is known, the held work before the launch is on the timeline.
@@ -294,7 +299,8 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
     }
   };
   // Ranks with equal signatures have equal payloads: all pick the same path.
-  if (std::string(words_->kind()) == "shm" && static_cast<size_t>(payload) <= words_->bytes_capacity()) {
+  const bool shm = std::string(words_->kind()) == "shm";
+  if (shm && static_cast<size_t>(payload) <= words_->bytes_capacity()) {
     Bytes mine(static_cast<size_t>(payload));
     size_t offset = 0;
     for (const auto& h : hosts) {
@@ -308,7 +314,7 @@ void GroupCollectives::reduce_bytes(const std::string& name, const std::vector<a
       if (nbytes(h) > 0) std::memcpy(h.data_ptr(), mine.data() + offset, static_cast<size_t>(nbytes(h)));
       offset += static_cast<size_t>(nbytes(h));
     }
-  } else if (std::string(words_->kind()) == "shm") {
+  } else if (shm) {
     reduce_bytes_in_rounds(name, hosts, op);
   } else {
     // Reduce-scatter, then all-gather (NCCL's ring moves as much): rank j
@@ -437,8 +443,7 @@ void GroupCollectives::reduce_bytes_in_rounds(const std::string& name, const std
         TORCH_CHECK(at + len <= length, "emu backend: ", name, " expected at least ", at + len,
                     " reduced bytes from rank ", r, ", got ", length);
         if (r != spec_.rank && len > 0) {
-          std::memcpy(static_cast<uint8_t*>(hosts[p.tensor].data_ptr()) + (p.begin + b) * es,
-                      static_cast<const uint8_t*>(bytes) + at, len);
+          std::memcpy(element_at(hosts[p.tensor], p.begin + b), static_cast<const uint8_t*>(bytes) + at, len);
         }
         at += len;
       }
@@ -452,13 +457,12 @@ void GroupCollectives::reduce_bytes_in_rounds(const std::string& name, const std
     const void* mine = nullptr;
     if (pieces.size() == 1) {
       const Piece& p = pieces[0];
-      mine = static_cast<const uint8_t*>(hosts[p.tensor].data_ptr()) + p.begin * hosts[p.tensor].element_size();
+      mine = element_at(hosts[p.tensor], p.begin);
     } else {
       packed.resize(round_bytes);
       for (const Piece& p : pieces) {
-        const auto es = hosts[p.tensor].element_size();
-        std::memcpy(packed.data() + p.offset, static_cast<const uint8_t*>(hosts[p.tensor].data_ptr()) + p.begin * es,
-                    static_cast<size_t>((p.end - p.begin) * es));
+        std::memcpy(packed.data() + p.offset, element_at(hosts[p.tensor], p.begin),
+                    static_cast<size_t>((p.end - p.begin) * hosts[p.tensor].element_size()));
       }
       mine = packed.data();
     }
@@ -497,10 +501,9 @@ void GroupCollectives::reduce_bytes_in_rounds(const std::string& name, const std
       // This rank's own share goes home now; the others' arrive when published.
       const Piece& p = pieces[k];
       const auto [b, e] = share(p, spec_.rank);
-      const auto es = hosts[p.tensor].element_size();
       if (e > b) {
-        std::memcpy(static_cast<uint8_t*>(hosts[p.tensor].data_ptr()) + (p.begin + b) * es, acc[k].data_ptr(),
-                    static_cast<size_t>((e - b) * es));
+        std::memcpy(element_at(hosts[p.tensor], p.begin + b), acc[k].data_ptr(),
+                    static_cast<size_t>((e - b) * hosts[p.tensor].element_size()));
       }
     }
   };
