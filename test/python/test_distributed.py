@@ -493,6 +493,31 @@ def _host_goes_on(rank: int, world: int) -> dict[str, float]:
     return {"kernel_end": kernel_end, "end": end, "now": _C._host_now_ns()}
 
 
+def _freed_before_placed(rank: int, world: int) -> dict[str, int]:
+    """Timing mode, large tensors (no bytes move): rank 0 launches an
+    all_reduce, an all_gather_into_tensor and a reduce_scatter_tensor, as
+    FSDP does, drops its tensors and reads its allocated bytes before rank 1
+    has reached any of them, so before any is placed. As with NCCL's, the
+    memory is the host's to free at once: peak memory must not follow how
+    fast the other ranks' hosts are."""
+    dev = torch.device("emugpu", rank)
+    dist.barrier()
+    if rank == 1:
+        _await("rank 0 freed")
+    before = torch.emugpu.memory_allocated(dev)
+    shard = torch.empty(1 << 22, device=dev)  # 16 MiB
+    full = torch.empty(world << 22, device=dev)
+    dist.all_gather_into_tensor(full, shard)
+    dist.reduce_scatter_tensor(shard, full)
+    dist.all_reduce(full)
+    del shard, full
+    after = torch.emugpu.memory_allocated(dev)
+    if rank == 0:
+        _signal("rank 0 freed")
+    torch.emugpu.synchronize()
+    return {"before": before, "after": after}
+
+
 def _bytes_host_goes_on(rank: int, world: int) -> dict[str, Any]:
     """Rank 1 reaches an all_reduce of real bytes (compute mode, or a small
     tensor copied in, timing mode) only once rank 0 has launched it and run
@@ -723,6 +748,7 @@ SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "batch_overlap": _batch_overlap,
     "coalesced_all_reduces": _coalesced_all_reduces,
     "host_goes_on": _host_goes_on,
+    "freed_before_placed": _freed_before_placed,
     "accelerator_synchronize": _accelerator_synchronize,
     "bytes_host_goes_on": _bytes_host_goes_on,
     "p2p_host_goes_on": _p2p_host_goes_on,
@@ -837,6 +863,13 @@ def test_host_does_not_wait_for_other_ranks_when_launching_or_waiting(transport:
     assert out[0]["kernel_end"] == -1, out[0]
     assert out[0]["end"] == out[1]["end"] + 50_000_000  # the held kernel ran right after the collective
     assert out[0]["now"] >= out[0]["end"]  # synchronize waited for it
+
+
+def test_tensors_of_a_collective_not_yet_placed_are_freed_when_the_host_drops_them() -> None:
+    # Rank 1 arrives only after rank 0 read its memory, so none of the three collectives was placed then.
+    out = run_ranks("freed_before_placed", mode="timing")
+    for rank, m in out.items():
+        assert m["after"] == m["before"], (rank, m)
 
 
 @pytest.mark.parametrize("mode", ["compute", "timing"])

@@ -183,16 +183,6 @@ GatheredWords GroupCollectives::finish(uint64_t ticket, const std::string& name)
   return GatheredWords(std::move(words), spec_.size);
 }
 
-void GroupCollectives::check_signatures(const GatheredWords& words, uint64_t signature, uint64_t ticket,
-                                        const std::string& name, const std::string& extra,
-                                        const std::vector<at::Tensor>& signed_) const {
-  const int other = words.first_disagreeing(signature);
-  if (other >= 0) {
-    const std::string message = mismatch_message("mismatch/" + std::to_string(ticket), name, extra, signed_, other);
-    TORCH_CHECK_VALUE(false, message);
-  }
-}
-
 TimeNs GroupCollectives::place(int device, int64_t comm, const GatheredWords& words, const std::string& model_kind) {
   const TimeNs start = words.start() + spec_.clock_offset;
   const auto bytes = static_cast<double>(words.max(CollectiveWords::kModelBytes));
@@ -542,15 +532,16 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::defer(const std::string& name, 
     for (const auto& t : received) set_tensor_materialized(t, false);  // after the collectives still writing it
     const int64_t comm = comm_stream(device);
     const uint64_t signature = collective_signature(name, extra, signed_);
-    // Holds the group weakly: the runner's calls must not keep it alive.
-    auto place = [self = weak_from_this(), real, signature, model_bytes, largest, payload, name, extra, signed_,
-                  model_kind, device, comm](TimeNs start) {
+    // Holds the group weakly: the runner's calls must not keep it alive. Holds
+    // the tensors' shapes, not the tensors: their memory is the host's to free.
+    auto place = [self = weak_from_this(), real, signature, model_bytes, largest, payload, name, extra,
+                  shapes = shapes_of(signed_), model_kind, device, comm](TimeNs start) {
       const auto group = self.lock();
       TORCH_CHECK(group != nullptr, "emu backend: ", name, " was placed after its process group was destroyed");
       const uint64_t ticket =
           group->gather_words({start, real, false, signature, static_cast<int64_t>(model_bytes), largest, payload});
       const GatheredWords words = group->finish(ticket, name);
-      group->check_signatures(words, signature, ticket, name, extra, signed_);
+      group->check_signatures(words, signature, ticket, name, extra, shapes);
       return group->place(device, comm, words, model_kind);
     };
     return defer_call(device, outputs, std::move(place));
@@ -756,9 +747,9 @@ c10::intrusive_ptr<c10d::Work> GroupCollectives::run(CollectiveCall call) {
 }
 
 std::string GroupCollectives::mismatch_message(const std::string& key, const std::string& name,
-                                               const std::string& extra, const std::vector<at::Tensor>& signed_,
+                                               const std::string& extra, const std::string& described,
                                                int other) const {
-  const std::string mine = name + " on [" + describe_tensors(signed_) + "]" + (extra.empty() ? "" : ", " + extra);
+  const std::string mine = name + " on [" + described + "]" + (extra.empty() ? "" : ", " + extra);
   reports_->set(key + "/" + std::to_string(spec_.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::vector<uint8_t> theirs;
   try {
@@ -803,16 +794,25 @@ std::string python_dtype(c10::ScalarType type) {
 
 std::string dtype_name(c10::ScalarType type) { return "torch." + python_dtype(type); }
 
-std::string describe_tensors(const std::vector<at::Tensor>& tensors) {
-  if (tensors.empty()) return "no tensors";
+TensorShapes shapes_of(const std::vector<at::Tensor>& tensors) {
+  TensorShapes shapes;
+  shapes.reserve(tensors.size());
+  for (const auto& t : tensors) shapes.push_back({t.sizes().vec(), t.scalar_type()});
+  return shapes;
+}
+
+std::string describe_tensors(const TensorShapes& shapes) {
+  if (shapes.empty()) return "no tensors";
   std::ostringstream out;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto sizes = tensors[i].sizes();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& sizes = shapes[i].sizes;
     out << (i ? ", " : "") << "(";
     for (size_t d = 0; d < sizes.size(); ++d) out << (d ? ", " : "") << sizes[d];
-    out << (sizes.size() == 1 ? ",)" : ")") << " " << python_dtype(tensors[i].scalar_type());
+    out << (sizes.size() == 1 ? ",)" : ")") << " " << python_dtype(shapes[i].dtype);
   }
   return out.str();
 }
+
+std::string describe_tensors(const std::vector<at::Tensor>& tensors) { return describe_tensors(shapes_of(tensors)); }
 
 }  // namespace emugpu

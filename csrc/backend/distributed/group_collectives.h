@@ -76,6 +76,19 @@ struct CollectiveCall {
   std::function<void(Rows&)> combine;
 };
 
+// Sizes and dtypes of tensors, for what must not hold the tensors: a
+// deferred collective that only times them would keep their memory
+// allocated until it is placed, so peak memory would follow the host's pace.
+struct TensorShape {
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype;
+};
+using TensorShapes = std::vector<TensorShape>;
+TensorShapes shapes_of(const std::vector<at::Tensor>& tensors);
+// "(4,) float32, (2, 3) int64", as Python prints shapes and dtypes; "no tensors".
+std::string describe_tensors(const TensorShapes& shapes);
+std::string describe_tensors(const std::vector<at::Tensor>& tensors);
+
 class GroupCollectives;
 
 // A collective launched here. wait() makes the caller's current stream wait
@@ -189,12 +202,20 @@ class GroupCollectives : public std::enable_shared_from_this<GroupCollectives> {
   TimeNs exchange_and_place(CollectiveCall& call, int64_t comm, bool compute, int64_t largest, uint64_t signature,
                             TimeNs start);
   // The error message of a collective the ranks disagree on, after posting
-  // this rank's call under `key` and reading `other`'s.
+  // this rank's call (`described`: its tensors) under `key` and reading `other`'s.
   std::string mismatch_message(const std::string& key, const std::string& name, const std::string& extra,
-                               const std::vector<at::Tensor>& signed_, int other) const;
+                               const std::string& described, int other) const;
   // Throws the ranks' disagreement (ValueError) if any signature differs.
+  // `signed_`: the tensors or their shapes, described only on a mismatch.
+  template <typename Signed>
   void check_signatures(const GatheredWords& words, uint64_t signature, uint64_t ticket, const std::string& name,
-                        const std::string& extra, const std::vector<at::Tensor>& signed_) const;
+                        const std::string& extra, const Signed& signed_) const {
+    const int other = words.first_disagreeing(signature);
+    if (other >= 0) {
+      TORCH_CHECK_VALUE(
+          false, mismatch_message("mismatch/" + std::to_string(ticket), name, extra, describe_tensors(signed_), other));
+    }
+  }
   TimeNs place(int device, int64_t comm, const GatheredWords& words, const std::string& model_kind);
   // A future completed now, its events at `end`.
   c10::intrusive_ptr<c10::ivalue::Future> completed_future(int device, const std::vector<at::Tensor>& outputs,
@@ -218,8 +239,6 @@ uint64_t collective_signature(const std::string& name, const std::string& extra,
 void reduce_into(at::Tensor& acc, const at::Tensor& part, c10d::ReduceOp::RedOpType op);
 // "SUM", "AVG", ... as c10d's ReduceOp names them.
 const char* op_name(c10d::ReduceOp::RedOpType op);
-// "(4,) float32, (2, 3) int64", as Python prints shapes and dtypes; "no tensors".
-std::string describe_tensors(const std::vector<at::Tensor>& tensors);
 // Python's name of a dtype ("torch.float32"), as errors print it.
 std::string dtype_name(c10::ScalarType type);
 
