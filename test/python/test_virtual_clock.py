@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from conftest import REPO, run_python
+import torch.multiprocessing as mp
+from conftest import REPO, child_env, run_python
 
 import torch_emugpu
 
@@ -318,3 +319,60 @@ def test_a_worker_on_another_clock_is_refused_naming_both(virtual: None) -> None
     )
     with pytest.raises(RuntimeError, match="worker 0 runs the real clock but this process the virtual one"):
         epoch_time(loader)
+
+
+# --- tensors shared between processes ------------------------------------------
+
+SPAWN = mp.get_context("spawn")
+
+
+def receive_a_tensor(inbox: object, outbox: object) -> None:
+    """Reports its virtual time before and after it opens a tensor and the tensor's values, or the error."""
+    import torch_emugpu
+
+    before = torch_emugpu._C._clock_read_ns()
+    try:
+        x = inbox.get(timeout=60)  # type: ignore[attr-defined]
+        outbox.put(("ok", before, torch_emugpu._C._clock_read_ns(), x.cpu().tolist()))  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001  (reported to the test)
+        outbox.put((type(e).__name__, str(e), 0, []))  # type: ignore[attr-defined]
+
+
+def send_to_a_child(x: torch.Tensor, **env: str) -> tuple[int, tuple]:
+    """Sends `x` to a spawned receive_a_tensor; returns this process's virtual time at sending and the report."""
+    inbox, outbox = SPAWN.Queue(), SPAWN.Queue()
+    with child_env(EMUGPU_HOST="modelled", **env):
+        p = SPAWN.Process(target=receive_a_tensor, args=(inbox, outbox), daemon=True)
+        p.start()
+    sent = torch_emugpu._C._clock_read_ns() if torch_emugpu.config().clock == "virtual" else -1
+    inbox.put(x)
+    report = outbox.get(timeout=120)
+    p.join(60)
+    assert p.exitcode == 0
+    return sent, report
+
+
+@pytest.mark.slow
+def test_a_shared_tensor_moves_the_receivers_clock_to_its_send_time(virtual: None) -> None:
+    x = torch.arange(4.0).to("emugpu")
+    time.sleep(1000.0)  # virtual: the sender is far ahead of a process that has just started
+    sent, (kind, before, after, values) = send_to_a_child(x, EMUGPU_CLOCK="virtual")
+    assert kind == "ok", before
+    assert before < sent - 900e9  # the receiver started behind
+    assert after >= sent  # and acts on the tensor no earlier than it was sent
+    assert values == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sender", ["virtual", "real"])
+def test_processes_on_different_clocks_cannot_share_tensors(sender: str) -> None:
+    receiver = "real" if sender == "virtual" else "virtual"
+    torch_emugpu.configure(clock=sender, host="modelled")
+    try:
+        _, (kind, message, _, _) = send_to_a_child(torch.arange(4.0).to("emugpu"), EMUGPU_CLOCK=receiver)
+    finally:
+        torch.emugpu.synchronize()
+        torch_emugpu.configure(clock="real", host="measured")
+    assert kind == "RuntimeError", message
+    assert f"from a process on the {sender} clock" in message and f"runs the {receiver} clock" in message, message
+    assert "EMUGPU_CLOCK" in message

@@ -5,6 +5,11 @@ a tensor sent through torch.multiprocessing (a Queue, a spawned Process's
 arguments) travels as a duplicated file descriptor plus its place in the file;
 the receiver maps the same pages. Reducers for every other tensor and storage
 stay torch's own: ours wrap them and only take emugpu objects.
+
+Under the virtual clock a storage carries its sender's virtual time, and the
+receiver's clock moves to at least that time when it opens the storage (the
+clock protocol of docs/virtual-time.md): a receiver never acts on a tensor
+before it was sent. Processes on different clocks are refused, naming both.
 """
 
 from __future__ import annotations
@@ -58,7 +63,27 @@ def _cached(key: tuple[int, int, int, int]) -> torch.UntypedStorage | None:
     return None if ref is None else torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
 
 
-def _rebuild_empty_storage(device: int) -> torch.UntypedStorage:
+def _clock_stamp() -> int:
+    """The sender's virtual time, or -1 on the real clock."""
+    return int(_C._clock_read_ns()) if _C._clock_kind() == "virtual" else -1
+
+
+def _receive(sent_ns: int) -> None:
+    """Moves this process's virtual clock to at least the sender's time."""
+    virtual = _C._clock_kind() == "virtual"
+    if (sent_ns >= 0) != virtual:
+        sender, here = ("virtual", "real") if sent_ns >= 0 else ("real", "virtual")
+        raise RuntimeError(
+            f"emugpu sharing: a tensor from a process on the {sender} clock reached this process, which runs "
+            f"the {here} clock; processes that share emugpu tensors must run the same clock: set EMUGPU_CLOCK "
+            f"alike in both before they start"
+        )
+    if virtual:
+        _C._clock_receive_ns(sent_ns)
+
+
+def _rebuild_empty_storage(device: int, sent_ns: int = -1) -> torch.UntypedStorage:
+    _receive(sent_ns)
     return torch.UntypedStorage(0, device=torch.device("emugpu", device))
 
 
@@ -72,9 +97,11 @@ def _rebuild_storage(
     device: int,
     materialized: bool,
     ready_ns: int,
+    sent_ns: int,
 ) -> torch.UntypedStorage:
     fd = dup_fd.detach()
     try:
+        _receive(sent_ns)  # before the stream waits for `ready_ns`, a time of the sender's clock
         key = _key(fd, map_offset + data_offset, nbytes)
         storage = _cached(key)
         if storage is not None:
@@ -92,12 +119,12 @@ def _rebuild_storage(
 
 def _reduce_emugpu_storage(storage: torch.UntypedStorage) -> tuple[Any, ...]:
     if storage.nbytes() == 0:
-        return (_rebuild_empty_storage, (storage.device.index,))
+        return (_rebuild_empty_storage, (storage.device.index, _clock_stamp()))
     fd, map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns = _C._share_storage(storage)
     _open_storages[_key(fd, map_offset + data_offset, nbytes)] = StorageWeakRef(storage)
     return (
         _rebuild_storage,
-        (*_send_fd(fd), map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns),
+        (*_send_fd(fd), map_offset, map_length, data_offset, nbytes, device, materialized, ready_ns, _clock_stamp()),
     )
 
 
