@@ -224,6 +224,44 @@ def test_an_exception_inside_a_forward_closes_its_region(profile_dir):  # noqa: 
     assert ref() is None
 
 
+def test_module_calls_inside_a_root_forward_take_pytorchs_fast_path(profile_dir):  # noqa: F811
+    import torch.nn.modules.module as nn_module
+
+    model, opt, x, y = setup_resnet(profile_dir)
+    seen = []
+    # An instance hook on a submodule sees what every other module call inside the forward sees.
+    handle = model.layer2.register_forward_pre_hook(
+        lambda *_: seen.append((len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)))
+    )
+    step(model, opt, x, y)
+    handle.remove()
+    assert seen == [(0, 0)]  # no global hook while the root runs
+    assert len(nn_module._global_forward_pre_hooks) == 1  # discovery is back for the next root
+    assert not model._forward_hooks and not model._forward_pre_hooks  # the root keeps none of ours
+    assert event_ms(lambda: step(model, opt, x, y)) == pytest.approx((FWD + BWD) * 1e3, rel=1e-4)
+
+
+def test_a_forward_interrupted_by_keyboard_interrupt_is_aborted_at_the_roots_next_call(profile_dir):  # noqa: F811
+    import torch.nn.modules.module as nn_module
+
+    model, opt, x, y = setup_resnet(profile_dir)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt  # not an Exception: nn.Module runs no always-call hook for it
+
+    handle = model.layer2.register_forward_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        model(x)
+    handle.remove()
+    assert len(nn_module._global_forward_pre_hooks) == 0  # its forward never returned
+    step(model, opt, x, y)  # the root's own hook finds its stale forward
+    report = {r["key"]: r for r in torch_emugpu.region_report()}
+    assert report["resnet18@4:forward"]["aborted"] == 1
+    assert len(nn_module._global_forward_pre_hooks) == 1
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert event_ms(lambda: step(model, opt, x, y)) == pytest.approx((FWD + BWD) * 1e3, rel=1e-4)
+
+
 def test_a_host_slower_than_the_profile_is_reported_and_warned_once(profile_dir):  # noqa: F811
     write_profile(profile_dir, batches=[{"batch_size": 4, "forward_s": 1e-5, "backward_s": 1e-5}])
     profiles.reload()

@@ -112,11 +112,12 @@ class _Planner:
         )
         self.explicit: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self.scoped = threading.local()
-        # thread -> the root module inside its forward, and its plan (None: cost model)
-        self.active: dict[int, tuple[torch.nn.Module, _Plan | None]] = {}
+        # thread -> the root module inside its forward, its plan (None: cost model) and its own hooks
+        self.active: dict[int, tuple[torch.nn.Module, _Plan | None, tuple[Any, Any]]] = {}
         self.sources: dict[str, dict[str, Any]] = {}
         self.warned: set[str] = set()
         self.hooks_installed = False
+        self.discovery: Any = None  # the global pre-hook's handle while it is registered
         self.generation = -1  # of the profiles the plans were made from (_C._profiles_generation)
         # the module inside a DataParallel -> its parameters' gradient hooks from the last forward
         self.reduction_hooks: weakref.WeakKeyDictionary[torch.nn.Module, list[Any]] = weakref.WeakKeyDictionary()
@@ -259,21 +260,45 @@ class _Planner:
         cached[(batch, name, precision)] = plan
         return plan
 
+    # Root modules are found by one global forward pre-hook. Any global hook
+    # puts every module call on nn.Module's slow path (about 3 us each), so
+    # it is registered only while no root's forward runs: a running root
+    # carries two hooks of its own instead (one for its end, one for a call
+    # of it that comes while its last forward never returned), removed when
+    # its forward returns. The cost: a root called by another thread while
+    # one thread's root runs is timed by the cost model alone.
+
+    def update_discovery(self) -> None:
+        with self.lock:
+            wanted = self.hooks_installed and not self.active
+            if wanted and self.discovery is None:
+                self.discovery = torch.nn.modules.module.register_module_forward_pre_hook(_discover_root)
+            elif not wanted and self.discovery is not None:
+                self.discovery.remove()
+                self.discovery = None
+
     def pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         thread = threading.get_ident()
         running = self.active.get(thread)
         if running is not None and running[0] is not module:
             return  # a submodule of the running root
         called_at = _C._host_now_ns()  # this hook's own work belongs to the forward, as in a profile
-        if running is not None:
-            if running[1] is not None:  # its last forward never returned (KeyboardInterrupt)
+        if running is not None:  # its last forward never returned (KeyboardInterrupt), or it calls itself
+            self.leave(thread)
+            if running[1] is not None:
                 for device in running[1].devices:
                     _C._region_abort(device)
         info = self.device_and_parameters(module)
         if info is None:
             return  # not on emugpu
         plan = self.plan_for(module, info, args)
-        self.active[thread] = (module, plan)  # submodules return at once
+        # Submodules return at once; the post-hook is found after the forward (nn.Module reads them then).
+        hooks = (
+            module.register_forward_pre_hook(_root_called_again, prepend=True),
+            module.register_forward_hook(_root_returned, prepend=True, always_call=True),
+        )
+        self.active[thread] = (module, plan, hooks)
+        self.update_discovery()
         if plan is None:
             return
         _use_measured_transfer(plan, args)
@@ -293,12 +318,19 @@ class _Planner:
                 "torch_emugpu.region_report() lists which ('host_bound')",
             )
 
+    def leave(self, thread: int) -> None:
+        """The root running in `thread` returned: its own hooks go, discovery may come back."""
+        _, _, hooks = self.active.pop(thread)
+        for handle in hooks:
+            handle.remove()
+        self.update_discovery()
+
     def post_hook(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         thread = threading.get_ident()
         running = self.active.get(thread)
         if running is None or running[0] is not module:
             return
-        del self.active[thread]
+        self.leave(thread)
         plan = running[1]
         if plan is None:
             return
@@ -341,11 +373,8 @@ class _Planner:
 
     def install(self) -> None:
         with self.lock:
-            if self.hooks_installed:
-                return
-            torch.nn.modules.module.register_module_forward_pre_hook(self.pre_hook)
-            torch.nn.modules.module.register_module_forward_hook(self.post_hook, always_call=True)
             self.hooks_installed = True
+            self.update_discovery()
 
 
 class _BackwardReached:
@@ -365,6 +394,21 @@ class _BackwardReached:
 
 
 _planner = _Planner()
+
+
+# The hooks are module-level functions, not the planner's bound methods: a
+# root deep-copied or pickled inside its forward copies them by reference.
+def _discover_root(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    if threading.get_ident() not in _planner.active:  # else another thread's root brought discovery back
+        _planner.pre_hook(module, args)
+
+
+def _root_called_again(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    _planner.pre_hook(module, args)
+
+
+def _root_returned(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    _planner.post_hook(module, args, output)
 
 
 def _has_profile_files() -> bool:
