@@ -37,6 +37,9 @@ def _clock_sleep_ns(ns: int) -> None:
 def _clock_receive_ns(ns: int) -> None:
     """Moves the virtual clock to at least `ns` (a message stamped then arrived); nothing under the real clock."""
 
+def _clock_charge_blocked_ns(ns: int) -> None:
+    """Measured host: adds `ns` of the thread's blocked time (storage waits) as host work; nothing otherwise."""
+
 def _clock_stats() -> dict[str, Any]:
     """The clock's kind and, under the virtual clock, its speedup and where its time went."""
 

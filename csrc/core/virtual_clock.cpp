@@ -154,6 +154,13 @@ void VirtualClock::sleep_until(TimeNs deadline) { move_to(deadline, waited_ns_);
 
 void VirtualClock::receive(TimeNs t) { move_to(t, waited_ns_); }
 
+void VirtualClock::charge_blocked(TimeNs ns) {
+  EMUGPU_CHECK(ns >= 0, kValue, "virtual clock: expected a blocked time >= 0 ns, got ", ns);
+  if (static_cast<HostModel>(model_.load(std::memory_order_relaxed)) == HostModel::kModelled) return;
+  read();  // the thread's CPU work until now comes first
+  add(std::min(ns, kMaxDurationNs), host_ns_);
+}
+
 VirtualClockStats VirtualClock::stats() const {
   VirtualClockStats s;
   s.elapsed_ns = now() - stats_start_.load();

@@ -77,6 +77,11 @@ class VirtualClock final : public Clock {
   void sleep_for(TimeNs d);
   // Moves to at least `t` (a message stamped `t` arrived); counts as waiting.
   void receive(TimeNs t);
+  // Measured host: the calling thread spent `ns` blocked off the CPU in
+  // work a real host would wait for too (a DataLoader worker's file reads),
+  // which its CPU time does not hold. Added as host work, not scaled by the
+  // host's speed (storage is no faster for it). The modelled host ignores it.
+  void charge_blocked(TimeNs ns);
 
   VirtualClockStats stats() const;
   void reset_stats();

@@ -125,6 +125,21 @@ TEST(VirtualClock, SleepAdvancesByItsDurationAndSaturates) {
   EXPECT_THROW(clock.sleep_for(-1), emugpu::Error);
 }
 
+TEST(VirtualClock, BlockedTimeIsMeasuredHostWorkUnscaledAndTheModelledHostIgnoresIt) {
+  FakeCpu cpu;
+  VirtualClock clock(kStart, measured(0, 4.0), cpu);
+  clock.read();                    // the thread's first read: nothing before it to measure from
+  cpu.ns += 8 * kMs;               // CPU work: a 4x faster host does it in 2 ms
+  clock.charge_blocked(30 * kMs);  // a read from storage: no faster on that host
+  EXPECT_EQ(clock.now(), kStart + 2 * kMs + 30 * kMs);
+  EXPECT_EQ(clock.stats().host_ns, 32 * kMs);
+  EXPECT_THROW(clock.charge_blocked(-1), emugpu::Error);
+
+  VirtualClock fixed(kStart, modelled(0, 0), cpu);
+  fixed.charge_blocked(30 * kMs);
+  EXPECT_EQ(fixed.now(), kStart);
+}
+
 TEST(VirtualClock, ABadHostCostIsRefusedWithItsValue) {
   for (double speed : {0.0, -1.0, std::nan("")}) {
     try {

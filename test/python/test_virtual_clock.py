@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -309,6 +310,35 @@ def test_slow_workers_hold_the_loop_back_as_processes_in_parallel(virtual: None)
 def test_fast_workers_do_not_stall_the_loop(virtual: None) -> None:
     loader = torch.utils.data.DataLoader(SleepyDataset(0.0), batch_size=2, num_workers=2)
     assert epoch_time(loader) < 0.01
+
+
+class StorageBoundDataset(torch.utils.data.Dataset):
+    """Each sample waits `seconds` of real time off the CPU, as a read from slow storage does."""
+
+    def __init__(self, seconds: float, samples: int = 16) -> None:
+        self.seconds, self.samples = seconds, samples
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        select.select([], [], [], self.seconds)  # blocks in real time: neither CPU time nor a clock read
+        return torch.ones(4)
+
+
+@pytest.mark.parametrize("host", ["measured", "modelled"])
+def test_a_workers_storage_waits_count_with_the_measured_host(host: str) -> None:
+    torch_emugpu.configure(gpu=H100, clock="virtual", host=host)
+    try:
+        loader = torch.utils.data.DataLoader(StorageBoundDataset(0.05), batch_size=2, num_workers=2)
+        seconds = epoch_time(loader)
+    finally:
+        torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, clock="real", host="measured", host_speed=1.0)
+    if host == "measured":
+        # 16 waits of 50 ms over 2 workers: at least 0.4 s (their CPU time alone is a few ms).
+        assert 0.4 <= seconds < 3.0
+    else:
+        assert seconds < 0.01  # the modelled host counts none of this machine's time
 
 
 @pytest.mark.slow

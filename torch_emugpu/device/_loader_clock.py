@@ -12,10 +12,16 @@ differs from the consumer's are refused, naming both.
 
 Only batched loading (a batch_sampler yielding lists, the default) stamps
 requests; without them a worker's clock still moves by its own work.
+
+A fetch's own work is its CPU time plus, with the measured host, the time
+it spent blocked off the CPU (waiting for storage: a file not in the page
+cache), which its CPU time does not hold; not the time it waited for a core
+(runqueue), which is this machine's load.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch.utils.data as torch_utils_data
@@ -62,18 +68,33 @@ def _virtual() -> bool:
     return _C is not None and _C._clock_kind() == "virtual"
 
 
+def _off_cpu_ns() -> int:
+    """Real time the calling thread has not been running on a CPU nor waiting for one: its blocked time,
+    plus a constant (the wall clock's origin). -1 where the kernel keeps no scheduler statistics."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            on_cpu, runqueue, _ = f.read().split()
+    except (OSError, ValueError):
+        return -1
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) - int(on_cpu) - int(runqueue)
+
+
 def _fetching(original: Any) -> Any:
     def fetch(self: Any, possibly_batched_index: Any) -> Any:
         stamped = isinstance(possibly_batched_index, StampedIndex)
         virtual = _virtual()
         if not (stamped or virtual) or torch_utils_data.get_worker_info() is None:
             return original(self, possibly_batched_index)  # the consumer's own process, or both clocks real
-        if virtual:
-            _C._clock_read_ns()  # the worker's work since its last batch is its own
-            if stamped:
-                _C._clock_receive_ns(possibly_batched_index.ns)  # not before it was asked for
+        if not virtual:
+            return StampedBatch(original(self, possibly_batched_index), -1)
+        _C._clock_read_ns()  # the worker's work since its last batch is its own
+        if stamped:
+            _C._clock_receive_ns(possibly_batched_index.ns)  # not before it was asked for
+        off_cpu = _off_cpu_ns()
         data = original(self, possibly_batched_index)
-        return StampedBatch(data, int(_C._clock_read_ns()) if virtual else -1)
+        if off_cpu >= 0:
+            _C._clock_charge_blocked_ns(max(0, _off_cpu_ns() - off_cpu))
+        return StampedBatch(data, int(_C._clock_read_ns()))
 
     fetch.__wrapped__ = original  # type: ignore[attr-defined]
     return fetch

@@ -133,6 +133,11 @@ void bind_device(py::module_& m) {
   m.def("_clock_receive_ns", [](int64_t ns) {
     if (VirtualClock* v = active_virtual_clock()) v->receive(ns);
   });
+  m.def("_clock_charge_blocked_ns", [](int64_t ns) {
+    guarded([&] {
+      if (VirtualClock* v = active_virtual_clock()) v->charge_blocked(ns);
+    });
+  });
   m.def("_clock_stats", [] {
     py::dict d;
     d["clock"] = clock_kind_name(Runtime::get().clock_kind());
