@@ -34,11 +34,15 @@ class CMakeBuild(build_ext):
             ],
             check=True,
         )
-        subprocess.run([cmake, "--build", str(build_dir), "--target", "_C"], check=True)
+        subprocess.run([cmake, "--build", str(build_dir), "--target", "_C", "emugpud"], check=True)
         built = next(build_dir.glob("_C*.so"))
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, target)
+        # The sharing daemon travels inside the package; `torch-emugpu daemon` and `emugpud` run it.
+        daemon = target.parent / "bin" / "emugpud"
+        daemon.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(build_dir / "emugpud", daemon)
         # The GPU catalog and the measured data travel inside the package for non-editable installs.
         for src in (ROOT / "profiles").rglob("*.json"):
             dest = target.parent / "profiles" / src.relative_to(ROOT / "profiles")

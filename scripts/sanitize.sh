@@ -4,7 +4,8 @@
 #   2. ThreadSanitizer build (build/tsan): ctest
 #   3. the fuzz targets under ASan+UBSan (build/fuzz), each run for FUZZ_SECONDS
 #      (default 20): the catalog/profile/calibration parsers from the seeds in
-#      test/fuzz/corpus, the TCP transport's frame parser from test/fuzz/frames
+#      test/fuzz/corpus, the TCP transport's frame parser from test/fuzz/frames,
+#      emugpud's protocol parser and handler from test/fuzz/share
 # Usage: scripts/sanitize.sh [FUZZ_SECONDS]     (also: JOBS=2, FUZZ_SEED=N)
 # About 5 minutes on 2 cores, mostly compiling. A fuzz finding is saved as
 # build/fuzz/crash-input.json; replay it with
@@ -46,11 +47,13 @@ ctest --test-dir build/tsan --output-on-failure
 
 step "address,undefined: fuzz the parsers for ${FUZZ_SECONDS} s each, seed ${FUZZ_SEED} (build/fuzz)"
 configure build/fuzz address,undefined -DEMUGPU_BUILD_TESTS=OFF -DEMUGPU_BUILD_FUZZ=ON
-cmake --build build/fuzz -j"$JOBS" --target emugpu_parser_fuzz emugpu_frame_fuzz
-mkdir -p build/fuzz/corpus-new build/fuzz/frames-new  # libFuzzer adds what it finds to the first directory
+cmake --build build/fuzz -j"$JOBS" --target emugpu_parser_fuzz emugpu_frame_fuzz emugpu_share_fuzz
+mkdir -p build/fuzz/corpus-new build/fuzz/frames-new build/fuzz/share-new  # libFuzzer adds what it finds to the first directory
 (cd build/fuzz && ./emugpu_parser_fuzz "-max_total_time=${FUZZ_SECONDS}" "-seed=${FUZZ_SEED}" \
   corpus-new ../../test/fuzz/corpus)
 (cd build/fuzz && ./emugpu_frame_fuzz "-max_total_time=${FUZZ_SECONDS}" "-seed=${FUZZ_SEED}" \
   frames-new ../../test/fuzz/frames)
+(cd build/fuzz && ./emugpu_share_fuzz "-max_total_time=${FUZZ_SECONDS}" "-seed=${FUZZ_SEED}" \
+  share-new ../../test/fuzz/share)
 
 step "sanitize.sh: no findings"

@@ -293,3 +293,12 @@ def _is_materialized(t: torch.Tensor) -> bool:
 
 def _set_materialized(t: torch.Tensor, value: bool) -> None:
     """Marks the tensor's storage as holding real bytes (or placeholders)."""
+
+def _daemon_default_address() -> str:
+    """emugpud's default socket: unix:$XDG_RUNTIME_DIR/emugpud.sock, else unix:/tmp/emugpud-UID.sock."""
+
+def _daemon_status(address: str) -> dict[str, Any]:
+    """The daemon's GPUs (index, name, capacity, total, used) and attached processes; RuntimeError if none answers."""
+
+def _daemon_attachment() -> dict[str, Any] | None:
+    """This process's attachment to emugpud (address, client, gpus), or None."""

@@ -17,6 +17,7 @@
 
 #include "backend/ops/common.h"
 #include "core/calibration.h"
+#include "core/share/daemon_capacity.h"
 #include "core/shm_segment.h"
 
 namespace emugpu {
@@ -34,6 +35,25 @@ std::string default_catalog() {
     if (std::filesystem::is_regular_file(candidate)) return candidate.string();
   }
   return (here / "profiles" / "gpus.json").string();
+}
+
+// This process's command line, for the daemon's list of processes.
+std::string command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (char& c : raw) c = c == '\0' ? ' ' : c;
+  while (!raw.empty() && raw.back() == ' ') raw.pop_back();
+  return raw.substr(0, share::kMaxName);
+}
+
+// The process's connection to the daemon at `address`: one per address,
+// kept across configurations (the daemon knows the process by it).
+std::shared_ptr<share::Client> daemon_client(const std::string& address, ClockKind clock) {
+  static std::map<std::string, std::shared_ptr<share::Client>> clients;  // under Runtime's mutex
+  auto& client = clients[address];
+  if (!client)
+    client = std::make_shared<share::Client>(address, share::Hello{getpid(), clock_kind_name(clock), command_line()});
+  return client;
 }
 
 void on_fork_child() {
@@ -223,7 +243,22 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   auto state = std::make_unique<State>();
   state->config = config;
   state->catalog = std::make_unique<Catalog>(Catalog::from_file(config.catalog_path));
-  const GpuSpec& gpu = state->catalog->find(config.gpu);
+  const GpuSpec* chosen = &state->catalog->find(config.gpu);
+  if (!config.daemon.empty()) {
+    // The daemon's GPUs are this process's: their model, and as many as it has.
+    state->daemon = daemon_client(config.daemon, config.clock);
+    const auto& gpus = state->daemon->welcome().gpus;
+    const GpuSpec& owned = state->catalog->find(gpus.front().name);
+    EMUGPU_CHECK(!config.gpu_given || chosen->name == owned.name, kValue, "EMUGPU_GPU (or gpu=) asks for ",
+                 chosen->name, " but the emugpud at ", config.daemon, " owns ", gpus.size(), " x ", owned.name,
+                 "; leave it unset to use the daemon's GPUs, or attach to a daemon of ", chosen->name);
+    EMUGPU_CHECK(!config.device_count_given || config.device_count <= static_cast<int>(gpus.size()), kValue,
+                 "expected at most ", gpus.size(), " emulated GPUs, the emugpud at ", config.daemon,
+                 "'s, got a device count of ", config.device_count);
+    chosen = &owned;
+    if (!config.device_count_given) state->config.device_count = static_cast<int>(gpus.size());
+  }
+  const GpuSpec& gpu = *chosen;
   CostModelParams cost;
   cost.host_staging_rate = config.host_copy_gbps * 1e9;
   Clock* clock = &steady_clock();
@@ -236,9 +271,13 @@ void Runtime::configure_locked(const ConfigRequest& request) {
     virtual_clock().set_host_cost(host);
     clock = &virtual_clock();
   }
-  for (int i = 0; i < config.device_count; ++i) {
+  for (int i = 0; i < state->config.device_count; ++i) {
     state->devices.push_back(std::make_unique<Device>(i, gpu, *clock, 1024, cost));
     state->devices.back()->set_host_pace(static_cast<TimeNs>(config.host_op_us * 1e3));
+    if (state->daemon) {
+      state->devices.back()->allocator().share(
+          std::make_shared<share::DaemonCapacity>(state->daemon, static_cast<uint32_t>(i)));
+    }
   }
   if (config.pcie_shared_by > 1) attach_shared_pcie(config, gpu, state->devices);
   // Before the state is published: a malformed profile leaves the runtime
@@ -247,6 +286,9 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   mode_.store(config.mode);
   detail::g_active_virtual_clock.store(config.clock == ClockKind::kVirtual ? &virtual_clock() : nullptr,
                                        std::memory_order_release);
+  if (const State* old = state_.load(std::memory_order_acquire)) {
+    for (const auto& d : old->devices) d->allocator().share(nullptr);  // its cached segments leave the daemon's GPU
+  }
   state_.store(state.release(), std::memory_order_release);  // the old state is leaked on purpose
 }
 
@@ -293,6 +335,8 @@ Device& Runtime::device(int index) {
 void Runtime::set_mode(Mode mode) { mode_.store(mode); }
 
 const Catalog& Runtime::catalog() { return *state().catalog; }
+
+const std::shared_ptr<share::Client>& Runtime::daemon() { return state().daemon; }
 
 std::shared_ptr<const ProfileDb> Runtime::profiles() const {
   std::lock_guard<std::mutex> lock(mutex_);

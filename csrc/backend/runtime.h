@@ -18,6 +18,7 @@
 #include "core/kernel_params.h"
 #include "core/pending_time.h"
 #include "core/profile_db.h"
+#include "core/share/client.h"
 #include "core/virtual_clock.h"
 
 namespace emugpu {
@@ -48,6 +49,8 @@ class Runtime {
   bool compute_mode() const { return mode_.load(std::memory_order_relaxed) == Mode::kCompute; }
   void set_mode(Mode mode);  // the only setting that may change with tensors alive
   const Catalog& catalog();
+  // The connection to emugpud (EMUGPU_DAEMON) the devices' memory comes from; null without one.
+  const std::shared_ptr<share::Client>& daemon();
   // The profiles read at the last configuration or reload, and a count of
   // those loads: the region planner drops plans made from older ones.
   std::shared_ptr<const ProfileDb> profiles() const;
@@ -82,6 +85,7 @@ class Runtime {
     Config config;
     std::unique_ptr<Catalog> catalog;
     std::vector<std::unique_ptr<Device>> devices;
+    std::shared_ptr<share::Client> daemon;  // EMUGPU_DAEMON's connection, else null
   };
   const State& state();
   void configure_locked(const ConfigRequest& request);

@@ -120,8 +120,23 @@ Block* CachingAllocator::take_free_block(FreeSet& pool, size_t size) {
   return block;
 }
 
+void CachingAllocator::share(std::shared_ptr<SharedCapacity> shared) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shared) {
+    const uint64_t held = reserved_locked();
+    uint64_t others = 0;
+    EMUGPU_CHECK(held == 0 || shared->take(held, others), kOutOfMemory, "emugpu out of memory: emulated GPU ", device_,
+                 " (", gpu_name_, ") holds ", format_bytes(static_cast<double>(held)),
+                 " already, which the shared GPU cannot take (its other users hold ",
+                 format_bytes(static_cast<double>(others)), ")");
+  }
+  if (shared_) shared_->give_back(reserved_locked());
+  shared_ = std::move(shared);
+}
+
 Block* CachingAllocator::new_segment(size_t size, bool small) {
   if (reserved_locked() + size > capacity_) return nullptr;
+  if (shared_ && !shared_->take(size, others_)) return nullptr;  // cudaMalloc fails: the others hold the rest
   uint64_t offset = 0;
   void* base = nullptr;
   if (fd_ >= 0) {
@@ -137,6 +152,7 @@ Block* CachingAllocator::new_segment(size_t size, bool small) {
   } else {
     base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   }
+  if (base == MAP_FAILED && shared_) shared_->give_back(size);
   EMUGPU_CHECK(base != MAP_FAILED, kRuntime, "could not reserve ", format_bytes(size),
                " of host address space for emulated device ", device_,
                "; raise the process's virtual memory limit (ulimit -v)");
@@ -153,6 +169,7 @@ Block* CachingAllocator::new_segment(size_t size, bool small) {
 }
 
 void CachingAllocator::release_cached_segments() {
+  uint64_t released = 0;
   for (auto it = segments_.begin(); it != segments_.end();) {
     Block* block = it->second;
     if (block->allocated || block->next != nullptr) {
@@ -171,9 +188,11 @@ void CachingAllocator::release_cached_segments() {
                       static_cast<off_t>(block->size));
       ranges_.give_back(block->file_offset, block->size);
     }
+    released += block->size;
     delete block;
     it = segments_.erase(it);
   }
+  if (released > 0 && shared_) shared_->give_back(released);  // one request for them all
 }
 
 uint64_t CachingAllocator::reserved_locked() const {
@@ -298,14 +317,18 @@ void CachingAllocator::throw_oom(size_t requested, size_t segment) {
   stats_.num_ooms += 1;
   const uint64_t reserved_now = reserved_locked();
   const auto allocated = static_cast<uint64_t>(stats_.allocated_bytes[kAggregate].current);
-  const uint64_t free_bytes = capacity_ > reserved_now ? capacity_ - reserved_now : 0;
+  const uint64_t others = shared_ ? others_ : 0;
+  const uint64_t used = reserved_now + others;
+  const uint64_t free_bytes = capacity_ > used ? capacity_ - used : 0;
   detail::throw_error(ErrorKind::kOutOfMemory, "emugpu out of memory. Tried to allocate ", format_bytes(requested),
                       " (a ", format_bytes(segment), " segment). Emulated GPU ", device_, " (", gpu_name_,
                       ") has a total capacity of ", format_bytes(total_), " of which ", format_bytes(free_bytes),
                       " is free. Of the allocated memory ", format_bytes(allocated), " is allocated by PyTorch, and ",
-                      format_bytes(reserved_now - allocated),
-                      " is reserved by PyTorch but unallocated. Reduce the batch size, or emulate a GPU with "
-                      "more memory (EMUGPU_GPU).");
+                      format_bytes(reserved_now - allocated), " is reserved by PyTorch but unallocated.",
+                      shared_ ? " Other processes sharing this GPU through emugpud hold " +
+                                    format_bytes(static_cast<double>(others)) + " of it."
+                              : std::string(),
+                      " Reduce the batch size, or emulate a GPU with more memory (EMUGPU_GPU).");
 }
 
 }  // namespace emugpu

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -91,6 +92,17 @@ struct SharedRange {
   size_t size = 0;
 };
 
+// Memory of the GPU that other processes use too (the sharing daemon's): a
+// new segment takes its bytes there first, a released one gives them back.
+class SharedCapacity {
+ public:
+  virtual ~SharedCapacity() = default;
+  // Takes `bytes` for this process: true, or false when the GPU's other
+  // users leave too little (`others` then holds what they have).
+  virtual bool take(uint64_t bytes, uint64_t& others) = 0;
+  virtual void give_back(uint64_t bytes) = 0;
+};
+
 class CachingAllocator {
  public:
   // `capacity` is what CUDA would let cudaMalloc hand out on this GPU;
@@ -106,6 +118,10 @@ class CachingAllocator {
   Block* allocate(size_t size);
   void free(Block* block);
   void empty_cache();
+
+  // From now on segments are also taken from `shared` (the segments held
+  // already are taken from it first); nullptr: this process alone.
+  void share(std::shared_ptr<SharedCapacity> shared);
 
   AllocatorStats stats() const;
   void reset_peak_stats();
@@ -129,6 +145,8 @@ class CachingAllocator {
   };
   using FreeSet = std::set<Block*, BlockLess>;
 
+  std::shared_ptr<SharedCapacity> shared_;
+  uint64_t others_ = 0;  // what the GPU's other users held at the last refusal
   Block* take_free_block(FreeSet& pool, size_t size);
   Block* new_segment(size_t size, bool small);
   void release_cached_segments();

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "error.h"
+#include "share/address.h"
 #include "shm_segment.h"
 
 namespace emugpu {
@@ -225,6 +226,7 @@ SearchPath resolve_search_path(const std::string& packaged_dir) {
 
 Config resolve_config(const ConfigRequest& request, const std::string& default_catalog) {
   Config c;
+  c.gpu_given = request.gpu || env("EMUGPU_GPU");
   c.gpu = request.gpu ? trim(*request.gpu) : env("EMUGPU_GPU").value_or(kDefaultGpu);
   EMUGPU_CHECK(!c.gpu.empty(), kValue, "gpu: expected a GPU name (torch-emugpu gpus lists them), got ''");
   if (request.device_count) {
@@ -236,6 +238,8 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
     // Under torchrun every rank sees the node's GPUs, one per local rank.
     c.device_count = parse_device_count(*v, "LOCAL_WORLD_SIZE (set by torchrun)");
   }
+  c.device_count_given = request.device_count || env("EMUGPU_DEVICE_COUNT") || env("LOCAL_WORLD_SIZE");
+  if (auto v = env("EMUGPU_DAEMON")) c.daemon = share::parse_address(*v, "EMUGPU_DAEMON").text();
   if (request.mode) {
     c.mode = parse_mode(*request.mode, "mode");
   } else if (auto v = env("EMUGPU_MODE")) {

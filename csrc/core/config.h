@@ -8,7 +8,8 @@
 // EMUGPU_PCIE_SHARED_BY, EMUGPU_PCIE_UPLINK_GBPS; where profiles and
 // calibrations are found: EMUGPU_PROFILE_PATH, EMUGPU_PROFILES,
 // EMUGPU_CALIBRATION, XDG_DATA_HOME; the clock: EMUGPU_CLOCK, EMUGPU_HOST,
-// EMUGPU_HOST_SPEED): the one place either is parsed.
+// EMUGPU_HOST_SPEED; the sharing daemon: EMUGPU_DAEMON): the one place
+// either is parsed.
 #pragma once
 
 #include <optional>
@@ -75,6 +76,11 @@ struct Config {
   ClockKind clock = ClockKind::kReal;
   HostModel host = HostModel::kMeasured;
   double host_speed = 1.0;
+  // emugpud's address (share/address.h); empty: this process's GPUs are its own.
+  std::string daemon;
+  // Whether `gpu` and `device_count` were asked for (else the daemon's GPUs decide).
+  bool gpu_given = false;
+  bool device_count_given = false;
 };
 
 // What a caller asks for; whatever is left out comes from the environment,

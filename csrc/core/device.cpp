@@ -10,17 +10,13 @@ namespace {
 
 constexpr TimeNs kUtilizationWindow = 1'000'000'000;
 
-uint64_t usable_bytes(const GpuSpec& gpu) {
-  return gpu.memory_bytes > kCudaContextBytes ? gpu.memory_bytes - kCudaContextBytes : gpu.memory_bytes;
-}
-
 }  // namespace
 
 Device::Device(int index, const GpuSpec& gpu, Clock& clock, size_t queue_depth, CostModelParams cost)
     : index_(index),
       gpu_(gpu),
       clock_(clock),
-      allocator_(index, gpu.name, usable_bytes(gpu), gpu.memory_bytes),
+      allocator_(index, gpu.name, usable_memory_bytes(gpu), gpu.memory_bytes),
       cost_(gpu, cost),
       timeline_(queue_depth) {}
 

@@ -47,6 +47,10 @@ namespace emugpu {
 
 // What CUDA keeps out of cudaMalloc's reach on every GPU (its context).
 constexpr uint64_t kCudaContextBytes = 300ull << 20;
+// What cudaMalloc can hand out on `gpu`: its memory less the context's.
+inline uint64_t usable_memory_bytes(const GpuSpec& gpu) {
+  return gpu.memory_bytes > kCudaContextBytes ? gpu.memory_bytes - kCudaContextBytes : gpu.memory_bytes;
+}
 // CUDA's stream pool: 32 streams per priority, handed out round robin.
 constexpr int64_t kPoolStreams = 32;
 

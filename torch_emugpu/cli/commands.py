@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--plot", default=None, metavar="PNG", help="also write a PNG plot (needs matplotlib)")
     sh.set_defaults(func=_show)
 
+    from torch_emugpu.cli import daemon
+
+    daemon.add_parsers(sub)
     ds = sub.add_parser("dataset", help="make or check an image dataset (ImageFolder layout)")
     dsub = ds.add_subparsers(dest="action", required=True, metavar="ACTION")
     mk = dsub.add_parser("make", help="write generated JPEGs: DIR/<class>/<index>.JPEG, then DIR/dataset.json")

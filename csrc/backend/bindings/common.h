@@ -40,5 +40,6 @@ void bind_memory(py::module_& m);
 void bind_regions(py::module_& m);
 void bind_cost(py::module_& m);
 void bind_distributed(py::module_& m);
+void bind_daemon(py::module_& m);
 
 }  // namespace emugpu

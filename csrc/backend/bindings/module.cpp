@@ -50,6 +50,7 @@ PYBIND11_MODULE(_C, m) {
   bind_regions(m);
   bind_cost(m);
   bind_distributed(m);
+  bind_daemon(m);
 }
 
 }  // namespace emugpu

@@ -1,0 +1,65 @@
+// Bindings of torch_emugpu._C: the sharing daemon (emugpud) as its clients see it.
+#include "backend/runtime.h"
+#include "core/share/address.h"
+#include "core/share/client.h"
+
+#include "backend/bindings/common.h"
+
+namespace emugpu {
+
+namespace {
+
+py::list gpus_list(const std::vector<share::GpuInfo>& gpus, const std::vector<uint64_t>* used) {
+  py::list out;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    py::dict g;
+    g["index"] = i;
+    g["name"] = gpus[i].name;
+    g["capacity"] = gpus[i].capacity;
+    g["total"] = gpus[i].total;
+    if (used != nullptr) g["used"] = used->at(i);
+    out.append(g);
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_daemon(py::module_& m) {
+  m.def("_daemon_default_address", [] { return share::default_address(); });
+  m.def("_daemon_status", [](const std::string& address) {
+    const share::Status s = guarded([&] {
+      py::gil_scoped_release no_gil;
+      return share::Client::query(address);
+    });
+    py::dict d;
+    d["address"] = share::parse_address(address, "address").text();
+    d["gpus"] = gpus_list(s.gpus, &s.used);
+    py::list clients;
+    for (const auto& c : s.clients) {
+      py::dict p;
+      p["client"] = c.id;
+      p["pid"] = c.pid;
+      p["clock"] = c.clock;
+      p["name"] = c.name;
+      p["bytes"] = c.bytes;
+      clients.append(p);
+    }
+    d["processes"] = clients;
+    return d;
+  });
+  // This process's attachment: None when its GPUs are its own.
+  m.def("_daemon_attachment", []() -> py::object {
+    return guarded([&]() -> py::object {
+      const auto& client = Runtime::get().daemon();
+      if (!client) return py::none();
+      py::dict d;
+      d["address"] = client->address();
+      d["client"] = client->welcome().client;
+      d["gpus"] = gpus_list(client->welcome().gpus, nullptr);
+      return d;
+    });
+  });
+}
+
+}  // namespace emugpu

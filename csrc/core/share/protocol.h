@@ -1,0 +1,129 @@
+// The sharing daemon's wire protocol (emugpud and the processes attached to
+// it), as pure functions. A message is a fixed header
+//   magic u32 "EMGS" | version u16 | type u16 | id u32 | length u32   (little-endian)
+// then `length` payload bytes (at most kMaxPayload). A request's id comes
+// back in its reply. Payload fields are fixed-width integers and strings
+// (u32 length, then the bytes, at most kMaxString). Decoders check every
+// length before reading: a peer that sends garbage or truncated messages
+// makes them throw emugpu::Error (its connection is dropped), never crash.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace emugpu::share {
+
+constexpr uint32_t kMagic = 0x53474d45;  // "EMGS"
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHeaderBytes = 16;
+// Far above any message (a status of a thousand clients is ~100 kB), small
+// enough that a garbage length is caught at once.
+constexpr uint32_t kMaxPayload = 1u << 20;
+constexpr uint32_t kMaxString = 4096;
+constexpr uint32_t kMaxGpus = 64;
+constexpr uint32_t kMaxClients = 1024;  // connections the daemon accepts at once
+constexpr uint32_t kMaxName = 256;      // of a process's name, as the daemon keeps it
+
+enum class MessageType : uint16_t {
+  kHello = 1,        // process -> daemon: attach (pid, clock, name)
+  kWelcome = 2,      // its client id and the GPUs
+  kReserve = 3,      // take bytes of a GPU's memory (a new segment)
+  kGranted = 4,      //
+  kRefused = 5,      // the GPU's capacity, what all clients hold, what this one holds
+  kRelease = 6,      // give bytes back
+  kReleased = 7,     //
+  kStatus = 8,       // anyone: the GPUs and the attached processes (smi)
+  kStatusReply = 9,  //
+  kError = 10,       // the request was refused; the message says why
+};
+const char* message_type_name(MessageType type);
+
+struct Message {
+  MessageType type = MessageType::kError;
+  uint32_t id = 0;
+  std::vector<uint8_t> payload;
+};
+
+struct Hello {
+  int64_t pid = 0;
+  std::string clock;  // "real" or "virtual": every attached process must run the same
+  std::string name;   // the process's command, for smi
+};
+
+struct GpuInfo {
+  std::string name;       // the catalog's full name
+  uint64_t capacity = 0;  // what the processes may allocate together (CUDA's usable memory)
+  uint64_t total = 0;     // the GPU's memory
+};
+
+struct Welcome {
+  uint64_t client = 0;
+  std::vector<GpuInfo> gpus;
+};
+
+// kReserve and kRelease.
+struct Bytes {
+  uint32_t gpu = 0;
+  uint64_t bytes = 0;
+};
+
+struct Refused {
+  uint64_t capacity = 0;
+  uint64_t used = 0;  // by every attached process, this one included
+  uint64_t mine = 0;
+};
+
+struct ClientInfo {
+  uint64_t id = 0;
+  int64_t pid = 0;
+  std::string clock;
+  std::string name;
+  std::vector<uint64_t> bytes;  // per GPU
+};
+
+struct Status {
+  std::vector<GpuInfo> gpus;
+  std::vector<uint64_t> used;  // per GPU, by every client
+  std::vector<ClientInfo> clients;
+};
+
+std::vector<uint8_t> encode(MessageType type, uint32_t id, const std::vector<uint8_t>& payload = {});
+std::vector<uint8_t> encode_hello(uint32_t id, const Hello& hello);
+std::vector<uint8_t> encode_welcome(uint32_t id, const Welcome& welcome);
+std::vector<uint8_t> encode_bytes(MessageType type, uint32_t id, const Bytes& bytes);
+std::vector<uint8_t> encode_refused(uint32_t id, const Refused& refused);
+std::vector<uint8_t> encode_status(uint32_t id, const Status& status);
+std::vector<uint8_t> encode_error(uint32_t id, const std::string& message);
+
+// Each throws emugpu::Error (kRuntime) when `m` is not a well-formed message of its type.
+Hello decode_hello(const Message& m);
+Welcome decode_welcome(const Message& m);
+Bytes decode_bytes(const Message& m);
+Refused decode_refused(const Message& m);
+Status decode_status(const Message& m);
+std::string decode_error(const Message& m);
+
+// Cuts a byte stream into messages.
+class Parser {
+ public:
+  // `peer` names the other end in errors ("client 3", "unix:/run/emugpud.sock").
+  explicit Parser(std::string peer) : peer_(std::move(peer)) {}
+  // Appends what the socket delivered; throws on a malformed header (wrong
+  // magic or version, unknown type, a length beyond kMaxPayload).
+  void feed(const uint8_t* data, size_t length);
+  // Moves the next whole message into `out`; false until one is complete.
+  bool next(Message& out);
+  // Bytes of an incomplete message: non-zero when the peer hung up mid-message.
+  size_t pending() const { return buffer_.size(); }
+
+ private:
+  std::string peer_;
+  std::vector<uint8_t> buffer_;
+  std::deque<Message> ready_;
+};
+
+}  // namespace emugpu::share

@@ -1,0 +1,112 @@
+// emugpud: owns the emulated GPUs of a node for the processes that attach to
+// it (EMUGPU_DAEMON=ADDRESS). `torch-emugpu daemon` (or the `emugpud`
+// command the package installs) starts it with the package's GPU catalog.
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <utility>  // Boost 1.74's asio/awaitable.hpp uses std::exchange without it
+#include <vector>
+
+#include <boost/asio.hpp>
+
+#include "catalog.h"
+#include "daemon/handler.h"
+#include "daemon/server.h"
+#include "device.h"
+#include "error.h"
+#include "share/address.h"
+
+namespace {
+
+using emugpu::share::GpuInfo;
+
+constexpr const char* kUsage =
+    "usage: emugpud --catalog PATH [--gpus MODEL[:COUNT]] [--listen ADDRESS]\n"
+    "\n"
+    "Owns emulated GPUs for the processes that attach to it (EMUGPU_DAEMON=ADDRESS):\n"
+    "their allocations together stay within each GPU's memory.\n"
+    "\n"
+    "  --gpus MODEL[:COUNT]  the GPUs, a catalog name or alias and how many (default: A100-SXM4-40GB:1)\n"
+    "  --listen ADDRESS      unix:PATH (only this user may attach) or tcp:HOST:PORT\n"
+    "                        (default: $XDG_RUNTIME_DIR/emugpud.sock, else /tmp/emugpud-UID.sock)\n"
+    "  --catalog PATH        the GPU catalog (gpus.json); torch-emugpu daemon passes the package's\n"
+    "\n"
+    "It prints one line when it listens and stops cleanly on SIGINT or SIGTERM.\n";
+
+struct Options {
+  std::string catalog;
+  std::string gpus = "A100-SXM4-40GB:1";
+  std::string listen;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  const char* env_catalog = std::getenv("EMUGPU_CATALOG");
+  if (env_catalog != nullptr) o.catalog = env_catalog;
+  o.listen = emugpu::share::default_address();
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    const auto value = [&]() -> std::string {
+      EMUGPU_CHECK(i + 1 < argc, kValue, "emugpud: ", arg, " expects a value\n", kUsage);
+      return argv[++i];
+    };
+    if (arg == "--catalog") {
+      o.catalog = value();
+    } else if (arg == "--gpus") {
+      o.gpus = value();
+    } else if (arg == "--listen") {
+      o.listen = value();
+    } else {
+      EMUGPU_CHECK(false, kValue, "emugpud: unknown argument \"", emugpu::echo_input(arg), "\"\n", kUsage);
+    }
+  }
+  EMUGPU_CHECK(!o.catalog.empty(), kValue, "emugpud: expected --catalog PATH (or EMUGPU_CATALOG); ",
+               "`torch-emugpu daemon` passes the package's own");
+  return o;
+}
+
+std::vector<GpuInfo> gpus_of(const Options& o) {
+  std::string model = o.gpus;
+  long count = 1;
+  if (const auto colon = o.gpus.rfind(':'); colon != std::string::npos) {
+    model = o.gpus.substr(0, colon);
+    const std::string n = o.gpus.substr(colon + 1);
+    char* end = nullptr;
+    count = n.empty() ? 0 : std::strtol(n.c_str(), &end, 10);
+    EMUGPU_CHECK(!n.empty() && *end == '\0' && count >= 1 && count <= emugpu::share::kMaxGpus, kValue,
+                 "emugpud: --gpus: expected MODEL[:COUNT] with COUNT from 1 to ", emugpu::share::kMaxGpus, ", got \"",
+                 emugpu::echo_input(o.gpus), "\"");
+  }
+  const emugpu::Catalog catalog = emugpu::Catalog::from_file(o.catalog);
+  const emugpu::GpuSpec& gpu = catalog.find(model);
+  return std::vector<GpuInfo>(static_cast<size_t>(count),
+                              GpuInfo{gpu.name, emugpu::usable_memory_bytes(gpu), gpu.memory_bytes});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options options = parse(argc, argv);
+    emugpu::share::Handler handler(gpus_of(options));
+    boost::asio::io_context io;
+    emugpu::share::Server server(io, handler, emugpu::share::parse_address(options.listen, "--listen"));
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](const boost::system::error_code&, int) { server.stop(); });
+    std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-reply is an error on its socket, not the daemon's end
+    const GpuInfo& gpu = handler.gpus().front();
+    std::cout << "emugpud: listening on " << server.address() << " with " << handler.gpus().size() << " x " << gpu.name
+              << " (" << emugpu::format_bytes(static_cast<double>(gpu.capacity)) << " each)" << std::endl;
+    io.run();
+    std::cout << "emugpud: stopped" << std::endl;
+    return 0;
+  } catch (const emugpu::Error& e) {
+    std::cerr << e.what() << std::endl;
+    return 2;
+  }
+}

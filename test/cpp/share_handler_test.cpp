@@ -1,0 +1,113 @@
+#include "daemon/handler.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "error.h"
+
+namespace {
+
+using namespace emugpu::share;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+Message as_message(const std::vector<uint8_t>& bytes) {
+  Parser p("test");
+  p.feed(bytes.data(), bytes.size());
+  Message m;
+  EXPECT_TRUE(p.next(m));
+  return m;
+}
+
+class ShareHandler : public ::testing::Test {
+ protected:
+  Handler handler{{{"NVIDIA H100", 100 * kMiB, 110 * kMiB}, {"NVIDIA H100", 100 * kMiB, 110 * kMiB}}};
+
+  uint64_t attach(int64_t pid, const std::string& clock = "real") {
+    const uint64_t id = handler.connect();
+    const Message reply = as_message(handler.handle(id, as_message(encode_hello(1, {pid, clock, "job"}))));
+    EXPECT_EQ(reply.type, MessageType::kWelcome);
+    return id;
+  }
+  Message reserve(uint64_t client, uint32_t gpu, uint64_t bytes) {
+    return as_message(handler.handle(client, as_message(encode_bytes(MessageType::kReserve, 2, {gpu, bytes}))));
+  }
+  Message release(uint64_t client, uint32_t gpu, uint64_t bytes) {
+    return as_message(handler.handle(client, as_message(encode_bytes(MessageType::kRelease, 3, {gpu, bytes}))));
+  }
+};
+
+TEST_F(ShareHandler, ProcessesShareEachGpusCapacity) {
+  const uint64_t a = attach(1), b = attach(2);
+  EXPECT_EQ(reserve(a, 0, 60 * kMiB).type, MessageType::kGranted);
+  const Message refused = reserve(b, 0, 50 * kMiB);
+  ASSERT_EQ(refused.type, MessageType::kRefused);
+  const Refused r = decode_refused(refused);
+  EXPECT_EQ(r.capacity, 100 * kMiB);
+  EXPECT_EQ(r.used, 60 * kMiB);
+  EXPECT_EQ(r.mine, 0u);
+  EXPECT_EQ(reserve(b, 0, 40 * kMiB).type, MessageType::kGranted);   // exactly what is left
+  EXPECT_EQ(reserve(b, 1, 100 * kMiB).type, MessageType::kGranted);  // the other GPU is its own
+  EXPECT_EQ(handler.status().used, (std::vector<uint64_t>{100 * kMiB, 100 * kMiB}));
+  EXPECT_EQ(release(a, 0, 20 * kMiB).type, MessageType::kReleased);
+  EXPECT_EQ(reserve(b, 0, 20 * kMiB).type, MessageType::kGranted);
+}
+
+TEST_F(ShareHandler, AClientThatGoesReleasesWhatItHeld) {
+  const uint64_t a = attach(1), b = attach(2);
+  ASSERT_EQ(reserve(a, 0, 90 * kMiB).type, MessageType::kGranted);
+  ASSERT_EQ(reserve(a, 1, 10 * kMiB).type, MessageType::kGranted);
+  handler.disconnect(a);
+  EXPECT_EQ(handler.status().used, (std::vector<uint64_t>{0, 0}));
+  EXPECT_EQ(handler.status().clients.size(), 1u);
+  EXPECT_EQ(reserve(b, 0, 100 * kMiB).type, MessageType::kGranted);
+}
+
+TEST_F(ShareHandler, RequestsItCannotServeAreAnsweredWithAnError) {
+  const uint64_t a = attach(1);
+  ASSERT_EQ(reserve(a, 0, 10 * kMiB).type, MessageType::kGranted);
+  const Message over = release(a, 0, 11 * kMiB);
+  ASSERT_EQ(over.type, MessageType::kError);
+  EXPECT_NE(decode_error(over).find("more than this process holds"), std::string::npos);
+  const Message gpu = reserve(a, 7, kMiB);
+  ASSERT_EQ(gpu.type, MessageType::kError);
+  EXPECT_NE(decode_error(gpu).find("below 2"), std::string::npos);
+  EXPECT_EQ(handler.status().used[0], 10 * kMiB);                    // nothing changed
+  EXPECT_EQ(reserve(a, 0, 200 * kMiB).type, MessageType::kRefused);  // beyond the capacity, however large
+  EXPECT_EQ(reserve(a, 0, ~uint64_t{0}).type, MessageType::kRefused);
+}
+
+TEST_F(ShareHandler, MessagesNoClientSendsDropTheConnection) {
+  const uint64_t fresh = handler.connect();
+  EXPECT_THROW(reserve(fresh, 0, kMiB), emugpu::Error);  // before hello
+  const uint64_t a = attach(1);
+  EXPECT_THROW(handler.handle(a, as_message(encode_hello(1, {1, "real", "again"}))), emugpu::Error);
+  EXPECT_THROW(handler.handle(a, as_message(encode(MessageType::kGranted, 1))), emugpu::Error);
+}
+
+TEST_F(ShareHandler, AProcessOnAnotherClockIsRefusedNamingBoth) {
+  attach(10, "virtual");
+  const uint64_t id = handler.connect();
+  const Message reply = as_message(handler.handle(id, as_message(encode_hello(1, {20, "real", "job"}))));
+  ASSERT_EQ(reply.type, MessageType::kError);
+  const std::string text = decode_error(reply);
+  EXPECT_NE(text.find("runs the real clock"), std::string::npos) << text;
+  EXPECT_NE(text.find("process 10"), std::string::npos) << text;
+  EXPECT_NE(text.find("virtual"), std::string::npos) << text;
+  EXPECT_EQ(handler.attached(), 1u);
+}
+
+TEST_F(ShareHandler, StatusListsAttachedProcessesAndNeedsNoHello) {
+  const uint64_t a = attach(1);
+  ASSERT_EQ(reserve(a, 1, 30 * kMiB).type, MessageType::kGranted);
+  const uint64_t observer = handler.connect();
+  const Status s = decode_status(as_message(handler.handle(observer, as_message(encode(MessageType::kStatus, 4)))));
+  ASSERT_EQ(s.clients.size(), 1u);
+  EXPECT_EQ(s.clients[0].pid, 1);
+  EXPECT_EQ(s.clients[0].bytes, (std::vector<uint64_t>{0, 30 * kMiB}));
+  EXPECT_EQ(s.gpus.size(), 2u);
+}
+
+}  // namespace

@@ -1,0 +1,141 @@
+#include "share/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "share/address.h"
+
+namespace {
+
+using namespace emugpu::share;
+
+Message parse_one(const std::vector<uint8_t>& bytes) {
+  Parser p("test");
+  p.feed(bytes.data(), bytes.size());
+  Message m;
+  EXPECT_TRUE(p.next(m));
+  EXPECT_EQ(p.pending(), 0u);
+  return m;
+}
+
+TEST(ShareProtocol, EveryMessageRoundTrips) {
+  const Hello hello{4711, "virtual", "python train.py --epochs 3"};
+  const Hello h = decode_hello(parse_one(encode_hello(7, hello)));
+  EXPECT_EQ(h.pid, 4711);
+  EXPECT_EQ(h.clock, "virtual");
+  EXPECT_EQ(h.name, hello.name);
+
+  const Welcome w =
+      decode_welcome(parse_one(encode_welcome(7, {3, {{"NVIDIA H100", 10, 20}, {"NVIDIA H100", 10, 20}}})));
+  EXPECT_EQ(w.client, 3u);
+  ASSERT_EQ(w.gpus.size(), 2u);
+  EXPECT_EQ(w.gpus[1].name, "NVIDIA H100");
+  EXPECT_EQ(w.gpus[1].capacity, 10u);
+  EXPECT_EQ(w.gpus[1].total, 20u);
+
+  const Message reserve = parse_one(encode_bytes(MessageType::kReserve, 9, {1, 2u << 20}));
+  EXPECT_EQ(reserve.id, 9u);
+  EXPECT_EQ(decode_bytes(reserve).gpu, 1u);
+  EXPECT_EQ(decode_bytes(reserve).bytes, 2u << 20);
+
+  const Refused r = decode_refused(parse_one(encode_refused(1, {100, 90, 30})));
+  EXPECT_EQ(r.capacity, 100u);
+  EXPECT_EQ(r.used, 90u);
+  EXPECT_EQ(r.mine, 30u);
+
+  Status s;
+  s.gpus = {{"g", 100, 120}};
+  s.used = {40};
+  s.clients = {{1, 11, "real", "a", {15}}, {2, 12, "real", "b", {25}}};
+  const Status back = decode_status(parse_one(encode_status(5, s)));
+  ASSERT_EQ(back.clients.size(), 2u);
+  EXPECT_EQ(back.used[0], 40u);
+  EXPECT_EQ(back.clients[1].pid, 12);
+  EXPECT_EQ(back.clients[1].bytes[0], 25u);
+
+  EXPECT_EQ(decode_error(parse_one(encode_error(2, "no"))), "no");
+}
+
+TEST(ShareProtocol, MessagesSplitAnywhereArriveWhole) {
+  std::vector<uint8_t> stream = encode_hello(1, {1, "real", "x"});
+  const auto second = encode_bytes(MessageType::kReserve, 2, {0, 4096});
+  stream.insert(stream.end(), second.begin(), second.end());
+  Parser p("test");
+  std::vector<Message> got;
+  for (uint8_t byte : stream) {
+    p.feed(&byte, 1);
+    Message m;
+    while (p.next(m)) got.push_back(m);
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].type, MessageType::kHello);
+  EXPECT_EQ(got[1].id, 2u);
+  EXPECT_EQ(p.pending(), 0u);
+}
+
+TEST(ShareProtocol, ABadHeaderIsRefusedNamingThePeer) {
+  const auto expect_refused = [](std::vector<uint8_t> bytes, const std::string& words) {
+    Parser p("client 4");
+    try {
+      p.feed(bytes.data(), bytes.size());
+      FAIL() << "accepted: " << words;
+    } catch (const emugpu::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("client 4"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  std::vector<uint8_t> good = encode(MessageType::kStatus, 1);
+  auto bad = good;
+  bad[0] ^= 0xFF;
+  expect_refused(bad, "not a message");
+  bad = good;
+  bad[4] = 9;
+  expect_refused(bad, "version 9");
+  bad = good;
+  bad[6] = 99;
+  expect_refused(bad, "unknown type 99");
+  bad = good;
+  bad[15] = 0x7F;  // a length of about 2 GB
+  expect_refused(bad, "over the limit");
+}
+
+TEST(ShareProtocol, TruncatedOrPaddedPayloadsAreRefused) {
+  Message m = parse_one(encode_hello(1, {1, "real", "name"}));
+  Message cut = m;
+  cut.payload.resize(cut.payload.size() - 2);
+  EXPECT_THROW(decode_hello(cut), emugpu::Error);
+  Message padded = m;
+  padded.payload.push_back(0);
+  EXPECT_THROW(decode_hello(padded), emugpu::Error);
+  Message huge_string = m;
+  huge_string.payload[8] = 0xFF;  // the clock's length: 255 + ... bytes, beyond what is there
+  huge_string.payload[9] = 0xFF;
+  EXPECT_THROW(decode_hello(huge_string), emugpu::Error);
+  EXPECT_THROW(decode_welcome(m), emugpu::Error);  // the wrong type
+}
+
+TEST(ShareAddress, UnixAndTcpFormsAndTheirErrors) {
+  EXPECT_EQ(parse_address("unix:/run/x.sock", "s").path, "/run/x.sock");
+  EXPECT_EQ(parse_address("/tmp/y.sock", "s").text(), "unix:/tmp/y.sock");
+  const Address t = parse_address("tcp:127.0.0.1:7000", "s");
+  EXPECT_EQ(t.kind, Address::Kind::kTcp);
+  EXPECT_EQ(t.host, "127.0.0.1");
+  EXPECT_EQ(t.port, 7000);
+  EXPECT_EQ(parse_address("tcp:[::1]:7", "s").host, "::1");
+  for (const char* bad : {"tcp:host", "tcp::80", "tcp:h:99999", "tcp:h:x", "unix:", ""}) {
+    try {
+      parse_address(bad, "EMUGPU_DAEMON");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const emugpu::Error& e) {
+      EXPECT_EQ(e.kind(), emugpu::ErrorKind::kValue);
+      EXPECT_NE(std::string(e.what()).find("EMUGPU_DAEMON"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("tcp:HOST:PORT"), std::string::npos);
+    }
+  }
+  EXPECT_THROW(parse_address("unix:/" + std::string(200, 'x'), "s"), emugpu::Error);
+}
+
+}  // namespace
