@@ -159,6 +159,12 @@ def _open_shared_storage(
 def _refresh_shared_storage(storage: Any, materialized: bool, ready_ns: int) -> None:
     """Updates a received storage's real-bytes flag and ready time."""
 
+def _deferred_copy_stats() -> dict[str, int]:
+    """Copies of real bytes between emugpu tensors: recorded, done (bytes needed), dropped (never needed), pending."""
+
+def _reset_deferred_copy_stats() -> None:
+    """Zeroes the recorded, done and dropped counts (pending stays)."""
+
 # --- regions: profiles and profiled regions (regions.cpp) ---
 
 def _forward_begin(index: int, key: str, target_s: float, called_at_ns: int) -> bool:

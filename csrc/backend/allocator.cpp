@@ -14,13 +14,17 @@
 #include <mutex>
 #include <utility>
 
+#include "backend/deferred_copy.h"
+
 namespace emugpu {
 
 namespace {
 
 void delete_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
-  if (block != nullptr) block->owner->free(block);
+  if (block == nullptr) return;
+  bytes_discarded(block);  // copies still to read it are done before its memory is reused
+  block->owner->free(block);
 }
 
 // A memfd of another process, held open (one descriptor per file, shared by
@@ -93,6 +97,8 @@ c10::DataPtr EmuDeviceAllocator::allocate_on(int device, size_t nbytes) {
 c10::DeleterFnPtr EmuDeviceAllocator::raw_deleter() const { return &delete_block; }
 
 void EmuDeviceAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  bytes_for_read(deferred_copies().find(src));
+  bytes_for_write(deferred_copies().find(dest));
   std::memcpy(dest, src, count);
 }
 
@@ -167,7 +173,11 @@ bool is_materialized(const c10::Storage& storage) {
 }
 
 void set_materialized(const c10::Storage& storage, bool value) {
-  if (Block* block = block_of(storage)) block->materialized = value;
+  Block* block = block_of(storage);
+  if (block == nullptr) return;
+  // Placeholders now: copies deferred into it will never be needed, those reading it are done first.
+  if (!value) bytes_discarded(block);
+  block->materialized = value;
 }
 
 void resize_storage(const c10::Storage& storage, size_t nbytes) {
@@ -177,6 +187,7 @@ void resize_storage(const c10::Storage& storage, size_t nbytes) {
   c10::DataPtr fresh = device_allocator().allocate_on(device, nbytes);
   const size_t keep = std::min(nbytes, storage.nbytes());
   const bool real = is_materialized(storage);
+  if (keep > 0 && real) bytes_for_read(block_of(storage));
   if (keep > 0 && real) std::memcpy(fresh.get(), storage.data(), keep);
   if (auto* block = static_cast<Block*>(fresh.get_context()); block != nullptr && real) block->materialized = true;
   storage.set_data_ptr_noswap(std::move(fresh));
@@ -186,10 +197,13 @@ void resize_storage(const c10::Storage& storage, size_t nbytes) {
 SharedStorage share_storage(const c10::Storage& storage) {
   TORCH_CHECK_VALUE(storage.device_type() == c10::DeviceType::PrivateUse1,
                     "emugpu sharing: expected an emugpu storage, got one on ", storage.device());
-  const Block* block = block_of(storage);
+  Block* block = block_of(storage);
   TORCH_CHECK_VALUE(block != nullptr && storage.nbytes() > 0,
                     "emugpu sharing: expected a non-empty emugpu storage from the emugpu allocator, got ",
                     storage.nbytes(), " bytes", block == nullptr && storage.nbytes() > 0 ? " from elsewhere" : "");
+  // Another process reads and writes these bytes directly: they must be real now and stay so.
+  bytes_for_write(block);
+  if (block->owner != nullptr) block->exported = true;
   SharedStorage out;
   out.device = storage.device().index();
   uint64_t data_file_offset = 0;

@@ -241,6 +241,7 @@ Block* CachingAllocator::allocate(size_t requested) {
   block->allocated = true;
   block->requested = requested;
   block->materialized = false;
+  block->exported = false;
   update(stats_.allocation, small, 1);
   update(stats_.active, small, 1);
   update(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));

@@ -62,6 +62,12 @@ struct Block {
   // hold computed (so never computed) values read back as placeholders.
   // Atomic: backward writes it from the autograd engine's threads.
   std::atomic<bool> materialized{false};
+  // Maintained by DeferredCopies (deferred_copies.h): a copy into or out of
+  // this block waits until its bytes are needed.
+  std::atomic<bool> deferred{false};
+  // Set by the torch layer when another process may map the block: its
+  // bytes must be real at all times, so no copy into or out of it waits.
+  std::atomic<bool> exported{false};
   Block* prev = nullptr;  // neighbours within the same segment
   Block* next = nullptr;
   bool is_split() const { return prev != nullptr || next != nullptr; }

@@ -130,6 +130,20 @@ void VirtualClock::leave() {
   }
 }
 
+void VirtualClock::enter_uncharged() {
+  ThreadMark& m = mark();
+  if (m.depth++ > 0) return;
+  if (m.started) charge_host(m);
+}
+
+void VirtualClock::leave_uncharged() {
+  ThreadMark& m = mark();
+  if (m.depth == 0 || --m.depth > 0) return;
+  if (m.started && static_cast<HostModel>(model_.load(std::memory_order_relaxed)) == HostModel::kMeasured) {
+    m.cpu = cpu_.thread_cpu_ns();
+  }
+}
+
 TimeNs VirtualClock::read() {
   ThreadMark& m = mark();
   if (m.depth == 0) {

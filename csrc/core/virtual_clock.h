@@ -71,6 +71,12 @@ class VirtualClock final : public Clock {
   void enter();
   // The calling thread leaves the emulator (pairs with enter()).
   void leave();
+  // Work a CUDA host never does (copying bytes the emulated GPU would copy
+  // on the device), wherever it happens: its CPU time is charged to nobody.
+  // Unlike enter(), no launch is charged, and a thread that never entered
+  // stays uncharged (the emulator's own threads). Pairs with leave_uncharged().
+  void enter_uncharged();
+  void leave_uncharged();
   // A script reads the time: its host work until now is charged first.
   TimeNs read();
   // time.sleep(d): host work until now, then `d` more (d >= 0).
@@ -122,6 +128,22 @@ class EmulatorCall {
   }
   EmulatorCall(const EmulatorCall&) = delete;
   EmulatorCall& operator=(const EmulatorCall&) = delete;
+
+ private:
+  VirtualClock* clock_;
+};
+
+// Scoped enter_uncharged()/leave_uncharged() of a clock that may be absent.
+class UnchargedWork {
+ public:
+  explicit UnchargedWork(VirtualClock* clock) : clock_(clock) {
+    if (clock_ != nullptr) clock_->enter_uncharged();
+  }
+  ~UnchargedWork() {
+    if (clock_ != nullptr) clock_->leave_uncharged();
+  }
+  UnchargedWork(const UnchargedWork&) = delete;
+  UnchargedWork& operator=(const UnchargedWork&) = delete;
 
  private:
   VirtualClock* clock_;

@@ -83,6 +83,33 @@ TEST(VirtualClock, NestedCallsChargeOnce) {
   EXPECT_EQ(clock.stats().calls, 1);
 }
 
+TEST(VirtualClock, UnchargedWorkCostsTheHostNothingAndIsNoLaunch) {
+  FakeCpu cpu;
+  VirtualClock clock(kStart, measured(3 * kUs), cpu);
+  clock.read();        // marks the thread
+  cpu.ns += 10 * kUs;  // the script's work
+  {
+    emugpu::UnchargedWork work(&clock);  // a deferred copy done when a tensor is freed
+    cpu.ns += 900 * kUs;
+  }
+  cpu.ns += 4 * kUs;
+  clock.read();
+  EXPECT_EQ(clock.now(), kStart + 14 * kUs);
+  EXPECT_EQ(clock.stats().calls, 0);
+}
+
+TEST(VirtualClock, UnchargedWorkLeavesAThreadThatNeverEnteredUncharged) {
+  FakeCpu cpu;
+  VirtualClock clock(kStart, measured(3 * kUs), cpu);
+  {
+    emugpu::UnchargedWork work(&clock);  // a runner thread: none of its work is the host's
+    cpu.ns += 50 * kUs;
+  }
+  cpu.ns += 20 * kUs;
+  { EmulatorCall call(&clock); }  // its first call: nothing before it to measure from
+  EXPECT_EQ(clock.now(), kStart + 3 * kUs);
+}
+
 TEST(VirtualClock, HostSpeedScalesHostWork) {
   FakeCpu cpu;
   VirtualClock clock(kStart, measured(4 * kUs, 2.0), cpu);

@@ -2,6 +2,7 @@
 #include <torch/csrc/DynamicTypes.h>
 
 #include "backend/allocator.h"
+#include "backend/deferred_copy.h"
 #include "backend/distributed/collective.h"
 #include "backend/host_allocator.h"
 #include "backend/runtime.h"
@@ -32,6 +33,16 @@ py::dict stat_dict(const StatArray& s) {
 }  // namespace
 
 void bind_memory(py::module_& m) {
+  m.def("_deferred_copy_stats", [] {
+    const DeferredCopyStats s = deferred_copies().stats();
+    py::dict d;
+    d["recorded"] = s.recorded;
+    d["done"] = s.done;
+    d["dropped"] = s.dropped;
+    d["pending"] = s.pending;
+    return d;
+  });
+  m.def("_reset_deferred_copy_stats", [] { deferred_copies().reset_stats(); });
   m.def("_memory_stats", [](int index) {
     return guarded([&] {
       const AllocatorStats s = Runtime::get().device(index).allocator().stats();

@@ -17,7 +17,13 @@ void await_collective_writes(const std::vector<c10::IValue>& args);
 
 // A tensor over the same bytes as `t`, typed as a CPU tensor (device memory
 // is host memory); used to move real bytes and to compute in compute mode.
+// The caller may write it: copies still deferred that read its storage are
+// done first, then those into it (backend/deferred_copy.h).
 at::Tensor host_alias(const at::Tensor& t);
+// The same, for reading only: the copies deferred into its storage are done.
+at::Tensor host_read_alias(const at::Tensor& t);
+// Copies bytes between tensors that are both host-addressable.
+void move_bytes(const at::Tensor& dst_host_view, const at::Tensor& src_host_view);
 // A fresh emugpu tensor on `device` with exactly `like`'s sizes, strides,
 // storage offset, storage size and dtype.
 at::Tensor new_device_tensor(int device, const at::Tensor& like);

@@ -6,7 +6,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/graph_task.h>
 
+#include <cstring>
+
 #include "backend/allocator.h"
+#include "backend/deferred_copy.h"
 #include "backend/distributed/collective.h"
 #include "backend/ops/common.h"
 #include "backend/ops/compute_mode.h"
@@ -18,7 +21,9 @@
 
 namespace emugpu {
 
-at::Tensor host_alias(const at::Tensor& t) {
+namespace {
+
+at::Tensor alias_of(const at::Tensor& t) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
                        c10::DataPtr(const_cast<void*>(t.storage().data()), c10::Device(c10::kCPU)), nullptr,
                        /*resizable=*/false);
@@ -26,6 +31,27 @@ at::Tensor host_alias(const at::Tensor& t) {
                                                        t.dtype());
   host.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return host;
+}
+
+}  // namespace
+
+at::Tensor host_alias(const at::Tensor& t) {
+  if (t.has_storage()) bytes_for_write(block_of(t.storage()));
+  return alias_of(t);
+}
+
+at::Tensor host_read_alias(const at::Tensor& t) {
+  if (t.has_storage()) bytes_for_read(block_of(t.storage()));
+  return alias_of(t);
+}
+
+void move_bytes(const at::Tensor& dst_host_view, const at::Tensor& src_host_view) {
+  if (dst_host_view.is_contiguous() && src_host_view.is_contiguous() &&
+      dst_host_view.scalar_type() == src_host_view.scalar_type() && dst_host_view.sizes() == src_host_view.sizes()) {
+    std::memcpy(dst_host_view.data_ptr(), src_host_view.data_ptr(), dst_host_view.nbytes());
+  } else {
+    dst_host_view.copy_(src_host_view);
+  }
 }
 
 at::Tensor new_device_tensor(int device, const at::Tensor& like) {

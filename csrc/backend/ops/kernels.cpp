@@ -9,9 +9,8 @@
 #include <c10/core/SymIntArrayRef.h>
 #include <c10/util/strides.h>
 
-#include <cstring>
-
 #include "backend/allocator.h"
+#include "backend/deferred_copy.h"
 #include "backend/distributed/collective.h"
 #include "backend/ops/common.h"
 
@@ -48,16 +47,6 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
 
 bool is_emu(const at::Tensor& t) { return t.device().type() == kEmu; }
 
-// Copies bytes between tensors that are both host-addressable.
-void move_bytes(const at::Tensor& dst_host_view, const at::Tensor& src_host_view) {
-  if (dst_host_view.is_contiguous() && src_host_view.is_contiguous() &&
-      dst_host_view.scalar_type() == src_host_view.scalar_type() && dst_host_view.sizes() == src_host_view.sizes()) {
-    std::memcpy(dst_host_view.data_ptr(), src_host_view.data_ptr(), dst_host_view.nbytes());
-  } else {
-    dst_host_view.copy_(src_host_view);
-  }
-}
-
 double transfer_bytes(const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); }
 
 // Timing mode never computes: values an op wrote read back as zeros. Said
@@ -74,7 +63,7 @@ bool holds_values(const at::Tensor& t) { return Runtime::get().compute_mode() ||
 // What a tensor reads as on the host: its bytes where they are real, else
 // the zero placeholders (README: "computed values are placeholders").
 at::Tensor host_values(const at::Tensor& t) {
-  if (holds_values(t)) return host_alias(t);
+  if (holds_values(t)) return host_read_alias(t);
   if (t.numel() > 0) warn_placeholder_read();
   return at::zeros(t.sizes(), t.options().device(c10::kCPU));
 }
@@ -112,7 +101,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       const TimeNs cost = dev.cost().transfer(transfer_bytes(dst), dst.is_pinned());
       at::Tensor host_dst = dst.device().is_cpu() ? dst : at::empty_like(dst, dst.options().device(c10::kCPU));
       if (holds_values(self)) {
-        move_bytes(host_dst, host_alias(src));
+        move_bytes(host_dst, host_read_alias(src));
       } else {
         warn_placeholder_read();
         host_dst.zero_();
@@ -151,8 +140,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         source.stream_wait(current_stream_id(s), end);
       }
     }
+    // Real bytes are copied when someone needs them (backend/deferred_copy.h),
+    // as a GPU copies them on the device at no cost to its host.
     const bool real = holds_values(self);
-    if (real) move_bytes(host_alias(dst), host_alias(src));
+    if (real && !defer_copy(dst, src)) move_bytes(host_alias(dst), host_read_alias(src));
     set_materialized(dst.storage(), real);
     return dst;
   });
