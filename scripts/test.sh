@@ -19,6 +19,6 @@ ctest --test-dir build/core --output-on-failure
 python_sources=(torch_emugpu torch_emugpu_autoload.py test benchmarks examples)
 ruff check "${python_sources[@]}"
 ruff format --check "${python_sources[@]}"
-git ls-files -- 'csrc/*.cpp' 'csrc/*.h' 'test/*.cpp' 'test/*.h' | xargs clang-format --dry-run -Werror
+git ls-files -- 'csrc/*.cpp' 'csrc/*.h' 'test/*.cpp' 'test/*.h' 'benchmarks/*.cpp' | xargs clang-format --dry-run -Werror
 mypy
 python -m pytest "${pytest_args[@]}"

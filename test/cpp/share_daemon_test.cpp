@@ -35,12 +35,13 @@ class Daemon {
         path_(std::filesystem::temp_directory_path() /
               ("emugpud-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++) + ".sock")),
         server_(io_, handler_, parse_address(listen.empty() ? "unix:" + path_.string() : listen, "test")),
+        address_(server_.address()),  // before the daemon's thread runs: only that thread touches it then
         thread_([this] { io_.run(); }) {}
   ~Daemon() {
     boost::asio::post(io_, [this] { server_.stop(); });
     thread_.join();
   }
-  std::string address() const { return server_.address(); }
+  const std::string& address() const { return address_; }
   const std::filesystem::path& path() const { return path_; }
 
  private:
@@ -49,6 +50,7 @@ class Daemon {
   Handler handler_;
   std::filesystem::path path_;
   Server server_;
+  std::string address_;
   std::thread thread_;
 };
 
