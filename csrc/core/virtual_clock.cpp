@@ -22,6 +22,10 @@ class ThreadCpuClock final : public CpuClock {
 std::atomic<uint64_t> g_next_clock_id{1};
 // Bumped in a forked child: marks taken before the fork are stale there.
 std::atomic<uint64_t> g_generation{0};
+// In a fork()ed child, the generation its forking thread (its only thread)
+// started in: that thread's CPU clock restarted at zero at the fork, and its
+// work since (a DataLoader worker setting itself up) is the child's own.
+thread_local uint64_t t_forked_in = 0;
 
 void check_cost(const HostCost& cost) {
   EMUGPU_CHECK(std::isfinite(cost.speed) && cost.speed > 0, kValue,
@@ -79,7 +83,11 @@ HostCost VirtualClock::host_cost() const {
 VirtualClock::ThreadMark& VirtualClock::mark() {
   thread_local ThreadMark m;
   const uint64_t generation = g_generation.load(std::memory_order_relaxed);
-  if (m.clock != id_ || m.generation != generation) m = ThreadMark{id_, generation, 0, 0, false};
+  if (m.clock != id_ || m.generation != generation) {
+    const bool since_fork = t_forked_in == generation && generation != 0;
+    if (since_fork) t_forked_in = 0;  // once: the process's clock is the one the fork interrupted
+    m = ThreadMark{id_, generation, 0, 0, since_fork};
+  }
   return m;
 }
 
@@ -197,6 +205,6 @@ void VirtualClock::reset_stats() {
   reads_ = 0;
 }
 
-void VirtualClock::after_fork() { g_generation.fetch_add(1); }
+void VirtualClock::after_fork() { t_forked_in = g_generation.fetch_add(1) + 1; }
 
 }  // namespace emugpu

@@ -91,7 +91,8 @@ class VirtualClock final : public Clock {
 
   VirtualClockStats stats() const;
   void reset_stats();
-  // A forked child's threads start afresh: their CPU clocks restarted.
+  // In a fork()ed child (pthread_atfork): its thread's CPU clock restarted
+  // at zero, and its work since the fork is charged at its first call.
   static void after_fork();
 
  private:

@@ -189,16 +189,22 @@ TEST(VirtualClock, ThreadsThatNeverEnterDoNotMoveIt) {
   EXPECT_EQ(clock.now(), kStart);
 }
 
-TEST(VirtualClock, AForkedChildsThreadsStartAfresh) {
+TEST(VirtualClock, AForkedChildsWorkSinceTheForkIsItsOwn) {
   FakeCpu cpu;
   VirtualClock clock(kStart, measured(), cpu);
   clock.read();
-  cpu.ns = 1 * kUs;  // the child's thread clock restarted below the parent's mark
+  cpu.ns = 1 * kUs;  // the child's thread clock restarted at zero: 1 us of work since the fork (setting up)
   VirtualClock::after_fork();
   clock.read();
   cpu.ns += 4 * kUs;
   clock.read();
-  EXPECT_EQ(clock.now(), kStart + 4 * kUs);
+  EXPECT_EQ(clock.now(), kStart + 5 * kUs);
+  // Another thread's first call still has no mark to measure from.
+  std::thread([&] {
+    cpu.ns += 7 * kUs;
+    clock.read();
+  }).join();
+  EXPECT_EQ(clock.now(), kStart + 5 * kUs);
 }
 
 TEST(VirtualClock, ADeviceSynchronizeJumpsToTheEndOfItsWork) {

@@ -341,6 +341,26 @@ def test_a_workers_storage_waits_count_with_the_measured_host(host: str) -> None
         assert seconds < 0.01  # the modelled host counts none of this machine's time
 
 
+def burn_cpu_at_start(worker_id: int) -> None:
+    """A worker's set-up that takes 0.2 s of its CPU (time.thread_time is the thread's own CPU clock)."""
+    start = time.thread_time()
+    while time.thread_time() - start < 0.2:
+        pass
+
+
+def test_a_forked_workers_set_up_counts_with_the_measured_host() -> None:
+    torch_emugpu.configure(gpu=H100, clock="virtual", host="measured")
+    try:
+        loader = torch.utils.data.DataLoader(
+            SleepyDataset(0.0, samples=2), batch_size=2, num_workers=1, worker_init_fn=burn_cpu_at_start
+        )
+        seconds = epoch_time(loader)
+    finally:
+        torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, clock="real", host="measured", host_speed=1.0)
+    # The worker's CPU from the fork to its first batch is its own work, as it would delay the batch.
+    assert 0.2 <= seconds < 3.0
+
+
 @pytest.mark.slow
 def test_a_worker_on_another_clock_is_refused_naming_both(virtual: None) -> None:
     # A spawned worker reads the environment (no EMUGPU_CLOCK): the real clock, while this process runs the virtual one.
