@@ -84,6 +84,18 @@ def holder(address: str, gib: int, more: int | None = None, **extra: str) -> sub
     )
 
 
+def allocate_once(address: str, **extra: str) -> subprocess.CompletedProcess:
+    """A process that attaches with `extra` in its environment and allocates one element."""
+    return subprocess.run(
+        [sys.executable, "-c", "import torch, torch_emugpu; torch.empty(1, device='emugpu')"],
+        env=env(address, **extra),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=REPO,
+    )
+
+
 def first_line(p: subprocess.Popen) -> str:
     assert p.stdout is not None
     line = p.stdout.readline()
@@ -186,26 +198,12 @@ def test_no_daemon_at_the_address_is_an_error_naming_it_and_how_to_start_one(tmp
 
 
 def test_another_gpu_model_or_clock_is_refused_naming_both(emugpud: Daemon) -> None:
-    gpu = subprocess.run(
-        [sys.executable, "-c", "import torch, torch_emugpu; torch.empty(1, device='emugpu')"],
-        env=env(emugpud.address, EMUGPU_GPU="a100"),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        cwd=REPO,
-    )
+    gpu = allocate_once(emugpud.address, EMUGPU_GPU="a100")
     assert gpu.returncode != 0
     assert "asks for NVIDIA A100" in gpu.stderr and "owns 2 x NVIDIA H100 80GB HBM3" in gpu.stderr
     a = holder(emugpud.address, 1)
     assert first_line(a).startswith("holding")
-    virtual = subprocess.run(
-        [sys.executable, "-c", "import torch, torch_emugpu; torch.empty(1, device='emugpu')"],
-        env=env(emugpud.address, EMUGPU_CLOCK="virtual"),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        cwd=REPO,
-    )
+    virtual = allocate_once(emugpud.address, EMUGPU_CLOCK="virtual")
     assert virtual.returncode != 0
     assert "runs the virtual clock" in virtual.stderr and f"process {a.pid}" in virtual.stderr
     finish(a)
