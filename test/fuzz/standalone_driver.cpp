@@ -37,6 +37,8 @@ namespace {
 
 constexpr size_t kMaxInput = 256 << 10;
 
+// This target's name (argv[0]'s last component) for its messages.
+const char* g_name = "emugpu_fuzz";
 // The input being run, for the crash handlers; written before each run.
 const char* g_current = nullptr;
 size_t g_current_size = 0;
@@ -51,7 +53,8 @@ void save_current() {
     done += static_cast<size_t>(n);
   }
   close(fd);
-  const char msg[] = "emugpu_parser_fuzz: input saved to crash-input.json\n";
+  const char msg[] = ": input saved to crash-input.json\n";
+  (void)!write(2, g_name, strlen(g_name));  // strlen and write are async-signal-safe
   (void)!write(2, msg, sizeof msg - 1);
 }
 
@@ -70,11 +73,11 @@ void run_one(const std::string& input) {
     // The target catches these itself; one escaping is still an accepted outcome.
   } catch (const std::exception& e) {
     save_current();
-    std::fprintf(stderr, "emugpu_parser_fuzz: exception other than emugpu::Error: %s\n", e.what());
+    std::fprintf(stderr, "%s: exception other than emugpu::Error: %s\n", g_name, e.what());
     std::exit(1);
   } catch (...) {
     save_current();
-    std::fprintf(stderr, "emugpu_parser_fuzz: unknown exception\n");
+    std::fprintf(stderr, "%s: unknown exception\n", g_name);
     std::exit(1);
   }
 }
@@ -227,6 +230,10 @@ bool flag(const char* arg, const char* name, long long& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 0 && argv[0] != nullptr) {
+    const char* slash = std::strrchr(argv[0], '/');
+    g_name = slash != nullptr ? slash + 1 : argv[0];
+  }
   long long runs = -1, max_seconds = 0, seed = 1;
   std::vector<std::string> seeds;
   for (int i = 1; i < argc; ++i) {
@@ -235,7 +242,7 @@ int main(int argc, char** argv) {
       continue;
     }
     if (argv[i][0] == '-') {
-      std::fprintf(stderr, "emugpu_parser_fuzz: ignoring unknown flag %s\n", argv[i]);
+      std::fprintf(stderr, "%s: ignoring unknown flag %s\n", g_name, argv[i]);
       continue;
     }
     const std::filesystem::path path(argv[i]);
@@ -247,7 +254,7 @@ int main(int argc, char** argv) {
     } else if (std::filesystem::is_regular_file(path, ec)) {
       seeds.push_back(read_file(path));
     } else {
-      std::fprintf(stderr, "emugpu_parser_fuzz: no such file or directory: %s\n", argv[i]);
+      std::fprintf(stderr, "%s: no such file or directory: %s\n", g_name, argv[i]);
       return 2;
     }
   }
@@ -282,7 +289,7 @@ int main(int argc, char** argv) {
         pool[seeds.size() + mutator.below(256)] = std::move(input);
     }
   }
-  std::fprintf(stderr, "emugpu_parser_fuzz: %zu seeds, %lld mutated inputs, seed %lld, no findings\n", seeds.size(),
-               done, seed);
+  std::fprintf(stderr, "%s: %zu seeds, %lld mutated inputs, seed %lld, no findings\n", g_name, seeds.size(), done,
+               seed);
   return 0;
 }
