@@ -39,10 +39,12 @@ class CMakeBuild(build_ext):
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, target)
-        # The sharing daemon travels inside the package; `torch-emugpu daemon` and `emugpud` run it.
-        daemon = target.parent / "bin" / "emugpud"
-        daemon.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(build_dir / "emugpud", daemon)
+        # The sharing daemon travels inside the package; `torch-emugpu daemon` and `emugpud` run it. An
+        # editable install copies only the extension from its build directory, so the source tree gets it too.
+        for package_dir in {target.parent, ROOT / "torch_emugpu"}:
+            daemon = package_dir / "bin" / "emugpud"
+            daemon.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(build_dir / "emugpud", daemon)
         # The GPU catalog and the measured data travel inside the package for non-editable installs.
         for src in (ROOT / "profiles").rglob("*.json"):
             dest = target.parent / "profiles" / src.relative_to(ROOT / "profiles")
