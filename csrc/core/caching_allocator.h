@@ -151,8 +151,6 @@ class CachingAllocator {
   };
   using FreeSet = std::set<Block*, BlockLess>;
 
-  std::shared_ptr<SharedCapacity> shared_;
-  uint64_t others_ = 0;  // what the GPU's other users held at the last refusal
   Block* take_free_block(FreeSet& pool, size_t size);
   Block* new_segment(size_t size, bool small);
   void release_cached_segments();
@@ -176,6 +174,8 @@ class CachingAllocator {
   FreeSet large_free_;
   std::unordered_map<char*, Block*> segments_;  // segment base -> first block
   AllocatorStats stats_;
+  std::shared_ptr<SharedCapacity> shared_;
+  uint64_t others_ = 0;  // what the GPU's other users held at the last refusal
 };
 
 std::string format_bytes(double bytes);

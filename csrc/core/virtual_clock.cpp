@@ -179,7 +179,8 @@ void VirtualClock::receive(TimeNs t) { move_to(t, waited_ns_); }
 void VirtualClock::charge_blocked(TimeNs ns) {
   EMUGPU_CHECK(ns >= 0, kValue, "virtual clock: expected a blocked time >= 0 ns, got ", ns);
   if (static_cast<HostModel>(model_.load(std::memory_order_relaxed)) == HostModel::kModelled) return;
-  read();  // the thread's CPU work until now comes first
+  ThreadMark& m = mark();
+  if (m.depth == 0) charge_host(m);  // the thread's CPU work until now comes first (not a clock read)
   add(std::min(ns, kMaxDurationNs), host_ns_);
 }
 

@@ -56,9 +56,10 @@ class Daemon {
 
 uint64_t used(const std::string& address) { return Client::query(address).used.at(0); }
 
-// Polls until the daemon reports `bytes` in use (a hang-up is seen asynchronously).
+// Polls until the daemon reports `bytes` in use (a hang-up is seen asynchronously);
+// bounded loosely, so that a loaded host cannot fail it.
 bool used_becomes(const std::string& address, uint64_t bytes) {
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 2000; ++i) {
     if (used(address) == bytes) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

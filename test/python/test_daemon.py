@@ -127,13 +127,13 @@ def test_processes_share_a_gpus_memory_and_the_one_that_does_not_fit_is_out_of_m
     finish(c)
 
 
-def test_a_killed_process_releases_its_memory_within_a_second(emugpud: Daemon) -> None:
+def test_a_killed_process_releases_its_memory_when_its_socket_closes(emugpud: Daemon) -> None:
     a = holder(emugpud.address, 60)
     assert first_line(a).startswith("holding")
     assert used_gib(emugpud) == pytest.approx(60)
     a.kill()
     a.wait(TIMEOUT)
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 10  # at once in practice; bounded loosely so that a loaded host cannot fail it
     while used_gib(emugpud) != 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert used_gib(emugpud) == 0
