@@ -18,6 +18,7 @@
 #include "backend/ops/common.h"
 #include "core/calibration.h"
 #include "core/share/daemon_capacity.h"
+#include "core/share/daemon_time_share.h"
 #include "core/shm_segment.h"
 
 namespace emugpu {
@@ -48,11 +49,13 @@ std::string command_line() {
 
 // The process's connection to the daemon at `address`: one per address,
 // kept across configurations (the daemon knows the process by it).
-std::shared_ptr<share::Client> daemon_client(const std::string& address, ClockKind clock) {
+std::shared_ptr<share::Client> daemon_client(const std::string& address, ClockKind clock, int priority) {
   static std::map<std::string, std::shared_ptr<share::Client>> clients;  // under Runtime's mutex
   auto& client = clients[address];
-  if (!client)
-    client = std::make_shared<share::Client>(address, share::Hello{getpid(), clock_kind_name(clock), command_line()});
+  if (!client) {
+    client = std::make_shared<share::Client>(address,
+                                             share::Hello{getpid(), clock_kind_name(clock), command_line(), priority});
+  }
   return client;
 }
 
@@ -246,7 +249,7 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   const GpuSpec* chosen = &state->catalog->find(config.gpu);
   if (!config.daemon.empty()) {
     // The daemon's GPUs are this process's: their model, and as many as it has.
-    state->daemon = daemon_client(config.daemon, config.clock);
+    state->daemon = daemon_client(config.daemon, config.clock, config.priority);
     const auto& gpus = state->daemon->welcome().gpus;
     const GpuSpec& owned = state->catalog->find(gpus.front().name);
     EMUGPU_CHECK(!config.gpu_given || chosen->name == owned.name, kValue, "EMUGPU_GPU (or gpu=) asks for ",
@@ -270,6 +273,8 @@ void Runtime::configure_locked(const ConfigRequest& request) {
     }
     virtual_clock().set_host_cost(host);
     clock = &virtual_clock();
+    // Joins the daemon's processes at their time, never behind what they placed.
+    if (state->daemon) virtual_clock().receive(state->daemon->welcome().now_ns);
   }
   for (int i = 0; i < state->config.device_count; ++i) {
     state->devices.push_back(std::make_unique<Device>(i, gpu, *clock, 1024, cost));
@@ -277,6 +282,10 @@ void Runtime::configure_locked(const ConfigRequest& request) {
     if (state->daemon) {
       state->devices.back()->allocator().share(
           std::make_shared<share::DaemonCapacity>(state->daemon, static_cast<uint32_t>(i)));
+      if (state->daemon->welcome().sharing != "none") {
+        state->devices.back()->share_time(std::make_shared<share::DaemonTimeShare>(
+            state->daemon, static_cast<uint32_t>(i), config.clock == ClockKind::kVirtual));
+      }
     }
   }
   if (config.pcie_shared_by > 1) attach_shared_pcie(config, gpu, state->devices);

@@ -184,6 +184,22 @@ int parse_device_count(const std::string& text, const std::string& source) {
   return static_cast<int>(value);
 }
 
+int parse_priority(const std::string& text, const std::string& source) {
+  const std::string t = trim(text);
+  size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  EMUGPU_CHECK(used == t.size() && !t.empty() && value >= -1000 && value <= 1000, kValue, source,
+               ": expected an integer priority from -1000 to 1000 (higher runs first under emugpud's priority "
+               "sharing), got '",
+               brief(text), "'");
+  return static_cast<int>(value);
+}
+
 namespace {
 
 bool switch_on(const char* name) {
@@ -240,6 +256,7 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
   }
   c.device_count_given = request.device_count || env("EMUGPU_DEVICE_COUNT") || env("LOCAL_WORLD_SIZE");
   if (auto v = env("EMUGPU_DAEMON")) c.daemon = share::parse_address(*v, "EMUGPU_DAEMON").text();
+  if (auto v = env("EMUGPU_PRIORITY")) c.priority = parse_priority(*v, "EMUGPU_PRIORITY");
   if (request.mode) {
     c.mode = parse_mode(*request.mode, "mode");
   } else if (auto v = env("EMUGPU_MODE")) {

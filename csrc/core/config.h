@@ -78,6 +78,8 @@ struct Config {
   double host_speed = 1.0;
   // emugpud's address (share/address.h); empty: this process's GPUs are its own.
   std::string daemon;
+  // EMUGPU_PRIORITY: this process's priority on the daemon's GPUs (its priority policy).
+  int priority = 0;
   // Whether `gpu` and `device_count` were asked for (else the daemon's GPUs decide).
   bool gpu_given = false;
   bool device_count_given = false;
@@ -112,6 +114,7 @@ SearchPath resolve_search_path(const std::string& packaged_dir);
 Config resolve_config(const ConfigRequest& request, const std::string& default_catalog);
 Mode parse_mode(const std::string& text, const std::string& source);
 int parse_device_count(const std::string& text, const std::string& source);
+int parse_priority(const std::string& text, const std::string& source);
 const char* mode_name(Mode mode);
 ExchangeTransport parse_exchange(const std::string& text, const std::string& source);
 const char* exchange_name(ExchangeTransport transport);

@@ -167,13 +167,79 @@ TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, Tim
     return place_locked(stream, engine, begin, std::max(estimate, occupancy), now);
   }
   const TimeNs start = timeline_.start_of(stream, engine, now);
-  const TimeNs duration =
-      engine == Engine::kCompute && regions_.active() ? regions_.retime(estimate, start, stream) : estimate;
+  if (engine != Engine::kCompute) return place_locked(stream, engine, start, estimate, now);
+  const TimeNs shared = shared_locked(estimate);
+  const TimeNs duration = regions_.active() ? regions_.retime(shared, start, stream) : shared;
+  work_since_wait_ += shared == estimate ? duration : ns_from_double(static_cast<double>(duration) * rate_.load());
   return place_locked(stream, engine, start, duration, now);
+}
+
+TimeNs Device::shared_locked(TimeNs estimate) const {
+  const double rate = rate_.load(std::memory_order_relaxed);
+  return rate < 1.0 ? ns_from_double(static_cast<double>(estimate) / rate) : estimate;
+}
+
+void Device::share_time(std::shared_ptr<TimeShare> share) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  share_ = std::move(share);
+  rate_ = 1.0;
+  next_report_ = 0;
+  next_report_clock_ = 0;
+  share_from_ = clock_.now();
+  busy_average_ = 0;
+  unweighted_ = 1.0;
+  iteration_average_ = 0;
+  work_since_wait_ = 0;
+}
+
+void Device::report_share() {
+  // Due every report_ns() of real time, and under a clock that runs ahead of
+  // real time (the virtual one) every tenth of a window of its own time, so
+  // that the busy fraction follows the GPU's time, not the emulating host's.
+  const TimeNs real = steady_clock().now(), now = clock_.now();
+  if (real < next_report_.load(std::memory_order_relaxed) && now < next_report_clock_.load(std::memory_order_relaxed)) {
+    return;
+  }
+  bool idle = false;
+  if (!reporting_.compare_exchange_strong(idle, true)) return;  // another thread reports
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag.store(false); }
+  } done{reporting_};  // also when the report throws (the daemon is gone): the next launch fails too
+  next_report_ = real + share_->report_ns();
+  next_report_clock_ = now + share_->window_ns() / 10;
+  TimeShare::Report report;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    report = share_report_locked(clock_.now());
+  }
+  rate_.store(share_->report(report));
+}
+
+TimeShare::Report Device::share_report_locked(TimeNs now) {
+  if (now > share_from_) {
+    // Busy time since the last report (the merged intervals, newest last),
+    // folded into an average over the window.
+    TimeNs busy = 0;
+    for (auto it = busy_.rbegin(); it != busy_.rend() && it->second > share_from_; ++it) {
+      const TimeNs a = std::max(it->first, share_from_), b = std::min(it->second, now);
+      if (b > a) busy += b - a;
+    }
+    const double span = static_cast<double>(now - share_from_);
+    const double keep = std::exp(-span / static_cast<double>(share_->window_ns()));
+    busy_average_ = busy_average_ * keep + (static_cast<double>(busy) / span) * (1.0 - keep);
+    unweighted_ *= keep;  // what the average still owes its zero start
+    share_from_ = now;
+  }
+  // Bias-corrected, so that a process that just started reports what it did
+  // so far instead of an average that starts at 0 (and takes a window to rise).
+  const double busy = unweighted_ < 1.0 ? busy_average_ / (1.0 - unweighted_) : 0.0;
+  return {std::clamp(busy, 0.0, 1.0), iteration_average_, now};
 }
 
 TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
   EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
+  if (share_ && engine == Engine::kCompute) report_share();
   return place_when_queued([&](TimeNs now) {
     if (!held_.empty()) {
       held_.push_back(
@@ -203,6 +269,11 @@ TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) 
 }
 
 void Device::settle_locked(TimeNs now) {
+  if (work_since_wait_ > 0) {
+    // An iteration's compute, as far as sync points tell (fifo sharing weighs by it).
+    iteration_average_ = iteration_average_ == 0 ? work_since_wait_ : (4 * iteration_average_ + work_since_wait_) / 5;
+    work_since_wait_ = 0;
+  }
   if (regions_.active() && regions_.kind() == RegionKind::kBackward && regions_.started()) {
     close_locked(RegionOutcome::kCompleted, now);
   }
@@ -354,7 +425,10 @@ bool Device::close_locked(RegionOutcome outcome, TimeNs now) {
   TimeNs end = finish, pad = 0;
   if (outcome == RegionOutcome::kCompleted) {
     pad = regions_.pad_needed(finish);
-    if (pad > 0) end = place_locked(stream, Engine::kCompute, finish, pad, now);
+    if (pad > 0) {
+      end = place_locked(stream, Engine::kCompute, finish, pad, now);
+      work_since_wait_ += ns_from_double(static_cast<double>(pad) * rate_.load());
+    }
   }
   regions_.close(outcome, end, pad);
   return outcome == RegionOutcome::kCompleted;
@@ -369,7 +443,8 @@ void Device::open_locked(int64_t stream, const std::string& key, RegionKind kind
   // starts when the host opens it.
   const TimeNs now = host_time > 0 ? std::min(host_time, now_in) : now_in;
   const TimeNs start = timeline_.start_of(stream, Engine::kCompute, chained ? 0 : now);
-  regions_.open(key, kind, target, start, stream, started);
+  // A shared GPU runs the profiled work at this process's share.
+  regions_.open(key, kind, target == kUnbudgeted ? target : shared_locked(target), start, stream, started);
 }
 
 void Device::forward_begin_locked(int64_t stream, const std::string& key, TimeNs target, TimeNs called_at, TimeNs now) {

@@ -42,6 +42,7 @@
 #include "pcie_links.h"
 #include "pending_time.h"
 #include "regions.h"
+#include "time_share.h"
 
 namespace emugpu {
 
@@ -89,6 +90,15 @@ class Device {
   // GPU's link rate over the uplink's) and lasts at least that long.
   // Set before the device is used.
   void attach_pcie(std::shared_ptr<PcieLinks> links, int uplink, double occupancy_factor);
+
+  // The GPU's compute is shared with other processes (time_share.h): compute
+  // work runs at the share `share` grants, which the device renews as it
+  // launches; a profiled region's time stretches by the share at its start.
+  // Copies and collectives keep their engines' full rates. Set before the
+  // device is used; nullptr: the GPU is this process's alone.
+  void share_time(std::shared_ptr<TimeShare> share);
+  // The share of the GPU's speed compute work launched now gets.
+  double compute_share() const { return rate_.load(std::memory_order_relaxed); }
 
   // A collective across ranks (backend `emu`), in two steps. collective_start
   // is when the collective launched now on `stream` would start on this device
@@ -230,6 +240,11 @@ class Device {
                           bool expects_backward, TimeNs now);
   void backward_reached_locked(int64_t stream, const std::string& backward_key, TimeNs backward_target, TimeNs now);
   void block_until(TimeNs t);
+  // Renews the compute share when a report is due (outside the lock: a round trip).
+  void report_share();
+  TimeShare::Report share_report_locked(TimeNs now);
+  // `estimate` of compute work at the current share.
+  TimeNs shared_locked(TimeNs estimate) const;
 
   const int index_;
   const GpuSpec& gpu_;
@@ -253,6 +268,16 @@ class Device {
   double occupancy_factor_ = 1.0;
   std::atomic<TimeNs> host_pace_{0};
   std::atomic<TimeNs> last_launch_{0};  // host time of the last pace_host()
+  std::shared_ptr<TimeShare> share_;
+  std::atomic<double> rate_{1.0};
+  std::atomic<TimeNs> next_report_{0};        // real time
+  std::atomic<TimeNs> next_report_clock_{0};  // clock time
+  std::atomic<bool> reporting_{false};
+  TimeNs share_from_ = 0;  // clock time of the last report
+  double busy_average_ = 0;
+  double unweighted_ = 1.0;
+  TimeNs iteration_average_ = 0;
+  TimeNs work_since_wait_ = 0;  // compute work on the GPU alone since the last sync point
 };
 
 }  // namespace emugpu

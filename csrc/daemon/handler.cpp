@@ -1,5 +1,7 @@
 #include "daemon/handler.h"
 
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <utility>
 
@@ -7,14 +9,26 @@
 
 namespace emugpu::share {
 
-Handler::Handler(std::vector<GpuInfo> gpus) : gpus_(std::move(gpus)), used_(gpus_.size(), 0) {
+Handler::Handler(std::vector<GpuInfo> gpus, SharingConfig sharing, std::function<TimeNs()> real_now)
+    : gpus_(std::move(gpus)), sharing_(sharing), real_now_(std::move(real_now)), used_(gpus_.size(), 0) {
+  EMUGPU_CHECK(sharing_.slice_ns > 0 && sharing_.switch_ns >= 0 && sharing_.report_ns > 0 && sharing_.window_ns > 0 &&
+                   sharing_.stale_ns > 0,
+               kValue,
+               "emugpud: expected a positive time slice, report interval, window and staleness and a context "
+               "switch >= 0, got ",
+               sharing_.slice_ns, ", ", sharing_.report_ns, ", ", sharing_.window_ns, ", ", sharing_.stale_ns, " and ",
+               sharing_.switch_ns, " ns");
   EMUGPU_CHECK(!gpus_.empty() && gpus_.size() <= kMaxGpus, kValue, "emugpud: expected 1 to ", kMaxGpus, " GPUs, got ",
                gpus_.size());
 }
 
 uint64_t Handler::connect() {
   const uint64_t id = next_id_++;
-  clients_[id].bytes.assign(gpus_.size(), 0);
+  Client& c = clients_[id];
+  c.bytes.assign(gpus_.size(), 0);
+  c.reports.assign(gpus_.size(), {});
+  c.reported_at.assign(gpus_.size(), 0);
+  c.granted.assign(gpus_.size(), kPpm);
   return id;
 }
 
@@ -39,6 +53,7 @@ std::vector<uint8_t> Handler::handle(uint64_t client, const Message& m) {
     case MessageType::kHello: return hello(client, c, m);
     case MessageType::kReserve: return reserve(c, m);
     case MessageType::kRelease: return release(c, m);
+    case MessageType::kShare: return share(client, c, m);
     case MessageType::kStatus:
       EMUGPU_CHECK(m.payload.empty(), kRuntime, "emugpud protocol: a status request carries no fields, got ",
                    m.payload.size(), " bytes");
@@ -70,7 +85,17 @@ std::vector<uint8_t> Handler::hello(uint64_t id, Client& c, const Message& m) {
   h.name = valid_utf8(h.name.substr(0, kMaxName));  // smi prints it
   c.attached = true;
   c.hello = std::move(h);
-  return encode_welcome(m.id, {id, gpus_});
+  // A virtual clock joins at the earliest time the others reported: it never
+  // runs behind what they already placed (0: none reported).
+  TimeNs world = kNoTime;
+  const TimeNs real = real_now_();
+  for (const auto& [other_id, other] : clients_) {
+    for (uint32_t g = 0; g < gpus_.size(); ++g) {
+      if (other_id != id && fresh(other, g, real)) world = std::min(world, other.reports[g].now_ns);
+    }
+  }
+  return encode_welcome(m.id, {id, gpus_, sharing_policy_name(sharing_.policy), sharing_.report_ns, sharing_.window_ns,
+                               world == kNoTime ? 0 : world});
 }
 
 std::vector<uint8_t> Handler::reserve(Client& c, const Message& m) {
@@ -101,13 +126,51 @@ std::vector<uint8_t> Handler::release(Client& c, const Message& m) {
   return encode(MessageType::kReleased, m.id);
 }
 
+bool Handler::fresh(const Client& c, uint32_t gpu, TimeNs now) const {
+  return c.attached && c.reported_at[gpu] > 0 && now - c.reported_at[gpu] <= sharing_.stale_ns;
+}
+
+std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
+  EMUGPU_CHECK(c.attached, kRuntime, "emugpud: a share report before hello");
+  const ShareReport r = decode_share(m);
+  if (r.gpu >= gpus_.size()) {
+    return encode_error(
+        m.id, "emugpud: expected a GPU index below " + std::to_string(gpus_.size()) + ", got " + std::to_string(r.gpu));
+  }
+  const TimeNs now = real_now_();
+  c.reports[r.gpu] = r;
+  c.reported_at[r.gpu] = now;
+  std::vector<Sharer> others;
+  TimeNs lowest = kNoTime;
+  for (const auto& [other_id, other] : clients_) {
+    if (other_id == id || !fresh(other, r.gpu, now)) continue;
+    const ShareReport& o = other.reports[r.gpu];
+    lowest = std::min(lowest, o.now_ns);
+    if (o.busy_ppm == 0) continue;
+    others.push_back({static_cast<double>(o.busy_ppm) / kPpm, o.iteration_ns, other.hello.priority});
+  }
+  const Sharer me{static_cast<double>(r.busy_ppm) / kPpm, r.iteration_ns, c.hello.priority};
+  const double rate = compute_share(sharing_, me, others);
+  const auto ppm = static_cast<uint32_t>(std::clamp(std::lround(rate * kPpm), 1L, static_cast<long>(kPpm)));
+  c.granted[r.gpu] = ppm;
+  return encode_share_reply(m.id, {ppm, static_cast<uint32_t>(others.size()), lowest});
+}
+
 Status Handler::status() const {
   Status s;
+  s.sharing = sharing_policy_name(sharing_.policy);
   s.gpus = gpus_;
   s.used = used_;
+  const TimeNs now = real_now_();
   for (const auto& [id, c] : clients_) {
     if (!c.attached) continue;
-    s.clients.push_back({id, c.hello.pid, c.hello.clock, c.hello.name, c.bytes});
+    ClientInfo info{id, c.hello.pid, c.hello.clock, c.hello.name, c.bytes, c.hello.priority, {}, {}};
+    for (uint32_t g = 0; g < gpus_.size(); ++g) {
+      const bool live = fresh(c, g, now);
+      info.busy_ppm.push_back(live ? c.reports[g].busy_ppm : 0);
+      info.rate_ppm.push_back(live ? c.granted[g] : kPpm);
+    }
+    s.clients.push_back(std::move(info));
   }
   return s;
 }

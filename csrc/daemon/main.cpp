@@ -1,6 +1,7 @@
 // emugpud: owns the emulated GPUs of a node for the processes that attach to
 // it (EMUGPU_DAEMON=ADDRESS). `torch-emugpu daemon` (or the `emugpud`
 // command the package installs) starts it with the package's GPU catalog.
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -12,6 +13,7 @@
 
 #include "catalog.h"
 #include "daemon/handler.h"
+#include "daemon/policy.h"
 #include "daemon/server.h"
 #include "device.h"
 #include "error.h"
@@ -22,12 +24,18 @@ namespace {
 using emugpu::share::GpuInfo;
 
 constexpr const char* kUsage =
-    "usage: emugpud --catalog PATH [--gpus MODEL[:COUNT]] [--listen ADDRESS]\n"
+    "usage: emugpud --catalog PATH [--gpus MODEL[:COUNT]] [--listen ADDRESS] [--sharing POLICY]\n"
     "\n"
     "Owns emulated GPUs for the processes that attach to it (EMUGPU_DAEMON=ADDRESS):\n"
-    "their allocations together stay within each GPU's memory.\n"
+    "their allocations together stay within each GPU's memory, and their kernels share\n"
+    "each GPU's compute as POLICY says.\n"
     "\n"
     "  --gpus MODEL[:COUNT]  the GPUs, a catalog name or alias and how many (default: A100-SXM4-40GB:1)\n"
+    "  --sharing POLICY      time-slice (the CUDA driver's default between processes), fair, fifo\n"
+    "                        (one iteration each in turn, as GPEmu and Salus), priority (EMUGPU_PRIORITY),\n"
+    "                        none (each process has the GPU's compute to itself); default: time-slice\n"
+    "  --time-slice-us US    time-slice: a slice's length (default 2000)\n"
+    "  --context-switch-us US  time-slice: a context switch's cost (default 25)\n"
     "  --listen ADDRESS      unix:PATH (only this user may attach) or tcp:HOST:PORT\n"
     "                        (default: $XDG_RUNTIME_DIR/emugpud.sock, else /tmp/emugpud-UID.sock)\n"
     "  --catalog PATH        the GPU catalog (gpus.json); torch-emugpu daemon passes the package's\n"
@@ -35,10 +43,21 @@ constexpr const char* kUsage =
     "It prints one line when it listens and stops cleanly on SIGINT or SIGTERM.\n";
 
 struct Options {
+  emugpu::share::SharingConfig sharing;
   std::string catalog;
   std::string gpus = "A100-SXM4-40GB:1";
   std::string listen;
 };
+
+// A time in microseconds of at least `least`, to nanoseconds.
+emugpu::TimeNs microseconds(const std::string& option, const std::string& text, double least) {
+  char* end = nullptr;
+  const double us = std::strtod(text.c_str(), &end);
+  EMUGPU_CHECK(!text.empty() && *end == '\0' && std::isfinite(us) && us >= least && us <= 1e7, kValue,
+               "emugpud: ", option, ": expected microseconds from ", least, " to 1e7, got \"", emugpu::echo_input(text),
+               "\"");
+  return static_cast<emugpu::TimeNs>(us * 1e3);
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -61,6 +80,12 @@ Options parse(int argc, char** argv) {
       o.gpus = value();
     } else if (arg == "--listen") {
       o.listen = value();
+    } else if (arg == "--sharing") {
+      o.sharing.policy = emugpu::share::parse_sharing_policy(value());
+    } else if (arg == "--time-slice-us") {
+      o.sharing.slice_ns = microseconds(arg, value(), 1);
+    } else if (arg == "--context-switch-us") {
+      o.sharing.switch_ns = microseconds(arg, value(), 0);
     } else {
       EMUGPU_CHECK(false, kValue, "emugpud: unknown argument \"", emugpu::echo_input(arg), "\"\n", kUsage);
     }
@@ -93,7 +118,7 @@ std::vector<GpuInfo> gpus_of(const Options& o) {
 int main(int argc, char** argv) {
   try {
     const Options options = parse(argc, argv);
-    emugpu::share::Handler handler(gpus_of(options));
+    emugpu::share::Handler handler(gpus_of(options), options.sharing);
     boost::asio::io_context io;
     emugpu::share::Server server(io, handler, emugpu::share::parse_address(options.listen, "--listen"));
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
@@ -101,7 +126,8 @@ int main(int argc, char** argv) {
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-reply is an error on its socket, not the daemon's end
     const GpuInfo& gpu = handler.gpus().front();
     std::cout << "emugpud: listening on " << server.address() << " with " << handler.gpus().size() << " x " << gpu.name
-              << " (" << emugpu::format_bytes(static_cast<double>(gpu.capacity)) << " each)" << std::endl;
+              << " (" << emugpu::format_bytes(static_cast<double>(gpu.capacity)) << " each), sharing "
+              << emugpu::share::sharing_policy_name(options.sharing.policy) << std::endl;
     io.run();
     std::cout << "emugpud: stopped" << std::endl;
     return 0;

@@ -111,3 +111,77 @@ TEST_F(ShareHandler, StatusListsAttachedProcessesAndNeedsNoHello) {
 }
 
 }  // namespace
+
+namespace {
+
+class ShareHandlerTime : public ::testing::Test {
+ protected:
+  emugpu::TimeNs real = 1'000'000'000;
+  Handler handler{{{"NVIDIA H100", 100 * kMiB, 110 * kMiB}}, SharingConfig{}, [this] { return real; }};
+
+  uint64_t attach(int64_t pid) {
+    const uint64_t id = handler.connect();
+    const Message reply = as_message(handler.handle(id, as_message(encode_hello(1, {pid, "virtual", "job", 0}))));
+    EXPECT_EQ(reply.type, MessageType::kWelcome);
+    return id;
+  }
+  ShareGrant share(uint64_t client, double busy, emugpu::TimeNs now = 0) {
+    const auto ppm = static_cast<uint32_t>(busy * kPpm);
+    const Message m = as_message(handler.handle(client, as_message(encode_share(4, {0, ppm, 1000, now}))));
+    EXPECT_EQ(m.type, MessageType::kShareReply);
+    return decode_share_reply(m);
+  }
+};
+
+TEST_F(ShareHandlerTime, BusyProcessesGetTheirPolicysShare) {
+  const uint64_t a = attach(1), b = attach(2);
+  const ShareGrant alone = share(a, 1.0);
+  EXPECT_EQ(alone.rate_ppm, kPpm);
+  EXPECT_EQ(alone.sharers, 0u);
+  const ShareGrant second = share(b, 1.0);
+  EXPECT_EQ(second.sharers, 1u);
+  EXPECT_NEAR(second.rate_ppm, kPpm * (2000.0 / 2025.0) / 2, 1.0);
+  EXPECT_EQ(share(a, 1.0).rate_ppm, second.rate_ppm);
+  const Status s = handler.status();
+  EXPECT_EQ(s.sharing, "time-slice");
+  ASSERT_EQ(s.clients.size(), 2u);
+  EXPECT_EQ(s.clients[0].busy_ppm[0], kPpm);
+  EXPECT_EQ(s.clients[0].rate_ppm[0], second.rate_ppm);
+}
+
+TEST_F(ShareHandlerTime, AProcessThatWentQuietOrAwayNoLongerCounts) {
+  const uint64_t a = attach(1), b = attach(2), c = attach(3);
+  share(a, 1.0);
+  share(b, 1.0);
+  real += 2'000'000'000;  // b and a stop reporting: past the staleness limit
+  EXPECT_EQ(share(c, 1.0).rate_ppm, kPpm);
+  share(a, 1.0);
+  handler.disconnect(a);
+  EXPECT_EQ(share(c, 1.0).sharers, 0u);
+}
+
+TEST_F(ShareHandlerTime, ProcessesLearnTheEarliestClockOfTheOthers) {
+  const uint64_t a = attach(1), b = attach(2);
+  EXPECT_EQ(share(a, 1.0, 500).lowest_now, kNoTime);  // nobody else reported
+  EXPECT_EQ(share(b, 0.0, 900).lowest_now, 500);      // an idle process's clock counts too
+  EXPECT_EQ(share(a, 1.0, 700).lowest_now, 900);
+  // A newcomer joins at the earliest of the live ones.
+  const uint64_t c = handler.connect();
+  const Message w = as_message(handler.handle(c, as_message(encode_hello(1, {3, "virtual", "late", 0}))));
+  EXPECT_EQ(decode_welcome(w).now_ns, 700);
+  real += 2'000'000'000;  // everyone went quiet
+  const uint64_t d = handler.connect();
+  const Message w2 = as_message(handler.handle(d, as_message(encode_hello(1, {4, "virtual", "later", 0}))));
+  EXPECT_EQ(decode_welcome(w2).now_ns, 0);
+}
+
+TEST_F(ShareHandlerTime, ReportsOfUnknownGpusOrBeforeHelloAreRefused) {
+  const uint64_t a = attach(1);
+  const Message wrong = as_message(handler.handle(a, as_message(encode_share(5, {3, 0, 0, 0}))));
+  ASSERT_EQ(wrong.type, MessageType::kError);
+  EXPECT_NE(decode_error(wrong).find("GPU index below 1"), std::string::npos);
+  const uint64_t stranger = handler.connect();
+  EXPECT_THROW(handler.handle(stranger, as_message(encode_share(6, {0, 0, 0, 0}))), emugpu::Error);
+}
+
+}  // namespace

@@ -22,15 +22,20 @@ Message parse_one(const std::vector<uint8_t>& bytes) {
 }
 
 TEST(ShareProtocol, EveryMessageRoundTrips) {
-  const Hello hello{4711, "virtual", "python train.py --epochs 3"};
+  const Hello hello{4711, "virtual", "python train.py --epochs 3", -7};
   const Hello h = decode_hello(parse_one(encode_hello(7, hello)));
   EXPECT_EQ(h.pid, 4711);
+  EXPECT_EQ(h.priority, -7);
   EXPECT_EQ(h.clock, "virtual");
   EXPECT_EQ(h.name, hello.name);
 
-  const Welcome w =
-      decode_welcome(parse_one(encode_welcome(7, {3, {{"NVIDIA H100", 10, 20}, {"NVIDIA H100", 10, 20}}})));
+  const Welcome w = decode_welcome(
+      parse_one(encode_welcome(7, {3, {{"NVIDIA H100", 10, 20}, {"NVIDIA H100", 10, 20}}, "fifo", 2000, 5000, 77})));
   EXPECT_EQ(w.client, 3u);
+  EXPECT_EQ(w.sharing, "fifo");
+  EXPECT_EQ(w.report_ns, 2000);
+  EXPECT_EQ(w.window_ns, 5000);
+  EXPECT_EQ(w.now_ns, 77);
   ASSERT_EQ(w.gpus.size(), 2u);
   EXPECT_EQ(w.gpus[1].name, "NVIDIA H100");
   EXPECT_EQ(w.gpus[1].capacity, 10u);
@@ -47,16 +52,39 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(r.mine, 30u);
 
   Status s;
+  s.sharing = "time-slice";
   s.gpus = {{"g", 100, 120}};
   s.used = {40};
-  s.clients = {{1, 11, "real", "a", {15}}, {2, 12, "real", "b", {25}}};
+  s.clients = {{1, 11, "real", "a", {15}, 0, {kPpm}, {kPpm / 2}}, {2, 12, "real", "b", {25}, 3, {250}, {kPpm}}};
   const Status back = decode_status(parse_one(encode_status(5, s)));
   ASSERT_EQ(back.clients.size(), 2u);
+  EXPECT_EQ(back.sharing, "time-slice");
   EXPECT_EQ(back.used[0], 40u);
   EXPECT_EQ(back.clients[1].pid, 12);
   EXPECT_EQ(back.clients[1].bytes[0], 25u);
+  EXPECT_EQ(back.clients[1].priority, 3);
+  EXPECT_EQ(back.clients[1].busy_ppm[0], 250u);
+  EXPECT_EQ(back.clients[0].rate_ppm[0], kPpm / 2);
+
+  const ShareReport report = decode_share(parse_one(encode_share(8, {1, 500000, 123456, 987654321})));
+  EXPECT_EQ(report.gpu, 1u);
+  EXPECT_EQ(report.busy_ppm, 500000u);
+  EXPECT_EQ(report.iteration_ns, 123456);
+  EXPECT_EQ(report.now_ns, 987654321);
+  const ShareGrant grant = decode_share_reply(parse_one(encode_share_reply(8, {kPpm / 3, 2, 1234})));
+  EXPECT_EQ(grant.rate_ppm, kPpm / 3);
+  EXPECT_EQ(grant.sharers, 2u);
+  EXPECT_EQ(grant.lowest_now, 1234);
 
   EXPECT_EQ(decode_error(parse_one(encode_error(2, "no"))), "no");
+}
+
+TEST(ShareProtocol, FractionsAboveOneAndZeroSharesAreRefused) {
+  EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, kPpm + 1, 0, 0}))), emugpu::Error);
+  EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, 0, -5, 0}))), emugpu::Error);
+  EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {0, 0, 0}))), emugpu::Error);
+  EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {kPpm + 1, 0, 0}))), emugpu::Error);
+  EXPECT_THROW(decode_welcome(parse_one(encode_welcome(1, {1, {{"g", 1, 1}}, "fair", 0, 1, 0}))), emugpu::Error);
 }
 
 TEST(ShareProtocol, MessagesSplitAnywhereArriveWhole) {

@@ -16,7 +16,8 @@ from typing import Any
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 
-QUERY_FIELDS = ("index", "name", "memory.total", "memory.used", "memory.free", "processes")
+QUERY_FIELDS = ("index", "name", "memory.total", "memory.used", "memory.free", "utilization.gpu", "processes")
+SHARING_POLICIES = ("time-slice", "fair", "fifo", "priority", "none")
 
 
 def binary() -> Path:
@@ -40,19 +41,21 @@ def catalog() -> Path:
     raise FileNotFoundError(f"no GPU catalog: expected {_PACKAGE / 'profiles' / 'gpus.json'}")
 
 
-def command(gpus: str | None, listen: str | None) -> list[str]:
+def command(gpus: str | None, listen: str | None, sharing: str | None = None) -> list[str]:
     """The daemon's command line."""
     cmd = [str(binary()), "--catalog", str(catalog())]
     if gpus:
         cmd += ["--gpus", gpus]
     if listen:
         cmd += ["--listen", listen]
+    if sharing:
+        cmd += ["--sharing", sharing]
     return cmd
 
 
 def run(args: argparse.Namespace) -> int:
     """`torch-emugpu daemon`: replaces this process with emugpud (it stops on SIGINT or SIGTERM)."""
-    cmd = command(args.gpus, args.listen)
+    cmd = command(args.gpus, args.listen, args.sharing)
     sys.stdout.flush()
     os.execv(cmd[0], cmd)
     return 0  # not reached
@@ -78,6 +81,19 @@ def _mib(n: int) -> int:
     return n // 2**20
 
 
+def gpu_utilization(s: dict[str, Any], index: int) -> int:
+    """Percent of the recent window the GPU ran some process's kernels, as nvidia-smi's utilization.gpu:
+    the chance that any attached process had work, from their busy fractions."""
+    idle = 1.0
+    for p in s["processes"]:
+        idle *= 1.0 - min(1.0, max(0.0, p["busy"][index]))
+    return round(100 * (1.0 - idle))
+
+
+def _users(s: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    return [p for p in s["processes"] if p["bytes"][index] > 0 or p["busy"][index] > 0]
+
+
 def _csv(s: dict[str, Any], fields: list[str], header: bool, units: bool) -> list[str]:
     def value(gpu: dict[str, Any], field: str) -> str:
         unit = " MiB" if units else ""
@@ -87,30 +103,39 @@ def _csv(s: dict[str, Any], fields: list[str], header: bool, units: bool) -> lis
             "memory.total": f"{_mib(gpu['capacity'])}{unit}",
             "memory.used": f"{_mib(gpu['used'])}{unit}",
             "memory.free": f"{_mib(gpu['capacity'] - gpu['used'])}{unit}",
-            "processes": str(sum(1 for p in s["processes"] if p["bytes"][gpu["index"]] > 0)),
+            "utilization.gpu": f"{gpu_utilization(s, gpu['index'])}{' %' if units else ''}",
+            "processes": str(len(_users(s, gpu["index"]))),
         }[field]
 
-    lines = [", ".join(f + (" [MiB]" if units and f.startswith("memory.") else "") for f in fields)] if header else []
+    def title(f: str) -> str:
+        if units and f.startswith("memory."):
+            return f + " [MiB]"
+        return f + (" [%]" if units and f.startswith("utilization.") else "")
+
+    lines = [", ".join(title(f) for f in fields)] if header else []
     lines += [", ".join(value(g, f) for f in fields) for g in s["gpus"]]
     return lines
 
 
 def _table(s: dict[str, Any]) -> list[str]:
-    lines = [f"emugpud at {s['address']}", ""]
-    lines.append(f"{'GPU':>3}  {'Name':32} {'Memory-Usage':>22}  {'Processes':>9}")
+    lines = [f"emugpud at {s['address']}, sharing {s['sharing']}", ""]
+    lines.append(f"{'GPU':>3}  {'Name':32} {'Memory-Usage':>22}  {'GPU-Util':>8}  {'Processes':>9}")
     for g in s["gpus"]:
-        users = sum(1 for p in s["processes"] if p["bytes"][g["index"]] > 0)
         usage = f"{_mib(g['used'])}MiB / {_mib(g['capacity'])}MiB"
-        lines.append(f"{g['index']:>3}  {g['name'][:32]:32} {usage:>22}  {users:>9}")
-    lines += ["", f"{'GPU':>3}  {'PID':>8}  {'Clock':7} {'GPU Memory':>12}  Process"]
-    rows = [(g, p) for p in s["processes"] for g, b in enumerate(p["bytes"]) if b > 0]
+        util = f"{gpu_utilization(s, g['index'])}%"
+        lines.append(f"{g['index']:>3}  {g['name'][:32]:32} {usage:>22}  {util:>8}  {len(_users(s, g['index'])):>9}")
+    lines += ["", f"{'GPU':>3}  {'PID':>8}  {'Clock':7} {'GPU Memory':>12}  {'SM':>4}  {'Share':>5}  Process"]
+    rows = [(g, p) for p in s["processes"] for g in range(len(s["gpus"])) if p in _users(s, g)]
     if not rows:
-        lines.append("     no process holds memory" if s["processes"] else "     no process attached")
+        lines.append("     no process uses a GPU" if s["processes"] else "     no process attached")
     for g, p in rows:
-        lines.append(f"{g:>3}  {p['pid']:>8}  {p['clock']:7} {_mib(p['bytes'][g]):>9}MiB  {p['name'][:60]}")
-    idle = [p for p in s["processes"] if not any(p["bytes"])]
+        sm, share = f"{round(100 * p['busy'][g])}%", f"{round(100 * p['share'][g])}%"
+        lines.append(
+            f"{g:>3}  {p['pid']:>8}  {p['clock']:7} {_mib(p['bytes'][g]):>9}MiB  {sm:>4}  {share:>5}  {p['name'][:60]}"
+        )
+    idle = [p for p in s["processes"] if not any(p in _users(s, g) for g in range(len(s["gpus"])))]
     for p in idle:
-        lines.append(f"{'-':>3}  {p['pid']:>8}  {p['clock']:7} {0:>9}MiB  {p['name'][:60]}")
+        lines.append(f"{'-':>3}  {p['pid']:>8}  {p['clock']:7} {0:>9}MiB  {'-':>4}  {'-':>5}  {p['name'][:60]}")
     return lines
 
 
@@ -148,6 +173,13 @@ def add_parsers(sub: Any) -> None:
         "--listen",
         metavar="ADDRESS",
         help="unix:PATH (only this user may attach) or tcp:HOST:PORT; default $XDG_RUNTIME_DIR/emugpud.sock",
+    )
+    d.add_argument(
+        "--sharing",
+        choices=SHARING_POLICIES,
+        help="how the attached processes' kernels share each GPU: time-slice (the CUDA driver's default, "
+        "and this default), fair, fifo (one iteration each in turn, as GPEmu), priority (EMUGPU_PRIORITY), "
+        "none (memory only)",
     )
     d.set_defaults(func=run)
     s = sub.add_parser("smi", help="show emugpud's GPUs and the processes attached, as nvidia-smi does")

@@ -34,6 +34,7 @@ void bind_daemon(py::module_& m) {
     });
     py::dict d;
     d["address"] = share::parse_address(address, "address").text();
+    d["sharing"] = s.sharing;
     d["gpus"] = gpus_list(s.gpus, &s.used);
     py::list clients;
     for (const auto& c : s.clients) {
@@ -43,6 +44,15 @@ void bind_daemon(py::module_& m) {
       p["clock"] = c.clock;
       p["name"] = c.name;
       p["bytes"] = c.bytes;
+      p["priority"] = c.priority;
+      // Fractions per GPU: how busy its kernels kept it lately, and the share of its speed they got.
+      py::list busy, share;
+      for (size_t g = 0; g < c.busy_ppm.size(); ++g) {
+        busy.append(static_cast<double>(c.busy_ppm[g]) / share::kPpm);
+        share.append(static_cast<double>(c.rate_ppm[g]) / share::kPpm);
+      }
+      p["busy"] = busy;
+      p["share"] = share;
       clients.append(p);
     }
     d["processes"] = clients;
@@ -57,6 +67,7 @@ void bind_daemon(py::module_& m) {
       d["address"] = client->address();
       d["client"] = client->welcome().client;
       d["gpus"] = gpus_list(client->welcome().gpus, nullptr);
+      d["sharing"] = client->welcome().sharing;
       return d;
     });
   });

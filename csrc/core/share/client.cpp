@@ -140,6 +140,14 @@ void Client::release(uint32_t gpu, uint64_t bytes) {
   EMUGPU_CHECK(reply.type == MessageType::kReleased, kRuntime, "emugpud: unexpected reply to a release request");
 }
 
+ShareGrant Client::share(const ShareReport& report) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint32_t id = next_id_++;
+  const Message reply = request(encode_share(id, report), id, "a share report");
+  if (reply.type == MessageType::kError) detail::throw_error(ErrorKind::kRuntime, decode_error(reply));
+  return decode_share_reply(reply);
+}
+
 Status Client::status() {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t id = next_id_++;

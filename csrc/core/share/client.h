@@ -1,6 +1,6 @@
 // A process's connection to emugpud: blocking requests and their replies,
 // one at a time (a lock serialises the threads that allocate). Used at the
-// grain of allocator segments, never per op.
+// grain of allocator segments and of share reports, never per op.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,9 @@ class Client {
   // nullopt: granted; else what the daemon saw when it refused.
   std::optional<Refused> reserve(uint32_t gpu, uint64_t bytes);
   void release(uint32_t gpu, uint64_t bytes);
+  // Reports this process's compute on a GPU; returns its share (every
+  // welcome().report_ns of real time, never per op).
+  ShareGrant share(const ShareReport& report);
   Status status();
 
   // The daemon's view without attaching (torch-emugpu smi).

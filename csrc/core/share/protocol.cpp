@@ -89,7 +89,14 @@ void expect(const Message& m, MessageType type) {
                message_type_name(m.type));
 }
 
-bool known_type(uint16_t t) { return t >= 1 && t <= static_cast<uint16_t>(MessageType::kError); }
+bool known_type(uint16_t t) { return t >= 1 && t <= static_cast<uint16_t>(MessageType::kShareReply); }
+
+// A fraction in millionths, at most one.
+uint32_t ppm(Reader& r, const char* what) {
+  const auto v = r.get<uint32_t>();
+  EMUGPU_CHECK(v <= kPpm, kRuntime, "emugpud protocol: expected ", what, " of at most ", kPpm, " millionths, got ", v);
+  return v;
+}
 
 template <typename T>
 T load(const uint8_t* p) {
@@ -112,6 +119,8 @@ const char* message_type_name(MessageType type) {
     case MessageType::kStatus: return "status";
     case MessageType::kStatusReply: return "status reply";
     case MessageType::kError: return "error";
+    case MessageType::kShare: return "share";
+    case MessageType::kShareReply: return "share reply";
   }
   return "unknown";
 }
@@ -132,11 +141,21 @@ std::vector<uint8_t> encode(MessageType type, uint32_t id, const std::vector<uin
 }
 
 std::vector<uint8_t> encode_hello(uint32_t id, const Hello& hello) {
-  return encode(MessageType::kHello, id, Writer().put<int64_t>(hello.pid).text(hello.clock).text(hello.name).take());
+  return encode(
+      MessageType::kHello, id,
+      Writer().put<int64_t>(hello.pid).text(hello.clock).text(hello.name).put<int32_t>(hello.priority).take());
 }
 
 std::vector<uint8_t> encode_welcome(uint32_t id, const Welcome& welcome) {
-  return encode(MessageType::kWelcome, id, Writer().put<uint64_t>(welcome.client).gpus(welcome.gpus).take());
+  return encode(MessageType::kWelcome, id,
+                Writer()
+                    .put<uint64_t>(welcome.client)
+                    .gpus(welcome.gpus)
+                    .text(welcome.sharing)
+                    .put<int64_t>(welcome.report_ns)
+                    .put<int64_t>(welcome.window_ns)
+                    .put<int64_t>(welcome.now_ns)
+                    .take());
 }
 
 std::vector<uint8_t> encode_bytes(MessageType type, uint32_t id, const Bytes& bytes) {
@@ -150,18 +169,38 @@ std::vector<uint8_t> encode_refused(uint32_t id, const Refused& r) {
 
 std::vector<uint8_t> encode_status(uint32_t id, const Status& status) {
   Writer w;
-  w.gpus(status.gpus);
+  w.text(status.sharing).gpus(status.gpus);
   for (size_t i = 0; i < status.gpus.size(); ++i) w.put<uint64_t>(i < status.used.size() ? status.used[i] : 0);
   w.put<uint32_t>(static_cast<uint32_t>(status.clients.size()));
   for (const auto& c : status.clients) {
     w.put<uint64_t>(c.id).put<int64_t>(c.pid).text(c.clock).text(c.name);
-    for (size_t i = 0; i < status.gpus.size(); ++i) w.put<uint64_t>(i < c.bytes.size() ? c.bytes[i] : 0);
+    w.put<int32_t>(c.priority);
+    for (size_t i = 0; i < status.gpus.size(); ++i) {
+      w.put<uint64_t>(i < c.bytes.size() ? c.bytes[i] : 0)
+          .put<uint32_t>(i < c.busy_ppm.size() ? c.busy_ppm[i] : 0)
+          .put<uint32_t>(i < c.rate_ppm.size() ? c.rate_ppm[i] : kPpm);
+    }
   }
   return encode(MessageType::kStatusReply, id, w.take());
 }
 
 std::vector<uint8_t> encode_error(uint32_t id, const std::string& message) {
   return encode(MessageType::kError, id, Writer().text(message).take());
+}
+
+std::vector<uint8_t> encode_share(uint32_t id, const ShareReport& r) {
+  return encode(MessageType::kShare, id,
+                Writer()
+                    .put<uint32_t>(r.gpu)
+                    .put<uint32_t>(r.busy_ppm)
+                    .put<int64_t>(r.iteration_ns)
+                    .put<int64_t>(r.now_ns)
+                    .take());
+}
+
+std::vector<uint8_t> encode_share_reply(uint32_t id, const ShareGrant& g) {
+  return encode(MessageType::kShareReply, id,
+                Writer().put<uint32_t>(g.rate_ppm).put<uint32_t>(g.sharers).put<int64_t>(g.lowest_now).take());
 }
 
 Hello decode_hello(const Message& m) {
@@ -171,6 +210,7 @@ Hello decode_hello(const Message& m) {
   h.pid = r.get<int64_t>();
   h.clock = r.text();
   h.name = r.text();
+  h.priority = r.get<int32_t>();
   r.done();
   return h;
 }
@@ -181,6 +221,13 @@ Welcome decode_welcome(const Message& m) {
   Welcome w;
   w.client = r.get<uint64_t>();
   w.gpus = r.gpus();
+  w.sharing = r.text();
+  w.report_ns = r.get<int64_t>();
+  w.window_ns = r.get<int64_t>();
+  w.now_ns = r.get<int64_t>();
+  EMUGPU_CHECK(w.report_ns > 0 && w.window_ns > 0, kRuntime,
+               "emugpud protocol: expected positive share report and window times in a welcome, got ", w.report_ns,
+               " and ", w.window_ns, " ns");
   r.done();
   return w;
 }
@@ -211,6 +258,7 @@ Status decode_status(const Message& m) {
   expect(m, MessageType::kStatusReply);
   Reader r(m);
   Status s;
+  s.sharing = r.text();
   s.gpus = r.gpus();
   for (size_t i = 0; i < s.gpus.size(); ++i) s.used.push_back(r.get<uint64_t>());
   s.clients.resize(r.count(kMaxClients, "clients"));
@@ -219,10 +267,43 @@ Status decode_status(const Message& m) {
     c.pid = r.get<int64_t>();
     c.clock = r.text();
     c.name = r.text();
-    for (size_t i = 0; i < s.gpus.size(); ++i) c.bytes.push_back(r.get<uint64_t>());
+    c.priority = r.get<int32_t>();
+    for (size_t i = 0; i < s.gpus.size(); ++i) {
+      c.bytes.push_back(r.get<uint64_t>());
+      c.busy_ppm.push_back(ppm(r, "a busy fraction"));
+      c.rate_ppm.push_back(ppm(r, "a share"));
+    }
   }
   r.done();
   return s;
+}
+
+ShareReport decode_share(const Message& m) {
+  expect(m, MessageType::kShare);
+  Reader r(m);
+  ShareReport out;
+  out.gpu = r.get<uint32_t>();
+  out.busy_ppm = ppm(r, "a busy fraction");
+  out.iteration_ns = r.get<int64_t>();
+  out.now_ns = r.get<int64_t>();
+  EMUGPU_CHECK(out.iteration_ns >= 0, kRuntime,
+               "emugpud protocol: expected an iteration time >= 0 ns in a share "
+               "report, got ",
+               out.iteration_ns);
+  r.done();
+  return out;
+}
+
+ShareGrant decode_share_reply(const Message& m) {
+  expect(m, MessageType::kShareReply);
+  Reader r(m);
+  ShareGrant out;
+  out.rate_ppm = ppm(r, "a share");
+  out.sharers = r.get<uint32_t>();
+  out.lowest_now = r.get<int64_t>();
+  EMUGPU_CHECK(out.rate_ppm > 0, kRuntime, "emugpud protocol: expected a share above 0 in a share reply, got 0");
+  r.done();
+  return out;
 }
 
 std::string decode_error(const Message& m) {

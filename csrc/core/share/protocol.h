@@ -18,7 +18,7 @@
 namespace emugpu::share {
 
 constexpr uint32_t kMagic = 0x53474d45;  // "EMGS"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;         // 2: time sharing (priority, share reports)
 constexpr size_t kHeaderBytes = 16;
 // Far above any message (a status of a thousand clients is ~100 kB), small
 // enough that a garbage length is caught at once.
@@ -27,6 +27,8 @@ constexpr uint32_t kMaxString = 4096;
 constexpr uint32_t kMaxGpus = 64;
 constexpr uint32_t kMaxClients = 1024;  // connections the daemon accepts at once
 constexpr uint32_t kMaxName = 256;      // of a process's name, as the daemon keeps it
+constexpr uint32_t kPpm = 1000000;      // fractions travel in millionths
+constexpr int64_t kNoTime = INT64_MAX;
 
 enum class MessageType : uint16_t {
   kHello = 1,        // process -> daemon: attach (pid, clock, name)
@@ -39,6 +41,8 @@ enum class MessageType : uint16_t {
   kStatus = 8,       // anyone: the GPUs and the attached processes (smi)
   kStatusReply = 9,  //
   kError = 10,       // the request was refused; the message says why
+  kShare = 11,       // process -> daemon: how busy its compute engine was on a GPU (a ShareReport)
+  kShareReply = 12,  // the share of that GPU's compute it gets now (a ShareGrant)
 };
 const char* message_type_name(MessageType type);
 
@@ -50,8 +54,9 @@ struct Message {
 
 struct Hello {
   int64_t pid = 0;
-  std::string clock;  // "real" or "virtual": every attached process must run the same
-  std::string name;   // the process's command, for smi
+  std::string clock;     // "real" or "virtual": every attached process must run the same
+  std::string name;      // the process's command, for smi
+  int32_t priority = 0;  // EMUGPU_PRIORITY: higher runs first under --sharing priority
 };
 
 struct GpuInfo {
@@ -63,6 +68,26 @@ struct GpuInfo {
 struct Welcome {
   uint64_t client = 0;
   std::vector<GpuInfo> gpus;
+  std::string sharing;    // the daemon's time-sharing policy ("none": memory only)
+  int64_t report_ns = 0;  // real time between a process's share reports
+  int64_t window_ns = 0;  // the clock time a reported busy fraction averages over
+  int64_t now_ns = 0;     // the earliest time the attached processes reported (0: none): a
+                          // virtual clock joins there
+};
+
+// A process's compute on one GPU, reported every Welcome::report_ns of real
+// time while it launches work (never per op).
+struct ShareReport {
+  uint32_t gpu = 0;
+  uint32_t busy_ppm = 0;     // fraction of the recent window its compute engine had work, in millionths
+  int64_t iteration_ns = 0;  // its compute work between host waits, on the GPU alone (recent average)
+  int64_t now_ns = 0;        // its clock's time
+};
+
+struct ShareGrant {
+  uint32_t rate_ppm = 0;         // its compute runs at this fraction of the GPU's speed, in millionths (> 0)
+  uint32_t sharers = 0;          // other processes that reported work on the GPU recently
+  int64_t lowest_now = kNoTime;  // the earliest time another live process reported (kNoTime: none)
 };
 
 // kReserve and kRelease.
@@ -83,9 +108,13 @@ struct ClientInfo {
   std::string clock;
   std::string name;
   std::vector<uint64_t> bytes;  // per GPU
+  int32_t priority = 0;
+  std::vector<uint32_t> busy_ppm;  // per GPU: its last fresh share report (0: none)
+  std::vector<uint32_t> rate_ppm;  // per GPU: the share it was granted (1e6: the whole GPU)
 };
 
 struct Status {
+  std::string sharing;
   std::vector<GpuInfo> gpus;
   std::vector<uint64_t> used;  // per GPU, by every client
   std::vector<ClientInfo> clients;
@@ -98,6 +127,8 @@ std::vector<uint8_t> encode_bytes(MessageType type, uint32_t id, const Bytes& by
 std::vector<uint8_t> encode_refused(uint32_t id, const Refused& refused);
 std::vector<uint8_t> encode_status(uint32_t id, const Status& status);
 std::vector<uint8_t> encode_error(uint32_t id, const std::string& message);
+std::vector<uint8_t> encode_share(uint32_t id, const ShareReport& report);
+std::vector<uint8_t> encode_share_reply(uint32_t id, const ShareGrant& grant);
 
 // Each throws emugpu::Error (kRuntime) when `m` is not a well-formed message of its type.
 Hello decode_hello(const Message& m);
@@ -106,6 +137,8 @@ Bytes decode_bytes(const Message& m);
 Refused decode_refused(const Message& m);
 Status decode_status(const Message& m);
 std::string decode_error(const Message& m);
+ShareReport decode_share(const Message& m);
+ShareGrant decode_share_reply(const Message& m);
 
 // Cuts a byte stream into messages.
 class Parser {

@@ -1,0 +1,51 @@
+// One emulated device's compute as a share of an emugpud GPU (time_share.h):
+// the device's reports go to the daemon, whose policy grants the share.
+//
+// Under the virtual clock the attached processes' clocks also stay within
+// kSkew of each other (a window / 5): a report from a process further ahead
+// of the earliest live one waits, in real time, until that one catches up
+// or goes quiet (the daemon drops it after its staleness limit). So a
+// process never places work far beyond the time up to which the others'
+// busy fractions are known, and one that starts or stops is seen by the
+// others within that bound.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "share/client.h"
+#include "time_share.h"
+
+namespace emugpu::share {
+
+class DaemonTimeShare final : public TimeShare {
+ public:
+  // `keep_pace`: this process runs the virtual clock (the real one is shared by construction).
+  DaemonTimeShare(std::shared_ptr<Client> client, uint32_t gpu, bool keep_pace)
+      : client_(std::move(client)), gpu_(gpu), keep_pace_(keep_pace) {}
+
+  TimeNs report_ns() const override { return client_->welcome().report_ns; }
+  TimeNs window_ns() const override { return client_->welcome().window_ns; }
+  double report(const Report& r) override {
+    const auto busy = static_cast<uint32_t>(std::clamp(r.busy, 0.0, 1.0) * kPpm + 0.5);
+    const ShareReport report{gpu_, busy, std::max<TimeNs>(r.iteration_ns, 0), r.now};
+    ShareGrant grant = client_->share(report);
+    const TimeNs skew = window_ns() / 5;
+    while (keep_pace_ && grant.lowest_now != kNoTime && r.now > grant.lowest_now + skew) {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(report_ns()));
+      grant = client_->share(report);
+    }
+    return static_cast<double>(grant.rate_ppm) / kPpm;
+  }
+
+ private:
+  std::shared_ptr<Client> client_;
+  uint32_t gpu_;
+  bool keep_pace_;
+};
+
+}  // namespace emugpu::share
