@@ -234,7 +234,10 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
   // Bias-corrected, so that a process that just started reports what it did
   // so far instead of an average that starts at 0 (and takes a window to rise).
   const double busy = unweighted_ < 1.0 ? busy_average_ / (1.0 - unweighted_) : 0.0;
-  return {std::clamp(busy, 0.0, 1.0), iteration_average_, now};
+  // An iteration under way counts as soon as it is longer than the average
+  // (a share that starts small must not keep a long iteration's weight small).
+  return {std::clamp(busy, 0.0, 1.0), std::max(iteration_average_, work_since_wait_), now,
+          timeline_.engine_ready(Engine::kCompute)};
 }
 
 TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
@@ -271,7 +274,7 @@ TimeNs Device::collective_launch(int64_t stream, TimeNs start, TimeNs duration) 
 void Device::settle_locked(TimeNs now) {
   if (work_since_wait_ > 0) {
     // An iteration's compute, as far as sync points tell (fifo sharing weighs by it).
-    iteration_average_ = iteration_average_ == 0 ? work_since_wait_ : (4 * iteration_average_ + work_since_wait_) / 5;
+    iteration_average_ = iteration_average_ == 0 ? work_since_wait_ : (iteration_average_ + work_since_wait_) / 2;
     work_since_wait_ = 0;
   }
   if (regions_.active() && regions_.kind() == RegionKind::kBackward && regions_.started()) {

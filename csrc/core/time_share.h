@@ -15,6 +15,7 @@ class TimeShare {
     double busy = 0;          // fraction of the recent window the compute engine had work
     TimeNs iteration_ns = 0;  // compute work between host waits, on the GPU alone (recent average)
     TimeNs now = 0;           // the device's clock
+    TimeNs busy_until = 0;    // where the compute launched so far ends
   };
   virtual ~TimeShare() = default;
   // Real time between reports.

@@ -146,7 +146,11 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
     if (other_id == id || !fresh(other, r.gpu, now)) continue;
     const ShareReport& o = other.reports[r.gpu];
     lowest = std::min(lowest, o.now_ns);
-    if (o.busy_ppm == 0) continue;
+    // A process shares the GPU from this one's time on only while its work
+    // may still run then: its queued compute, or a little past its last
+    // report. One that went quiet (finished, blocked outside the emulator)
+    // stops counting as soon as this one's clock passes that.
+    if (o.busy_ppm == 0 || r.now_ns > std::max(o.busy_until_ns, o.now_ns) + sharing_.window_ns / 5) continue;
     others.push_back({static_cast<double>(o.busy_ppm) / kPpm, o.iteration_ns, other.hello.priority});
   }
   const Sharer me{static_cast<double>(r.busy_ppm) / kPpm, r.iteration_ns, c.hello.priority};

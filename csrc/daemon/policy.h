@@ -3,7 +3,8 @@
 // kernels get, from what every process recently reported.
 //
 // Processes report how busy their compute engine was over a recent window
-// (a fraction `busy`), not their kernels: the hot path stays local. A
+// (a fraction `busy`), not their kernels: the hot path stays local (and the
+// handler counts a process only while its work may still run). A
 // policy therefore answers in expectation. Treating the others' busy
 // fractions as independent, the share a process gets while it has work is
 //   E over the set S of others that have work at the same time [ share(S) ],
@@ -44,7 +45,7 @@ struct SharingConfig {
   // than stale_ns (real time) no longer counts (the process went quiet).
   TimeNs report_ns = 2'000'000;
   TimeNs window_ns = 500'000'000;
-  TimeNs stale_ns = 1'000'000'000;
+  TimeNs stale_ns = 5'000'000'000;
 };
 
 // What a process reported about its compute on one GPU.

@@ -125,9 +125,9 @@ class ShareHandlerTime : public ::testing::Test {
     EXPECT_EQ(reply.type, MessageType::kWelcome);
     return id;
   }
-  ShareGrant share(uint64_t client, double busy, emugpu::TimeNs now = 0) {
+  ShareGrant share(uint64_t client, double busy, emugpu::TimeNs now = 0, emugpu::TimeNs busy_until = 0) {
     const auto ppm = static_cast<uint32_t>(busy * kPpm);
-    const Message m = as_message(handler.handle(client, as_message(encode_share(4, {0, ppm, 1000, now}))));
+    const Message m = as_message(handler.handle(client, as_message(encode_share(4, {0, ppm, 1000, now, busy_until}))));
     EXPECT_EQ(m.type, MessageType::kShareReply);
     return decode_share_reply(m);
   }
@@ -153,7 +153,7 @@ TEST_F(ShareHandlerTime, AProcessThatWentQuietOrAwayNoLongerCounts) {
   const uint64_t a = attach(1), b = attach(2), c = attach(3);
   share(a, 1.0);
   share(b, 1.0);
-  real += 2'000'000'000;  // b and a stop reporting: past the staleness limit
+  real += 6'000'000'000;  // b and a stop reporting: past the staleness limit
   EXPECT_EQ(share(c, 1.0).rate_ppm, kPpm);
   share(a, 1.0);
   handler.disconnect(a);
@@ -169,10 +169,20 @@ TEST_F(ShareHandlerTime, ProcessesLearnTheEarliestClockOfTheOthers) {
   const uint64_t c = handler.connect();
   const Message w = as_message(handler.handle(c, as_message(encode_hello(1, {3, "virtual", "late", 0}))));
   EXPECT_EQ(decode_welcome(w).now_ns, 700);
-  real += 2'000'000'000;  // everyone went quiet
+  real += 6'000'000'000;  // everyone went quiet
   const uint64_t d = handler.connect();
   const Message w2 = as_message(handler.handle(d, as_message(encode_hello(1, {4, "virtual", "later", 0}))));
   EXPECT_EQ(decode_welcome(w2).now_ns, 0);
+}
+
+TEST_F(ShareHandlerTime, AProcessCountsOnlyWhileItsWorkMayStillRun) {
+  const uint64_t a = attach(1), b = attach(2);
+  const emugpu::TimeNs grace = SharingConfig{}.window_ns / 5;
+  share(a, 1.0, 1000, 5000);  // busy until 5000
+  EXPECT_EQ(share(b, 1.0, 4000).sharers, 1u);
+  EXPECT_EQ(share(b, 1.0, 5000 + grace).sharers, 1u);
+  EXPECT_EQ(share(b, 1.0, 5001 + grace).sharers, 0u);       // a went quiet: its queue ended long ago
+  EXPECT_EQ(share(b, 1.0, 5001 + grace).lowest_now, 1000);  // yet its clock still paces b
 }
 
 TEST_F(ShareHandlerTime, ReportsOfUnknownGpusOrBeforeHelloAreRefused) {

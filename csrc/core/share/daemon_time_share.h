@@ -1,13 +1,15 @@
 // One emulated device's compute as a share of an emugpud GPU (time_share.h):
 // the device's reports go to the daemon, whose policy grants the share.
 //
-// Under the virtual clock the attached processes' clocks also stay within
-// kSkew of each other (a window / 5): a report from a process further ahead
-// of the earliest live one waits, in real time, until that one catches up
-// or goes quiet (the daemon drops it after its staleness limit). So a
-// process never places work far beyond the time up to which the others'
+// Under the virtual clock the attached processes' clocks also stay within a
+// fifth of a window of each other: a report from a process further ahead of
+// the earliest live one waits, in real time, until that one catches up. So
+// a process never places work far beyond the time up to which the others'
 // busy fractions are known, and one that starts or stops is seen by the
-// others within that bound.
+// others within that bound. A laggard that does not move for kPatience of
+// real time (blocked outside the emulator: on this process, on input, on a
+// rank that waits for this one) is not waited for again until it moves:
+// pacing must never deadlock.
 #pragma once
 
 #include <algorithm>
@@ -32,10 +34,15 @@ class DaemonTimeShare final : public TimeShare {
   TimeNs window_ns() const override { return client_->welcome().window_ns; }
   double report(const Report& r) override {
     const auto busy = static_cast<uint32_t>(std::clamp(r.busy, 0.0, 1.0) * kPpm + 0.5);
-    const ShareReport report{gpu_, busy, std::max<TimeNs>(r.iteration_ns, 0), r.now};
+    const ShareReport report{gpu_, busy, std::max<TimeNs>(r.iteration_ns, 0), r.now, r.busy_until};
     ShareGrant grant = client_->share(report);
     const TimeNs skew = window_ns() / 5;
-    while (keep_pace_ && grant.lowest_now != kNoTime && r.now > grant.lowest_now + skew) {
+    const auto give_up = std::chrono::steady_clock::now() + kPatience;
+    while (keep_pace_ && grant.lowest_now != kNoTime && grant.lowest_now != stuck_ && r.now > grant.lowest_now + skew) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        stuck_ = grant.lowest_now;
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::nanoseconds(report_ns()));
       grant = client_->share(report);
     }
@@ -45,7 +52,9 @@ class DaemonTimeShare final : public TimeShare {
  private:
   std::shared_ptr<Client> client_;
   uint32_t gpu_;
+  static constexpr std::chrono::milliseconds kPatience{250};
   bool keep_pace_;
+  TimeNs stuck_ = kNoTime;  // a laggard's time that did not move within kPatience
 };
 
 }  // namespace emugpu::share

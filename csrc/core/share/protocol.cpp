@@ -195,6 +195,7 @@ std::vector<uint8_t> encode_share(uint32_t id, const ShareReport& r) {
                     .put<uint32_t>(r.busy_ppm)
                     .put<int64_t>(r.iteration_ns)
                     .put<int64_t>(r.now_ns)
+                    .put<int64_t>(r.busy_until_ns)
                     .take());
 }
 
@@ -286,6 +287,7 @@ ShareReport decode_share(const Message& m) {
   out.busy_ppm = ppm(r, "a busy fraction");
   out.iteration_ns = r.get<int64_t>();
   out.now_ns = r.get<int64_t>();
+  out.busy_until_ns = r.get<int64_t>();
   EMUGPU_CHECK(out.iteration_ns >= 0, kRuntime,
                "emugpud protocol: expected an iteration time >= 0 ns in a share "
                "report, got ",

@@ -79,9 +79,10 @@ struct Welcome {
 // time while it launches work (never per op).
 struct ShareReport {
   uint32_t gpu = 0;
-  uint32_t busy_ppm = 0;     // fraction of the recent window its compute engine had work, in millionths
-  int64_t iteration_ns = 0;  // its compute work between host waits, on the GPU alone (recent average)
-  int64_t now_ns = 0;        // its clock's time
+  uint32_t busy_ppm = 0;      // fraction of the recent window its compute engine had work, in millionths
+  int64_t iteration_ns = 0;   // its compute work between host waits, on the GPU alone (recent average)
+  int64_t now_ns = 0;         // its clock's time
+  int64_t busy_until_ns = 0;  // where the compute it launched so far ends
 };
 
 struct ShareGrant {

@@ -1,0 +1,160 @@
+"""emugpud shares its GPUs' time: processes attached to one daemon run their
+kernels at the share its policy grants (time-slice, fair, fifo, priority,
+none), give it back when they stop, and keep their virtual clocks together.
+
+The jobs run the virtual clock with the modelled host, so their emulated
+times do not depend on this machine's load; they start their timed loops
+together (a line on stdin) so that they overlap. Every wait is bounded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from statistics import median
+
+import pytest
+from conftest import REPO
+from test_daemon import TIMEOUT, Daemon, env
+
+pytestmark = pytest.mark.slow  # processes and a daemon: scripts/test.sh --fast leaves them out
+
+# A GPU-bound training-like loop: ITERS iterations of 20 large matmuls and a
+# read-back, timed by the script's own clock (virtual here). Prints its
+# iteration times (ms) and its share as the daemon saw it.
+JOB = """
+import json, os, sys, time, torch, torch_emugpu
+iters = int(sys.argv[1])
+x = torch.randn(4096, 4096, device="emugpu")
+w = torch.randn(4096, 4096, device="emugpu")
+for _ in range(2):
+    (x @ w).sum().item()
+print("ready", flush=True)
+sys.stdin.readline()
+times = []
+for i in range(iters):
+    t0 = time.perf_counter()
+    for _ in range(20):
+        y = x @ w
+    y.sum().item()
+    times.append((time.perf_counter() - t0) * 1e3)
+me = [p for p in torch_emugpu._C._daemon_status(os.environ["EMUGPU_DAEMON"])["processes"] if p["pid"] == os.getpid()]
+print(json.dumps({"times": times, "share": me[0]["share"][0], "busy": me[0]["busy"][0]}), flush=True)
+"""
+
+ALONE_MS = 54.76  # 20 fp32 4096^3 matmuls on an H100, as the cost model times them (measured below too)
+
+
+def start(address: str, iters: int, **extra: str) -> subprocess.Popen:
+    e = env(address, EMUGPU_CLOCK="virtual", EMUGPU_HOST="modelled", **extra)
+    p = subprocess.Popen(
+        [sys.executable, "-c", JOB, str(iters)],
+        env=e,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line.strip() == "ready", p.stderr.read() if p.stderr else ""
+    return p
+
+
+def run_together(jobs: list[subprocess.Popen]) -> list[dict]:
+    import json
+
+    for p in jobs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = []
+    for p in jobs:
+        out, err = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+@pytest.fixture
+def tmp_daemon(tmp_path: Path, request: pytest.FixtureRequest):
+    daemons: list[Daemon] = []
+
+    def make(sharing: str) -> Daemon:
+        d = Daemon(tmp_path, gpus="h100:1", sharing=sharing)
+        daemons.append(d)
+        return d
+
+    yield make
+    for d in daemons:
+        if d.proc.poll() is None:
+            d.stop()
+
+
+def alone_ms(results: dict) -> float:
+    return results["times"][-1]
+
+
+@pytest.mark.parametrize(
+    ("sharing", "factor"),
+    [("fair", 1.0), ("fifo", 1.0), ("time-slice", 2025 / 2000)],  # time slices lose a 25 us switch in 2 ms
+)
+def test_identical_gpu_bound_jobs_each_get_an_equal_share(tmp_daemon, sharing: str, factor: float) -> None:
+    d = tmp_daemon(sharing)
+    alone = run_together([start(d.address, 4)])[0]
+    assert alone["times"][-1] == pytest.approx(ALONE_MS, rel=0.02)
+    results = run_together([start(d.address, 30), start(d.address, 30)])
+    for r in results:
+        # Each iteration takes twice as long; the first ones may not yet (a busy fraction takes a
+        # report to be known), and the last may run alone (the other finished first).
+        assert median(r["times"]) == pytest.approx(2 * alone_ms(alone) * factor, rel=0.01), r["times"]
+        assert r["share"] == pytest.approx(0.5 / factor, rel=0.01)
+        assert r["busy"] > 0.95
+
+
+def test_without_time_sharing_each_job_has_the_whole_gpu(tmp_daemon) -> None:
+    d = tmp_daemon("none")
+    results = run_together([start(d.address, 10), start(d.address, 10)])
+    for r in results:
+        assert r["times"][-1] == pytest.approx(ALONE_MS, rel=0.01)
+        assert r["share"] == 1.0
+
+
+def test_a_job_that_stops_gives_the_gpu_back(tmp_daemon) -> None:
+    d = tmp_daemon("fair")
+    short, long = run_together([start(d.address, 10), start(d.address, 60)])
+    assert short["times"][-1] == pytest.approx(2 * ALONE_MS, rel=0.03)
+    # The long job shared while the short one ran, then had the GPU alone again.
+    assert max(long["times"]) == pytest.approx(2 * ALONE_MS, rel=0.03)
+    assert long["times"][-1] == pytest.approx(ALONE_MS, rel=0.01)
+    assert long["share"] == 1.0
+
+
+def test_a_higher_priority_job_takes_the_gpu(tmp_daemon) -> None:
+    d = tmp_daemon("priority")
+    high, low = run_together([start(d.address, 40, EMUGPU_PRIORITY="5"), start(d.address, 4)])
+    assert median(high["times"]) == pytest.approx(ALONE_MS, rel=0.01)
+    # Starved while the high one ran (the least share, 1%: an iteration launched then is timed at it,
+    # even if the high one leaves during it); alone once it left.
+    assert max(low["times"]) > 10 * ALONE_MS
+    assert low["times"][-1] == pytest.approx(ALONE_MS, rel=0.01)
+
+
+def test_an_unknown_policy_or_priority_is_refused_listing_the_valid(tmp_path: Path) -> None:
+    from torch_emugpu.cli import daemon as daemon_cli
+
+    cmd = daemon_cli.command("h100:1", f"unix:{tmp_path / 's.sock'}")
+    out = subprocess.run(cmd + ["--sharing", "round-robin"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 2
+    assert "none, time-slice, fair, fifo, priority" in out.stderr
+    bad = subprocess.run(
+        [sys.executable, "-c", "import torch, torch_emugpu; torch.empty(1, device='emugpu')"],
+        env=env(f"unix:{tmp_path / 's.sock'}", EMUGPU_PRIORITY="urgent"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=REPO,
+    )
+    assert bad.returncode != 0
+    assert "EMUGPU_PRIORITY: expected an integer priority" in bad.stderr
