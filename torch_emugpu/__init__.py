@@ -198,10 +198,12 @@ def _register() -> None:
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from .device import _loader_clock, _sharing, _shutdown, _ties
+    from .device import _loader_clock, _sharing, _shutdown, _ties, as_cuda
     from .distributed import _parallel
     from .timing import planner
 
+    if as_cuda.requested():
+        as_cuda.install()  # first: it narrows the device count to CUDA_VISIBLE_DEVICES before configuration
     _parallel.install()
     _loader_clock.install()
     _start_virtual_clock()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from torch_emugpu import _C
+from torch_emugpu.device import as_cuda
 
 DeviceLike = torch.device | str | int | None
 
@@ -33,12 +34,14 @@ def index(device: DeviceLike = None) -> int:
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
-        if device.type != "emugpu":
+        if device.type != "emugpu" and not (device.type == "cuda" and as_cuda.active()):
             raise ValueError(f"expected an emugpu device, got {device}")
         device = int(_C._current_device()) if device.index is None else device.index
     if isinstance(device, int):
         n = int(_C._device_count())
         if not 0 <= device < n:
+            if as_cuda.active():
+                raise as_cuda.invalid_ordinal(device)
             raise IndexError(
                 f"emugpu device index out of range: expected 0 <= index < {n}, got {device};"
                 " set EMUGPU_DEVICE_COUNT for more devices"

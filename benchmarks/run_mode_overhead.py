@@ -1,0 +1,70 @@
+"""Host time per op of a script in run mode (`torch-emugpu run`, where "cuda"
+names the emulated GPU) against the same script on native emugpu, in one
+process: a resnet50 (SGD) and a GPT-2-shaped decoder (AdamW; its forward makes
+its position ids with torch.arange(device=...) every step) training step,
+built and fed through "cuda" device arguments in run mode and "emugpu" ones
+natively, alternately, R rounds. Run mode translates device arguments only
+where they occur, so the ratio should be 1. Target: at most 1.05x.
+
+    python benchmarks/run_mode_overhead.py [--steps N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+
+import torch
+from overhead import make_step, measure, resnet50  # benchmarks/ is the script's directory
+
+import torch_emugpu
+from torch_emugpu.device import as_cuda
+from torch_emugpu.measure.models import GPT, GPTConfig
+
+Build = Callable[[str], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]]
+
+
+def gpt(device: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    # GPT-2 small's layers and width with a smaller vocabulary and 6 layers: the same ops per
+    # layer at a quarter of the host memory (timing mode's cost per op does not depend on sizes).
+    model = GPT(GPTConfig(vocab_size=8192, layers=6)).to(device)
+    idx = torch.zeros(8, 1024, dtype=torch.long, device=device)
+    return model, idx, idx
+
+
+def per_op_us(build: Build, device: str, optimizer: str, steps: int) -> float:
+    model, x, y = build(device)
+    host_s, ops = measure(make_step(model, x, y, optimizer), steps, True)
+    del model, x, y
+    torch.emugpu.synchronize()
+    return host_s / ops * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per round and setting (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the two settings (default 3)")
+    args = parser.parse_args()
+    torch_emugpu.configure(gpu="h100", clock="virtual", host="modelled")  # nothing sleeps: wall time is host time
+    print(f"torch {torch.__version__}, emulated {torch.emugpu.get_device_name()}, timing mode, virtual clock")
+    cases: list[tuple[str, Build, str]] = [("resnet50", resnet50, "sgd"), ("gpt2-like", gpt, "adamw")]
+    for name, build, optimizer in cases:
+        native, run_mode = [], []
+        for r in range(args.rounds):
+            native.append(per_op_us(build, "emugpu", optimizer, args.steps))
+            as_cuda.install()
+            try:
+                run_mode.append(per_op_us(build, "cuda", optimizer, args.steps))
+            finally:
+                as_cuda.uninstall()
+            print(f"{name} round {r + 1}: native {native[-1]:.2f} us/op, run mode {run_mode[-1]:.2f} us/op")
+        a, b = statistics.median(native), statistics.median(run_mode)
+        print(
+            f"{name:10s} run mode/native = {b / a:.3f}x "
+            f"(median host time per op: run mode {b:.2f} us, native {a:.2f} us)"
+        )
+
+
+if __name__ == "__main__":
+    main()
