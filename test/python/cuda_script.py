@@ -20,6 +20,10 @@ props = torch.cuda.get_device_properties(0)
 out["name"] = torch.cuda.get_device_name(0)
 out["props"] = [props.name, props.total_memory, props.multi_processor_count]
 out["capability"] = list(torch.cuda.get_device_capability())
+accelerator = torch.accelerator.current_accelerator()
+out["accelerator"] = [accelerator.type, torch.accelerator.device_count()]
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4, pin_memory=True)
+out["pinned_batch"] = next(iter(loader))[0].is_pinned()  # torch's own code still sees emugpu as the accelerator
 torch.backends.cudnn.benchmark = True
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True

@@ -57,6 +57,8 @@ def test_the_script_sees_an_available_cuda_gpu(script):
     assert "H100" in script["name"] and script["props"][0] == script["name"]
     assert script["props"][1] > 70 * 2**30 and script["props"][2] > 100
     assert script["capability"] == [9, 0]
+    assert script["accelerator"] == ["cuda", 2]  # scripts that branch on device.type == "cuda" take that branch
+    assert script["pinned_batch"] is True
 
 
 def test_model_and_tensors_land_on_the_emulated_gpu(script):
@@ -251,6 +253,39 @@ def test_spawned_children_and_dataloader_workers_inherit_the_mode(tmp_path):
         [sys.executable, str(path)], env=_env(EMUGPU_AS_CUDA="1"), capture_output=True, text=True, timeout=300
     )
     assert last_json(r) == [[[0, True, "emugpu:0"], [1, True, "emugpu:0"]], [1.0, 1.0]]
+
+
+@pytest.mark.slow
+def test_torchrun_workers_with_nccl_and_ddp(tmp_path):
+    path = tmp_path / "ddp.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import json, os, torch, torch.distributed as dist
+            dist.init_process_group(backend="nccl")
+            local_rank = int(os.environ["LOCAL_RANK"])
+            torch.cuda.set_device(local_rank)
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8).cuda(), device_ids=[local_rank])
+            model(torch.randn(4, 8, device="cuda")).sum().backward()
+            torch.cuda.synchronize()
+            flag = torch.tensor([1.0], device=f"cuda:{local_rank}")
+            dist.all_reduce(flag)
+            result = [dist.get_backend(), str(next(model.parameters()).device), torch.cuda.device_count(),
+                      torch.cuda.max_memory_allocated() > 0]
+            with open(os.path.join(os.path.dirname(__file__), f"rank{local_rank}.json"), "w") as f:
+                json.dump(result, f)
+            dist.destroy_process_group()
+            """
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "torch_emugpu", "run", "--", sys.executable, "-m", "torch.distributed.run",
+         "--standalone", "--nproc-per-node", "2", str(path)],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert lines == [["emu", "emugpu:0", 2, True], ["emu", "emugpu:1", 2, True]]
 
 
 @pytest.mark.slow

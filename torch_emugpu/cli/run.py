@@ -31,6 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--mode", choices=["timing", "compute"], default=None, help="timing (default) or compute")
     p.add_argument("--clock", choices=["real", "virtual"], default=None, help="real (default) or virtual")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="at exit, each process prints per emulated GPU it used: peak memory and compute busy time",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
 
 
@@ -48,6 +53,8 @@ def environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str
         env["EMUGPU_MODE"] = args.mode
     if args.clock is not None:
         env["EMUGPU_CLOCK"] = args.clock
+    if args.report:
+        env["EMUGPU_AS_CUDA_REPORT"] = "1"
     return env
 
 

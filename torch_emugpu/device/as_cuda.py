@@ -343,6 +343,27 @@ def _device_type_first(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _called_from_torch() -> bool:
+    """Whether the caller of the caller is torch's own code (not a script's or another library's)."""
+    name = sys._getframe(2).f_globals.get("__name__", "")
+    return name == "torch" or name.startswith("torch.")
+
+
+def _current_accelerator(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch.accelerator.current_accelerator() is "cuda" to scripts and libraries, which then take
+    their CUDA paths (`if device.type == "cuda": torch.cuda.set_device(...)`); torch's own callers
+    go on getting emugpu, which they hand to C++ (pinned memory, streams) where "cuda" would fail."""
+
+    @functools.wraps(original)
+    def current_accelerator(*args: Any, **kwargs: Any) -> Any:
+        device = original(*args, **kwargs)
+        if device is not None and device.type == "emugpu" and not _called_from_torch():
+            return torch.device("cuda", device.index) if device.index is not None else torch.device("cuda")
+        return device
+
+    return current_accelerator
+
+
 # --- install ---------------------------------------------------------------------
 
 
@@ -350,8 +371,12 @@ def narrow_to_visible_devices(environ: dict[str, str] | os._Environ[str] = os.en
     """Applies CUDA_VISIBLE_DEVICES to the emulated GPU count before the device is configured:
     the script sees as many GPUs as CUDA would, numbered from 0. The count before narrowing is
     kept in EMUGPU_AS_CUDA_GPUS, so a child with a CUDA_VISIBLE_DEVICES of its own narrows the
-    same GPUs."""
+    same GPUs. Launchers (torchrun) leave it to their workers, whose default count they set."""
     global _visible
+    from torch_emugpu import _is_launcher
+
+    if environ.get("CUDA_VISIBLE_DEVICES") is None or _is_launcher():
+        return
     physical_text = environ.get(PHYSICAL_ENV) or environ.get("EMUGPU_DEVICE_COUNT") or environ.get("LOCAL_WORLD_SIZE")
     try:
         physical = int(physical_text) if physical_text else 1
@@ -392,6 +417,7 @@ def install() -> None:
 
     for name, value in _cuda_functions().items():
         _replace(torch.cuda, name, value)
+    _replace(torch.accelerator, "current_accelerator", _current_accelerator(torch.accelerator.current_accelerator))
 
     _patch_init(torch.amp.autocast_mode.autocast, "device_type", 0, _translate_device_type)
     _patch_init(torch.amp.GradScaler, "device", 0, _translate_device_type)
@@ -460,8 +486,33 @@ def _cpu_s() -> float:
     return times.user + times.system
 
 
+def _report() -> None:
+    """EMUGPU_AS_CUDA_REPORT=1 (`torch-emugpu run --report`): one line per emulated GPU this process used."""
+    from torch_emugpu import _C
+
+    if not _C._configured():
+        return
+    name = _C._device_properties(0)["name"]
+    for index in range(int(_C._device_count())):
+        stats = _C._memory_stats(index)
+        if int(stats["allocation"]["all"]["allocated"]) == 0:
+            continue
+        busy_s = _C._engine_stats(index)["compute"][1] / 1e9
+        print(
+            f"torch-emugpu run: pid {os.getpid()} cuda:{index} = emulated {name}: "
+            f"peak allocated {int(stats['allocated_bytes']['all']['peak']) / 2**20:.1f} MiB, "
+            f"peak reserved {int(stats['reserved_bytes']['all']['peak']) / 2**20:.1f} MiB, "
+            f"compute busy {busy_s:.3f} s",
+            file=sys.stderr,
+        )
+
+
 def _check_gpu_used() -> None:
-    if not _installed or os.environ.get("EMUGPU_AS_CUDA_QUIET", "") == "1":
+    if not _installed:
+        return
+    if os.environ.get("EMUGPU_AS_CUDA_REPORT", "") == "1":
+        _report()
+    if os.environ.get("EMUGPU_AS_CUDA_QUIET", "") == "1":
         return
     from torch.utils.data import get_worker_info
 
