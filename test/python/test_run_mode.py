@@ -289,6 +289,32 @@ def test_torchrun_workers_with_nccl_and_ddp(tmp_path):
 
 
 @pytest.mark.slow
+def test_init_device_mesh_gives_each_torchrun_rank_its_own_gpu(tmp_path):
+    path = tmp_path / "mesh.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import json, os, torch
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh = init_device_mesh("cuda", (2,))
+            rank = int(os.environ["LOCAL_RANK"])
+            with open(os.path.join(os.path.dirname(__file__), f"rank{rank}.json"), "w") as f:
+                json.dump([mesh.device_type, torch.cuda.current_device(), str(torch.zeros(1, device="cuda").device)], f)
+            torch.distributed.destroy_process_group()
+            """
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "torch_emugpu", "run", "--", sys.executable, "-m", "torch.distributed.run",
+         "--standalone", "--nproc-per-node", "2", str(path)],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert ranks == [["emugpu", 0, "emugpu:0"], ["emugpu", 1, "emugpu:1"]]
+
+
+@pytest.mark.slow
 def test_a_process_that_stays_on_the_cpu_is_warned_once():
     burn = """
         import time, torch

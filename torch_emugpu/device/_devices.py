@@ -16,6 +16,25 @@ def ensure_configured() -> None:
     _C._ensure_configured()
 
 
+_context = False  # a device context exists (torch.cuda.is_initialized's meaning)
+
+
+def context_created() -> None:
+    global _context
+    _context = True
+
+
+def has_context() -> bool:
+    """Whether a device was selected, initialized or allocated on (not merely counted)."""
+    global _context
+    if not _context and _C._configured():
+        # Allocations come from C++ paths (factories, copies) that never pass through Python here.
+        _context = any(
+            int(_C._memory_stats(i)["allocation"]["all"]["allocated"]) > 0 for i in range(int(_C._device_count()))
+        )
+    return _context
+
+
 def count() -> int:
     ensure_configured()
     return int(_C._device_count())
@@ -23,12 +42,15 @@ def count() -> int:
 
 def current() -> int:
     ensure_configured()
+    context_created()
     return int(_C._current_device())
 
 
 def index(device: DeviceLike = None) -> int:
-    """The emugpu device index `device` names; IndexError when out of range."""
+    """The emugpu device index `device` names; IndexError when out of range. Naming a device
+    (set_device, synchronize, streams, properties) creates its context, as in CUDA."""
     ensure_configured()
+    context_created()
     if device is None:
         return int(_C._current_device())
     if isinstance(device, str):

@@ -231,7 +231,7 @@ def _cuda_functions() -> dict[str, Any]:
             "is_available": lambda: _visible_now() > 0,
             "device_count": _visible_now,
             "is_initialized": emu.is_initialized,
-            "init": emu._lazy_init,
+            "init": emu.init,
             "_lazy_init": emu._lazy_init,
             "_is_in_bad_fork": emu._is_in_bad_fork,
             "ipc_collect": lambda: None,
