@@ -68,6 +68,22 @@ with torch.amp.autocast(device_type="cuda", dtype=torch.float16):
     logits = model(x)
     loss = F.cross_entropy(logits, y)
 out["autocast_fp16_dtype"] = str(logits.dtype)
+
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float16)
+    def forward(ctx, a):
+        return a * 2
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad):
+        return grad * 2
+
+
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    out["custom_fwd_dtype"] = str(Double.apply(torch.randn(2, device="cuda")).dtype)  # cast_inputs applies
 scaler.scale(loss).backward()
 scaler.step(opt)
 scaler.update()

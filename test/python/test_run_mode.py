@@ -86,6 +86,7 @@ def test_amp_runs_on_the_emulated_gpu(script):
     assert script["autocast_dtype"] == "torch.bfloat16"
     assert script["autocast_fp16_dtype"] == "torch.float16"
     assert script["scaler_enabled"] == [True, False]
+    assert script["custom_fwd_dtype"] == "torch.float16"
 
 
 def test_streams_events_devices_and_rng(script):
