@@ -3,11 +3,17 @@ names the emulated GPU) against the same script on native emugpu, in one
 process: a resnet50 (SGD) and a GPT-2-shaped decoder (AdamW; its forward makes
 its position ids with torch.arange(device=...) every step) training step,
 built and fed through "cuda" device arguments in run mode and "emugpu" ones
-natively, alternately, R rounds. Host time is the process's CPU time (all
+natively, alternately (each round in the other order), R rounds. Host time is the process's CPU time (all
 threads: autograd runs backward ops on a thread of its own), which other
 processes on a busy machine disturb less than wall time. Run mode translates
 device arguments only where they occur, so the ratio should be 1. Target: at
 most 1.05x.
+
+A busy host moves single rounds by more than that, so the script also prints
+a bound that does not depend on the host's load: the calls into run mode's
+wrappers per step (counted with sys.setprofile) times a wrapper's own cost (a
+wrapped against an unwrapped `Tensor.to` that returns its input, timed in a
+tight loop), over the step's ops times the native cost per op.
 
     python benchmarks/run_mode_overhead.py [--steps N] [--rounds R]
 """
@@ -16,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from types import FrameType
 
 import torch
 from overhead import make_step, resnet50  # benchmarks/ is the script's directory
@@ -61,6 +69,54 @@ def per_op_us(build: Build, device: str, optimizer: str, steps: int) -> float:
     return statistics.median(samples) * 1e6
 
 
+def wrapper_calls_per_step(build: Build, optimizer: str) -> tuple[int, int]:
+    """(calls of functions in as_cuda.py, ops) in one warm run-mode step: an upper bound on wrapper entries."""
+    as_cuda.install()
+    try:
+        model, x, y = build("cuda")
+        step = make_step(model, x, y, optimizer)
+        step()
+        calls = 0
+
+        def count(frame: FrameType, event: str, _: object) -> None:
+            nonlocal calls
+            if event == "call" and frame.f_code.co_filename == as_cuda.__file__:
+                calls += 1
+
+        torch.emugpu.synchronize()
+        _C._reset_engine_stats(0)
+        sys.setprofile(count)
+        try:
+            step()
+        finally:
+            sys.setprofile(None)
+        torch.emugpu.synchronize()
+        ops = int(_C._engine_stats(0)["compute"][0])
+        del model, x, y, step
+        return calls, ops
+    finally:
+        as_cuda.uninstall()
+
+
+def wrapper_cost_us(n: int = 200_000) -> float:
+    """Microseconds a wrapper adds to a call: a wrapped `Tensor.to(dtype)` that returns its input against the
+    unwrapped one, best of 5."""
+    x = torch.empty(4, device="emugpu")
+    original = torch._C.TensorBase.to
+    wrapped = as_cuda._tensor_to(original)
+    plain, through_wrapper = float("inf"), float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            original(x, torch.float32)
+        t1 = time.perf_counter_ns()
+        for _ in range(n):
+            wrapped(x, torch.float32)
+        t2 = time.perf_counter_ns()
+        plain, through_wrapper = min(plain, t1 - t0), min(through_wrapper, t2 - t1)
+    return max(through_wrapper - plain, 0) / n / 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10, help="measured steps per round and setting (default 10)")
@@ -68,21 +124,31 @@ def main() -> None:
     args = parser.parse_args()
     torch_emugpu.configure(gpu="h100", clock="virtual", host="modelled")  # nothing sleeps: wall time is host time
     print(f"torch {torch.__version__}, emulated {torch.emugpu.get_device_name()}, timing mode, virtual clock")
+    cost_us = wrapper_cost_us()
+    print(f"a wrapper adds {cost_us:.3f} us to a call")
     cases: list[tuple[str, Build, str]] = [("resnet50", resnet50, "sgd"), ("gpt2-like", gpt, "adamw")]
     for name, build, optimizer in cases:
         native, run_mode = [], []
         for r in range(args.rounds):
-            native.append(per_op_us(build, "emugpu", optimizer, args.steps))
-            as_cuda.install()
-            try:
-                run_mode.append(per_op_us(build, "cuda", optimizer, args.steps))
-            finally:
-                as_cuda.uninstall()
+            for setting in ("native", "run mode") if r % 2 == 0 else ("run mode", "native"):  # no order bias
+                if setting == "native":
+                    native.append(per_op_us(build, "emugpu", optimizer, args.steps))
+                    continue
+                as_cuda.install()
+                try:
+                    run_mode.append(per_op_us(build, "cuda", optimizer, args.steps))
+                finally:
+                    as_cuda.uninstall()
             print(f"{name} round {r + 1}: native {native[-1]:.2f} us/op, run mode {run_mode[-1]:.2f} us/op")
         a, b = statistics.median(native), statistics.median(run_mode)
         print(
             f"{name:10s} run mode/native = {b / a:.3f}x "
             f"(median CPU time per op: run mode {b:.2f} us, native {a:.2f} us)"
+        )
+        calls, ops = wrapper_calls_per_step(build, optimizer)
+        print(
+            f"{name:10s} bound: {calls} run-mode calls per step x {cost_us:.3f} us over {ops} ops x {a:.2f} us "
+            f"= {1 + calls * cost_us / (ops * a):.4f}x"
         )
 
 

@@ -172,6 +172,34 @@ def test_nccl_becomes_backend_emu():
     assert last_json(r) == ["emu", "emu", "emugpu:0"]
 
 
+def test_torchscript_compiles_through_the_wrappers(tmp_path):
+    path = tmp_path / "scripted.py"  # TorchScript reads the source: a file, not -c
+    path.write_text(
+        textwrap.dedent(
+            """
+            from typing import Optional
+            import torch
+
+            @torch.jit.script
+            def frequencies(n: int, like: torch.Tensor, g: Optional[torch.Generator] = None) -> torch.Tensor:
+                return torch.zeros(n, device=like.device) + torch.fft.fftfreq(n, device=like.device)
+
+            @torch.jit.script
+            def internal_annotation(x: torch.Tensor, g: Optional[torch._C.Generator] = None) -> torch.Tensor:
+                return x + 1  # torch's own annotations name torch._C.Generator
+
+            x = torch.ones(1, device="cuda")
+            print(frequencies(4, x).device, internal_annotation(x).device)
+            """
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, str(path)], env=_env(EMUGPU_AS_CUDA="1"), capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["emugpu:0", "emugpu:0"]
+
+
 def test_backend_strings_translate():
     assert as_cuda._translate_backend("nccl") == "emu"
     assert as_cuda._translate_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,emugpu:emu"

@@ -163,6 +163,17 @@ def _device_kwarg(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _as_builtin(wrapper: Callable[..., Any], op: str) -> Callable[..., Any]:
+    """TorchScript compiles calls of `wrapper` as the aten op `op`, as it did the function it wraps."""
+    from torch.jit import _builtins
+
+    if _builtins._builtin_table is None:  # built at the first scripting, from this list among others
+        _builtins._builtin_ops.append((wrapper, op))
+    else:
+        _builtins._register_builtin(wrapper, op)
+    return wrapper
+
+
 def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -216,6 +227,17 @@ class Generator(metaclass=_GeneratorType):
 
     def __new__(cls, device: Any = "cpu") -> torch._C.Generator:  # type: ignore[misc]
         return torch._C.Generator(to_emugpu(device))
+
+
+def _generator_annotation(original: Callable[..., Any]) -> Callable[..., Any]:
+    """TorchScript knows a Generator annotation by identity with torch.Generator: annotations
+    evaluated before run mode (torch's own) name torch._C.Generator."""
+
+    @functools.wraps(original)
+    def try_ann_to_type(ann: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(Generator if ann is torch._C.Generator else ann, *args, **kwargs)
+
+    return try_ann_to_type
 
 
 # --- torch.cuda ------------------------------------------------------------------
@@ -404,14 +426,17 @@ def install() -> None:
 
     for name in FACTORIES:
         if hasattr(torch, name):
-            _replace(torch, name, _device_kwarg(getattr(torch, name)))
+            _replace(torch, name, _as_builtin(_device_kwarg(getattr(torch, name)), f"aten::{name}"))
     for name in FFT_FACTORIES:
-        _replace(torch.fft, name, _device_kwarg(getattr(torch.fft, name)))
+        _replace(torch.fft, name, _as_builtin(_device_kwarg(getattr(torch.fft, name)), f"aten::fft_{name}"))
     for name in TENSOR_METHODS:
         _replace(torch.Tensor, name, _device_kwarg(getattr(torch._C.TensorBase, name)))
     _replace(torch.Tensor, "to", _tensor_to(torch._C.TensorBase.to))
     _replace(torch.Tensor, "cuda", _tensor_cuda)
     _replace(torch, "Generator", Generator)
+    from torch.jit import annotations
+
+    _replace(annotations, "try_ann_to_type", _generator_annotation(annotations.try_ann_to_type))
     _replace(torch, "set_default_device", _device_kwarg_first(torch.set_default_device))
     _patch_init(device_context.DeviceContext, "device", 0, to_emugpu)
 
