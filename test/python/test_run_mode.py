@@ -250,6 +250,17 @@ def test_run_without_a_command_says_what_to_do():
     assert "expected a command" in r.stderr
 
 
+def test_run_with_an_unknown_gpu_or_command_says_what_is_wrong():
+    for argv, message in (
+        (["--gpu", "h999", "--", sys.executable, "-c", "pass"], "unknown GPU 'h999'; did you mean"),
+        (["--", "no-such-command-29"], "command not found: 'no-such-command-29'"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "torch_emugpu", "run", *argv], capture_output=True, text=True, env=_env(), cwd=REPO
+        )
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
 @pytest.mark.slow
 def test_spawned_children_and_dataloader_workers_inherit_the_mode(tmp_path):
     path = tmp_path / "spawning.py"  # spawn re-imports the main module: a file, not -c
