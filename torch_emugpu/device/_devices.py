@@ -3,12 +3,17 @@ torch.device), shared by torch.emugpu's device, stream and memory functions."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from torch_emugpu import _C
-from torch_emugpu.device import as_cuda
 
 DeviceLike = torch.device | str | int | None
+
+# Run mode (as_cuda.install) sets this: "cuda" devices name emugpu ones, and an ordinal out of range
+# raises CUDA's error, which this makes.
+cuda_ordinal_error: Callable[[int], Exception] | None = None
 
 
 def ensure_configured() -> None:
@@ -56,14 +61,14 @@ def index(device: DeviceLike = None) -> int:
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
-        if device.type != "emugpu" and not (device.type == "cuda" and as_cuda.active()):
+        if device.type != "emugpu" and not (device.type == "cuda" and cuda_ordinal_error is not None):
             raise ValueError(f"expected an emugpu device, got {device}")
         device = int(_C._current_device()) if device.index is None else device.index
     if isinstance(device, int):
         n = int(_C._device_count())
         if not 0 <= device < n:
-            if as_cuda.active():
-                raise as_cuda.invalid_ordinal(device)
+            if cuda_ordinal_error is not None:
+                raise cuda_ordinal_error(device)
             raise IndexError(
                 f"emugpu device index out of range: expected 0 <= index < {n}, got {device};"
                 " set EMUGPU_DEVICE_COUNT for more devices"

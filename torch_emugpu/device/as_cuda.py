@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from torch_emugpu.device._launcher import is_launcher
+
 ENV = "EMUGPU_AS_CUDA"
 # The emulated GPU count before CUDA_VISIBLE_DEVICES narrowed it, kept for child processes.
 PHYSICAL_ENV = "EMUGPU_AS_CUDA_GPUS"
@@ -395,9 +397,7 @@ def narrow_to_visible_devices(environ: dict[str, str] | os._Environ[str] = os.en
     kept in EMUGPU_AS_CUDA_GPUS, so a child with a CUDA_VISIBLE_DEVICES of its own narrows the
     same GPUs. Launchers (torchrun) leave it to their workers, whose default count they set."""
     global _visible
-    from torch_emugpu import _is_launcher
-
-    if environ.get("CUDA_VISIBLE_DEVICES") is None or _is_launcher():
+    if environ.get("CUDA_VISIBLE_DEVICES") is None or is_launcher():
         return
     physical_text = environ.get(PHYSICAL_ENV) or environ.get("EMUGPU_DEVICE_COUNT") or environ.get("LOCAL_WORLD_SIZE")
     try:
@@ -458,6 +458,9 @@ def install() -> None:
         for name in ("init_process_group", "new_group"):
             _replace(dist, name, _distributed_wrapper(getattr(dist, name)))
         _replace(device_mesh, "init_device_mesh", _device_type_first(device_mesh.init_device_mesh))
+    from torch_emugpu.device import _devices
+
+    _devices.cuda_ordinal_error = invalid_ordinal
     _installed = True
     _cpu_at_install = _cpu_s()
     atexit.register(_check_gpu_used)
@@ -475,6 +478,9 @@ def uninstall() -> None:
     registry = torch.serialization._package_registry
     registry[:] = [entry for entry in registry if entry[2] is not _cuda_deserialize]
     atexit.unregister(_check_gpu_used)
+    from torch_emugpu.device import _devices
+
+    _devices.cuda_ordinal_error = None
     _emugpu_device.cache_clear()
     _installed = False
     _visible = None
@@ -543,9 +549,9 @@ def _check_gpu_used() -> None:
 
     if get_worker_info() is not None:
         return  # DataLoader workers work on the CPU by design
-    from torch_emugpu import _C, _is_launcher
+    from torch_emugpu import _C
 
-    if _is_launcher():
+    if is_launcher():
         return
     cpu_s = _cpu_s() - _cpu_at_install
     if cpu_s < CPU_WORK_THRESHOLD_S:
