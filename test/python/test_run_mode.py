@@ -223,6 +223,12 @@ def test_the_factory_list_covers_every_aten_op_with_a_device():
     assert names - covered == set()
 
 
+def test_run_mode_loads_the_package_even_where_autoload_is_off():
+    r = run_mode("import torch; print(torch.cuda.is_available(), torch.ones(1).cuda().device)", EMUGPU_AUTOLOAD="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "emugpu:0"]
+
+
 def test_without_run_mode_cuda_is_left_alone():
     r = run_python("import torch; print(torch.cuda.is_available(), torch.zeros is torch._C._VariableFunctions.zeros)")
     assert r.returncode == 0, r.stderr
