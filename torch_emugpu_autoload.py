@@ -7,11 +7,14 @@ import os
 def autoload() -> None:
     """Runs at `import torch`: loads torch_emugpu unless the machine has a real
     CUDA GPU (then only with EMUGPU_AUTOLOAD=1); EMUGPU_AUTOLOAD=0 turns it off.
-    An explicit `import torch_emugpu` always works."""
+    Run mode (EMUGPU_AS_CUDA=1, `torch-emugpu run`) always loads it: that
+    variable is how torchrun workers, spawned processes and DataLoader workers
+    inherit the mode. An explicit `import torch_emugpu` always works."""
     flag = os.environ.get("EMUGPU_AUTOLOAD", "").strip()
-    if flag == "0":
+    run_mode = os.environ.get("EMUGPU_AS_CUDA", "").strip().lower() in ("1", "true", "yes", "on")
+    if flag == "0" and not run_mode:
         return
-    if flag != "1":
+    if flag != "1" and not run_mode:
         import torch
 
         if torch.cuda.is_available():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from types import ModuleType
 from typing import Any
 
@@ -23,6 +22,7 @@ from .device._extension import BUILD_HINT as _BUILD_HINT
 from .device._extension import ERROR as _C_ERROR
 from .device._extension import ensure_configured as _ensure_configured
 from .device._extension import require as _require_extension
+from .device._launcher import is_launcher as _is_launcher
 from .device.cost_report import cost_report, kernel_params, reset_cost_report
 
 __all__ = [
@@ -163,19 +163,6 @@ def _device_module() -> ModuleType:
     return device_module
 
 
-# Launchers that only start and watch the processes that use the device:
-# their heartbeats, restarts and monitor loops (time.sleep) run in real time.
-_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
-
-
-def _is_launcher() -> bool:
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name in _LAUNCHERS:
-        return True
-    return os.path.basename(sys.argv[0] if sys.argv else "") == "torchrun"
-
-
 def _start_virtual_clock() -> None:
     """Under EMUGPU_CLOCK=virtual, Python's clocks read virtual time from the
     import on: the device is configured now so that they never switch later.
@@ -198,10 +185,12 @@ def _register() -> None:
     if not hasattr(torch, "emugpu"):
         torch._register_device_module("emugpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from .device import _loader_clock, _sharing, _shutdown, _ties
+    from .device import _loader_clock, _sharing, _shutdown, _ties, as_cuda
     from .distributed import _parallel
     from .timing import planner
 
+    if as_cuda.requested():
+        as_cuda.install()  # first: it narrows the device count to CUDA_VISIBLE_DEVICES before configuration
     _parallel.install()
     _loader_clock.install()
     _start_virtual_clock()

@@ -117,3 +117,24 @@ def test_manual_seed_all_and_rng_state_roundtrip():
 def test_amp_dtypes_follow_the_gpu():
     assert torch.bfloat16 in torch.emugpu.get_amp_supported_dtype()
     assert torch.emugpu.is_bf16_supported()
+
+
+def test_is_initialized_has_cudas_meaning():
+    """False until a context exists (not after device_count), as torch.cuda's: init_device_mesh sets each rank's
+    device only while it is False."""
+    from conftest import run_python
+
+    r = run_python(
+        "import torch\n"
+        "e = torch.emugpu\n"
+        "seen = [e.is_initialized(), e.device_count() > 0, e.is_available(), e.is_initialized()]\n"
+        "torch.zeros(1, device='emugpu')\n"
+        "seen.append(e.is_initialized())\n"
+        "print(seen)\n"
+        "import subprocess, sys\n"
+        "code = 'import torch; e = torch.emugpu; e.device_count(); e.set_device(0); print(e.is_initialized())'\n"
+        "print(subprocess.run([sys.executable, '-c', code], capture_output=True, text=True).stdout.strip())\n",
+        env={"EMUGPU_DEVICE_COUNT": "2"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["[False, True, True, False, True]", "True"]

@@ -28,6 +28,12 @@ def _train(args: argparse.Namespace) -> int:
     return train.main(args)
 
 
+def _run(args: argparse.Namespace) -> int:
+    from torch_emugpu.cli import run
+
+    return run.main(args)
+
+
 def _profile(args: argparse.Namespace) -> int:
     from torch_emugpu.measure import profiler
 
@@ -130,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_arguments(ex)
     ex.set_defaults(func=_explain)
+
+    from torch_emugpu.cli import run
+
+    rn = sub.add_parser(
+        "run",
+        help='run a command written for CUDA, unmodified, on emulated GPUs (torch.cuda, "cuda", nccl)',
+        description=run.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_arguments(rn)
+    rn.set_defaults(func=_run)
 
     g = sub.add_parser("gpus", help="list the GPUs that can be emulated")
     g.set_defaults(func=_gpus)

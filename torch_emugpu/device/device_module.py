@@ -29,6 +29,7 @@ from torch_emugpu.device.memory import (
 __all__ = [
     "is_available",
     "is_initialized",
+    "init",
     "device_count",
     "current_device",
     "set_device",
@@ -75,7 +76,17 @@ __all__ = [
 
 _DeviceLike = _devices.DeviceLike
 _index = _devices.index
-_lazy_init = _devices.ensure_configured
+
+
+def _lazy_init() -> None:
+    """Creates the device context (torch.cuda._lazy_init/init): is_initialized() is True from here on."""
+    _devices.ensure_configured()
+    _devices.context_created()
+
+
+def init() -> None:
+    """As torch.cuda.init(): initializes the emulated devices now rather than at their first use."""
+    _lazy_init()
 
 
 def _is_in_bad_fork() -> bool:
@@ -84,7 +95,11 @@ def _is_in_bad_fork() -> bool:
 
 
 def is_initialized() -> bool:
-    return bool(_C._configured())
+    """Whether a device context exists, as torch.cuda.is_initialized() means it: True after init(),
+    set_device(), current_device(), synchronize(), a stream, an event or the first allocation on an
+    emulated GPU; not after device_count() or is_available() alone (init_device_mesh relies on it to
+    set each rank's device); False in a fork()ed child."""
+    return _devices.has_context() and not _is_in_bad_fork()
 
 
 def is_available() -> bool:
