@@ -147,7 +147,9 @@ def emulated_busy_ms(make: Callable[[torch.device], Step], warmup: int, iteratio
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--traces", default="../shared/h100-traces", help="the traces' folder (default ../shared/h100-traces)")
+    p.add_argument(
+        "--traces", default="../shared/h100-traces", help="the traces' folder (default ../shared/h100-traces)"
+    )
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated (default: {','.join(MODELS)})")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iterations", type=int, default=2)
@@ -158,7 +160,9 @@ def main() -> int:
     unknown = set(names) - set(MODELS)
     if unknown:
         p.error(f"unknown model(s) {sorted(unknown)}; known: {', '.join(MODELS)}")
-    print(f"{'model':15} {'emulated ms':>12} {'kernels ms':>11} {'error':>8} {'wall ms':>8} {'error':>8} {'peak GiB':>9}")
+    print(
+        f"{'model':15} {'emulated ms':>12} {'kernels ms':>11} {'error':>8} {'wall ms':>8} {'error':>8} {'peak GiB':>9}"
+    )
     for name in names:
         file, make = MODELS[name]
         busy, peak = emulated_busy_ms(make, args.warmup, args.iterations)

@@ -146,18 +146,22 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
     // With large filters the 32-bit ones are compute-bound on CUDA cores
     // (R*S multiply-adds per output; no tensor cores for one channel per
-    // group), slower on NCHW tensors; the 16-bit NHWC ones have kernels of
-    // their own that stay bandwidth-bound (H100 sweep, 7x7: bf16 NHWC 2.6x
-    // the fp32 forward's rate).
+    // group), slower on NCHW tensors; the 16-bit NHWC ones up to 7x7 have
+    // kernels of their own that stay bandwidth-bound (H100 sweep, 7x7: bf16
+    // NHWC 2.6x the fp32 forward's rate; at 31x31 they are as slow as fp32).
+    // Filters up to 5x5 (MobileNet, EfficientNet) keep the bandwidth rule
+    // alone, fitted on them.
     memory_s = peak_memory_s / p.depthwise_efficiency;
     const double simt_rate = gpu_.peak_flops(DType::kFloat32);
     const bool nhwc = cost.conv.channels_last;
-    const bool fast_16bit = nhwc && element_bytes(cost.dtype) == 2;
-    for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()) && !fast_16bit && simt_rate > 0;
-         ++i) {
+    const bool large = cost.conv.r * cost.conv.s > 25;
+    const bool fast_16bit = nhwc && element_bytes(cost.dtype) == 2 && cost.conv.r * cost.conv.s <= 49;
+    if (!large) compute_s = rate > 0 ? cost.flops / rate : 0;
+    for (int i = 0;
+         large && !fast_16bit && simt_rate > 0 && i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
       const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
       const double flops = matmul_flops(g.batch, g.m, g.k, g.n);
-      if (g.weight_grad && cost.conv.r * cost.conv.s > 25) {
+      if (g.weight_grad) {
         // A filter beyond 5x5 has no specialised weight-gradient kernel:
         // cuDNN reduces each tap over N*P*Q in generic kernels (on NHWC
         // fp32, an implicit GEMM behind layout transforms, slower still).

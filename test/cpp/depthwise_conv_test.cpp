@@ -83,6 +83,9 @@ TEST(DepthwiseConv, SixteenBitNhwcKernelsStayBandwidthBound) {
     bf16.bytes /= 2;
     EXPECT_NEAR(static_cast<double>(m.kernel(bf16)), 1'000 + bf16.bytes / 1e12 / 0.1 * 1e9, 2);
   }
+  // Beyond 7x7 they are not: a 31x31 filter is compute-bound as a 32-bit one is.
+  OpCost large = depthwise(31, true, false, false, DType::kBFloat16);
+  EXPECT_GT(static_cast<double>(m.kernel(large)), 1'000 + large.flops / (10e12 * 0.05) * 1e9 - 2);
 }
 
 TEST(DepthwiseConv, LargeFilterWeightGradientAddsItsGenericKernelsTime) {
