@@ -215,7 +215,31 @@ std::vector<OpCost> point_ops(const json& m, const std::string& path, const std:
   } else if (family == "transfer") {
     return {};  // host<->device copies: measured transfer rates, not kernels
   } else if (family == "rnn") {
-    return {};  // the cost model has no rule for cuDNN's RNN kernels yet: measured, not fitted
+    // nn.LSTM / nn.GRU (batch_first) as cuDNN runs them: "<mode>_<op>" with
+    // op forward (training), inference, or forward_backward (both calls).
+    const auto split = op.find('_');
+    if (split == std::string::npos) return unknown_op();
+    const std::string mode = op.substr(0, split), pass = op.substr(split + 1);
+    if ((mode != "lstm" && mode != "gru") || (pass != "forward" && pass != "inference" && pass != "forward_backward")) {
+      return unknown_op();
+    }
+    c.family = OpFamily::kRnn;
+    c.rnn.mode = mode == "lstm" ? RnnMode::kLstm : RnnMode::kGru;
+    c.rnn.seq_len = d("seq");
+    c.rnn.batch = d("batch");
+    c.rnn.tokens = c.rnn.seq_len * c.rnn.batch;
+    c.rnn.input_size = d("input");
+    c.rnn.hidden_size = d("hidden");
+    c.rnn.layers = std::max(d("layers"), 1.0);
+    c.rnn.batch_first = true;
+    c.rnn.train = pass != "inference";
+    if (pass != "forward_backward") return {c};
+    OpCost backward = c;
+    backward.family = OpFamily::kRnnBackward;
+    c.flops = rnn_flops(c.rnn, false);
+    backward.flops = rnn_flops(backward.rnn, true);
+    c.bytes = backward.bytes = c.bytes / 2;
+    return {c, backward};
   } else {
     unknown = family;  // in kFamilies but not here: nothing to fit it to either
     return {};

@@ -114,6 +114,19 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   const double rate = peak_rate * (tensor ? p.tensor_efficiency : p.simt_efficiency);
   const double peak_compute_s = peak_rate > 0 ? cost.flops / peak_rate : 0;
   const double peak_memory_s = cost.bytes / gpu_.memory_bandwidth;
+  constexpr double kMaxKernelNs = 86'400e9;  // sizes from files or absurd shapes: a kernel lasts at most a day
+  if (cost.family == OpFamily::kRnn || cost.family == OpFamily::kRnnBackward) {
+    // One call runs all of cuDNN's kernels for every layer and timestep
+    // (rnn_cost.h); the call itself pays one launch. Its tensor-core GEMMs
+    // keep what cuDNN's convolutions keep of the GEMM rate (H100 trace:
+    // 110-290 TFLOP/s in TF32 against cuBLAS's ~370).
+    const double cudnn_rate = tensor ? rate * p.conv_tensor_efficiency : rate;
+    const RnnTime t = rnn_time(cost.rnn, cost.family == OpFamily::kRnnBackward,
+                               {cudnn_rate, gpu_.memory_bandwidth, gpu_.sm_count, element_bytes(cost.dtype)}, p);
+    const double ns = p.launch_ns + t.seconds * 1e9;
+    return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs), peak_compute_s * 1e9,
+            peak_memory_s * 1e9, t.compute_seconds > t.seconds - t.compute_seconds, std::max(t.launches, 1)};
+  }
   double compute_s = 0;
   double memory_s = peak_memory_s / memory_efficiency(cost.family, p);
   if (cost.family == OpFamily::kBatchNorm && cost.channels > 0) {
@@ -128,10 +141,35 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
   }
   const bool depthwise = uses_cudnn(cost.family) && cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
+  double serial_s = 0;  // kernels that add to the others' time instead of overlapping it
   if (depthwise) {
     // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
+    // With large filters the 32-bit ones are compute-bound on CUDA cores
+    // (R*S multiply-adds per output; no tensor cores for one channel per
+    // group), slower on NCHW tensors; the 16-bit NHWC ones up to 7x7 have
+    // kernels of their own that stay bandwidth-bound (H100 sweep, 7x7: bf16
+    // NHWC 2.6x the fp32 forward's rate; at 31x31 they are as slow as fp32).
+    // Filters up to 5x5 (MobileNet, EfficientNet) keep the bandwidth rule
+    // alone, fitted on them.
     memory_s = peak_memory_s / p.depthwise_efficiency;
-    compute_s = rate > 0 ? cost.flops / rate : 0;
+    const double simt_rate = gpu_.peak_flops(DType::kFloat32);
+    const bool nhwc = cost.conv.channels_last;
+    const bool large = cost.conv.r * cost.conv.s > 25;
+    const bool fast_16bit = nhwc && element_bytes(cost.dtype) == 2 && cost.conv.r * cost.conv.s <= 49;
+    if (!large) compute_s = rate > 0 ? cost.flops / rate : 0;
+    for (int i = 0;
+         large && !fast_16bit && simt_rate > 0 && i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
+      const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
+      const double flops = matmul_flops(g.batch, g.m, g.k, g.n);
+      if (g.weight_grad) {
+        // A filter beyond 5x5 has no specialised weight-gradient kernel:
+        // cuDNN reduces each tap over N*P*Q in generic kernels (on NHWC
+        // fp32, an implicit GEMM behind layout transforms, slower still).
+        serial_s += flops / (simt_rate * (nhwc ? p.depthwise_wgrad_efficiency : p.depthwise_wgrad_nchw_efficiency));
+      } else {
+        compute_s += flops / (simt_rate * p.depthwise_compute_efficiency * (nhwc ? 1.0 : p.depthwise_nchw_factor));
+      }
+    }
   } else if (is_gemm_family(cost.family)) {
     if (cost.gemm_count > 0) {
       const bool matmul = uses_cublas(cost.family);
@@ -175,10 +213,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     transform_s = cost.gemm_count * 2 * activations / (gpu_.memory_bandwidth * p.memory_efficiency);
     launches += 3 * cost.gemm_count;
   }
-  // Sizes from files or absurd shapes must not overflow the clock: a kernel
-  // lasts at most a day.
-  constexpr double kMaxKernelNs = 86'400e9;
-  const double ns = launches * p.launch_ns + (std::max(compute_s, memory_s) + transform_s) * 1e9;
+  const double ns = launches * p.launch_ns + (std::max(compute_s, memory_s) + transform_s + serial_s) * 1e9;
   return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs), peak_compute_s * 1e9,
           peak_memory_s * 1e9, compute_s > memory_s, static_cast<int>(launches)};
 }

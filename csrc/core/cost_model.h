@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "kernel_params.h"
 #include "op_cost.h"
+#include "rnn_cost.h"
 
 namespace emugpu {
 
@@ -33,6 +34,7 @@ struct OpCost {
   // weights (autocast). bfloat16 and all-half ones run its own kernels,
   // which the 16-bit factors of KernelParams time.
   bool cudnn = false;
+  RnnShape rnn{};  // kRnn and kRnnBackward only
 };
 
 // A kernel's charged duration and the same work at the GPU's peak rates.

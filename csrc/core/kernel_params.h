@@ -52,6 +52,18 @@ struct KernelParams {
   // Fraction of the peak bandwidth depthwise convolutions (one input channel
   // per group: cuDNN's direct kernels) sustain.
   double depthwise_efficiency = 0.35;
+  // The fraction of the CUDA-core FP32 peak the multiply-adds of 32-bit
+  // ones reach on NHWC tensors (a forward or input gradient; with a 7x7
+  // filter they are compute-bound: H100 trace of ConvNeXt-T fp32, 13.5
+  // GFLOP in 2.7 ms, and the H100 sweep: 0.075), and the share of that
+  // they keep on NCHW tensors (the sweep: 0.46-0.57),
+  double depthwise_compute_efficiency = 0.075;
+  double depthwise_nchw_factor = 0.5;
+  // and the same for the weight gradient of a filter beyond 5x5 (generic
+  // kernels), NHWC, layout transforms included (the trace: 13.5 GFLOP in
+  // 36 ms; the sweep: 0.006), and NCHW (the sweep: 0.022, bf16 alike).
+  double depthwise_wgrad_efficiency = 0.006;
+  double depthwise_wgrad_nchw_efficiency = 0.022;
   // How much faster than its implicit GEMM cuDNN runs a 3x3 stride-1 FP32
   // convolution (forward and input gradient) with Winograd, which it picks
   // there on CUDA cores; 1 where it does not.
@@ -61,6 +73,18 @@ struct KernelParams {
   // vectorised loads it picks slower kernels (GPT-2's 50257-word head).
   // This is the rate for 4-byte operands (TF32); 16-bit ones keep half.
   double unaligned_efficiency = 0.3;
+  // cuDNN's RNNs (rnn_cost.h): each timestep of a layer launches its
+  // recurrent GEMM and its fused cell kernel in series, which take at least
+  // this long together, the GEMM's FLOPs at cuDNN's rate coming on top
+  // (H100 calibration sweep, fp32 and bf16 forward: 20-23 us per step and
+  // layer for hidden sizes 256-1024, 59 us at 2048; the backward's step,
+  // with two memsets more, 1.5 times it),
+  double rnn_step_ns = 20'000;
+  // and the bias gradients' column sums over all rows read the gates'
+  // gradients at this fraction of the bandwidth (H100 trace of an LSTM
+  // language model: 268 MB in 575 us, 0.14).
+  // Every architecture takes these H100 values until a calibration fits its own.
+  double rnn_bias_grad_efficiency = 0.14;
   // Device time of a kernel that does no work: launch, ramp-up and drain.
   double launch_ns = 4'000;
   // A GEMM's reduction length at which its tiles' main loop is as long as

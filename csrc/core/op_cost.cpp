@@ -66,6 +66,8 @@ OpFamily op_family(std::string_view aten_name, bool pointwise_tag, bool reductio
       {"aten::native_group_norm_backward", F::kNorm},
       {"aten::_fused_rms_norm", F::kNorm},
       {"aten::_fused_rms_norm_backward", F::kNorm},
+      {"aten::_cudnn_rnn", F::kRnn},
+      {"aten::_cudnn_rnn_backward", F::kRnnBackward},
       // Row reductions that PyTorch does not tag as reductions.
       {"aten::_softmax", F::kReduction},
       {"aten::_log_softmax", F::kReduction},
@@ -193,7 +195,7 @@ int conv_gemms(const ConvShape& c, bool forward, bool input_grad, bool weight_gr
     const double rows = c.h * std::min(c.r / stride, 1.0), cols = c.w * std::min(c.s / stride, 1.0);
     out[count++] = {g, c.n * rows * cols, c.c / g, c.k / g * taps_r * taps_s, winograd};
   }
-  if (weight_grad) out[count++] = {g, c.k / g, c.c / g * c.r * c.s, c.n * c.p * c.q, false};
+  if (weight_grad) out[count++] = {g, c.k / g, c.c / g * c.r * c.s, c.n * c.p * c.q, false, true};
   return count;
 }
 
@@ -215,6 +217,8 @@ const char* op_family_name(OpFamily family) {
     case OpFamily::kOptimizer: return "optimizer (foreach and fused)";
     case OpFamily::kCopy: return "copies within the GPU";
     case OpFamily::kUnmodelled: return "unmodelled (by bytes)";
+    case OpFamily::kRnn: return "recurrent layers forward (cuDNN RNN)";
+    case OpFamily::kRnnBackward: return "recurrent layers backward (cuDNN RNN)";
   }
   return "?";
 }

@@ -20,13 +20,15 @@ enum class OpFamily {
   kConvBackward,
   kAttention,
   kAttentionBackward,
-  kGather,      // embedding, index_select, gather/scatter, index_put: bytes moved, scattered
-  kOptimizer,   // _foreach_* and _fused_* kernels: a few launches over many tensors
-  kCopy,        // copies and concatenations within one GPU (read + write)
-  kUnmodelled,  // no family known: charged by the bytes it moves, as an elementwise kernel
-  kBatchNorm,   // statistics over N*H*W per channel, then normalisation: strided, two passes
+  kGather,       // embedding, index_select, gather/scatter, index_put: bytes moved, scattered
+  kOptimizer,    // _foreach_* and _fused_* kernels: a few launches over many tensors
+  kCopy,         // copies and concatenations within one GPU (read + write)
+  kUnmodelled,   // no family known: charged by the bytes it moves, as an elementwise kernel
+  kBatchNorm,    // statistics over N*H*W per channel, then normalisation: strided, two passes
+  kRnn,          // a whole cuDNN RNN forward (aten::_cudnn_rnn): all layers and timesteps (rnn_cost.h)
+  kRnnBackward,  // its backward (aten::_cudnn_rnn_backward): data and weight gradients
 };
-constexpr int kOpFamilyCount = 16;
+constexpr int kOpFamilyCount = 18;
 
 // "matmul", "convolution", ...: how cost_report() names a family.
 const char* op_family_name(OpFamily family);
@@ -44,7 +46,8 @@ struct GemmShape {
   double m = 0;
   double n = 0;
   double k = 0;
-  bool winograd = false;  // a 3x3 stride-1 convolution pass cuDNN may run as Winograd
+  bool winograd = false;     // a 3x3 stride-1 convolution pass cuDNN may run as Winograd
+  bool weight_grad = false;  // a convolution's weight gradient (a reduction over N*P*Q per filter tap)
 };
 
 // A 2-D convolution: N images of C x H x W, K filters of C/groups x R x S,

@@ -200,13 +200,21 @@ TEST(Calibration, NewFamiliesAreFittedOnlyWhereTheCostModelHasTheirRule) {
      "dtype": "bfloat16", "flags": {"causal": true, "gqa": true}, "time_s": 2e-4, "flops": 1.4e11,
      "bytes": 1.7e8, "kernels": 1, "backend": "flash"}])"),
                                              "cal.json", gpu);
-  // No RNN rule and no eval-mode batch norm rule yet: measured, skipped, and no warning (they are known).
-  EXPECT_EQ(cal.skipped, 2);
+  // No eval-mode batch norm rule yet: measured, skipped, and no warning (it is known).
+  EXPECT_EQ(cal.skipped, 1);
   EXPECT_TRUE(cal.unknown.empty());
-  ASSERT_EQ(cal.cases.size(), 2u);
-  EXPECT_TRUE(cal.cases[0].ops.at(0).conv.channels_last);
-  EXPECT_EQ(cal.cases[0].ops.at(0).conv.groups, 96);
-  const OpCost& gqa = cal.cases[1].ops.at(0);
+  ASSERT_EQ(cal.cases.size(), 3u);
+  // An RNN's forward and backward are the two cuDNN calls the rule times (rnn_cost.h).
+  const auto& rnn = cal.cases[0].ops;
+  ASSERT_EQ(rnn.size(), 2u);
+  EXPECT_EQ(rnn[0].family, OpFamily::kRnn);
+  EXPECT_EQ(rnn[1].family, OpFamily::kRnnBackward);
+  EXPECT_EQ(rnn[0].rnn.tokens, 256 * 64);
+  EXPECT_TRUE(rnn[0].rnn.batch_first && rnn[0].rnn.train);
+  EXPECT_EQ(rnn[0].dtype, DType::kTensorFloat32);
+  EXPECT_TRUE(cal.cases[1].ops.at(0).conv.channels_last);
+  EXPECT_EQ(cal.cases[1].ops.at(0).conv.groups, 96);
+  const OpCost& gqa = cal.cases[2].ops.at(0);
   EXPECT_EQ(gqa.family, OpFamily::kAttention);
   EXPECT_EQ(gqa.gemms[0].batch, 8 * 32 * 0.5);  // by query heads, causal
 }
