@@ -167,14 +167,24 @@ def test_smi_shows_the_gpus_and_the_processes_holding_memory(emugpud: Daemon) ->
     assert "NVIDIA H100 80GB HBM3" in table.stdout and "2048MiB / 80790MiB" in table.stdout
     assert f"{a.pid}" in table.stdout and "real" in table.stdout
     csv = subprocess.run(
-        [*cli, "--query-gpu", "index,memory.used,memory.free,processes", "--format", "csv,noheader,nounits"],
+        [
+            *cli,
+            "--query-gpu",
+            "index,memory.used,memory.free,utilization.gpu,processes",
+            "--format",
+            "csv,noheader,nounits",
+        ],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         cwd=REPO,
     )
     assert csv.returncode == 0, csv.stderr
-    assert csv.stdout.splitlines() == ["0, 2048, 78742, 1", "1, 0, 80790, 0"]
+    assert csv.stdout.splitlines() == ["0, 2048, 78742, 0, 1", "1, 0, 80790, 0, 0"]  # it launched nothing
+    live = [sys.executable, "-m", "torch_emugpu.cli", "top", "--address", emugpud.address, "--count", "2"]
+    top = subprocess.run([*live, "--interval", "0.05"], capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
+    assert top.returncode == 0, top.stderr
+    assert top.stdout.count("2048MiB / 80790MiB") == 2 and "every 0.05 s" in top.stdout
     bad = subprocess.run([*cli, "--query-gpu", "fan.speed"], capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
     assert bad.returncode == 2 and "unknown field(s) fan.speed" in bad.stderr
     finish(a)

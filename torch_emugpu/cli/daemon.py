@@ -160,6 +160,36 @@ def smi(args: argparse.Namespace) -> int:
     return 0
 
 
+def top(args: argparse.Namespace) -> int:
+    """`torch-emugpu top`: smi's table, refreshed every --interval seconds until Ctrl-C (or --count times)."""
+    import time
+
+    shown = 0
+    clear = "\033[H\033[2J" if sys.stdout.isatty() else ""
+    try:
+        while args.count is None or shown < args.count:
+            try:
+                lines = _table(status(args.address))
+            except RuntimeError as e:  # the daemon went away: say so and stop, as smi does
+                print(f"torch-emugpu top: {e}", file=sys.stderr)
+                return 2
+            stamp = time.strftime("%H:%M:%S")
+            print(clear + "\n".join([f"{lines[0]}  ({stamp}, every {args.interval:g} s)"] + lines[1:]), flush=True)
+            shown += 1
+            if args.count is None or shown < args.count:
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
 def add_parsers(sub: Any) -> None:
     """The `daemon` and `smi` subcommands."""
     d = sub.add_parser(
@@ -187,3 +217,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--query-gpu", metavar="FIELDS", help=f"comma-separated fields: {', '.join(QUERY_FIELDS)}")
     s.add_argument("--format", metavar="FORMAT", help="with --query-gpu: csv[,noheader][,nounits]")
     s.set_defaults(func=smi)
+    t = sub.add_parser("top", help="smi's table of emugpud's GPUs and processes, live (Ctrl-C stops it)")
+    t.add_argument("--address", help="the daemon's address (default: EMUGPU_DAEMON, else the default socket)")
+    t.add_argument("--interval", type=_positive, default=1.0, help="seconds between refreshes (default 1)")
+    t.add_argument("--count", type=int, help="stop after this many refreshes (default: until Ctrl-C)")
+    t.set_defaults(func=top)
