@@ -168,36 +168,41 @@ double parse_host_speed(const std::string& text, const std::string& source) {
   return v;
 }
 
-int parse_device_count(const std::string& text, const std::string& source) {
+namespace {
+
+// `text` as a whole integer (spaces around it allowed); nullopt if it is not one.
+std::optional<long long> parse_integer(const std::string& text) {
   const std::string t = trim(text);
   size_t used = 0;
   long long value = 0;
   try {
     value = std::stoll(t, &used);
   } catch (const std::exception&) {
-    used = 0;
+    return std::nullopt;
   }
-  EMUGPU_CHECK(used == t.size() && !t.empty(), kValue, source,
-               ": expected a positive integer number of emulated GPUs, got '", brief(text), "'");
+  if (t.empty() || used != t.size()) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+int parse_device_count(const std::string& text, const std::string& source) {
+  const auto parsed = parse_integer(text);
+  EMUGPU_CHECK(parsed.has_value(), kValue, source, ": expected a positive integer number of emulated GPUs, got '",
+               brief(text), "'");
+  const long long value = *parsed;
   EMUGPU_CHECK(value >= 1, kValue, source, ": expected a positive number of emulated GPUs (1 or more), got ", value);
   EMUGPU_CHECK(value <= kMaxDevices, kValue, source, ": expected at most ", kMaxDevices, " emulated GPUs, got ", value);
   return static_cast<int>(value);
 }
 
 int parse_priority(const std::string& text, const std::string& source) {
-  const std::string t = trim(text);
-  size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(t, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  EMUGPU_CHECK(used == t.size() && !t.empty() && value >= -1000 && value <= 1000, kValue, source,
+  const auto value = parse_integer(text);
+  EMUGPU_CHECK(value.has_value() && *value >= -1000 && *value <= 1000, kValue, source,
                ": expected an integer priority from -1000 to 1000 (higher runs first under emugpud's priority "
                "sharing), got '",
                brief(text), "'");
-  return static_cast<int>(value);
+  return static_cast<int>(*value);
 }
 
 namespace {
