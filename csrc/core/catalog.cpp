@@ -275,6 +275,52 @@ json parse_json_document(std::string_view text, const std::string& origin) {
   }
 }
 
+namespace {
+
+// The "mig" object of a GPU entry: {"compute_slices", "memory_slices", "profiles": [...]}.
+void parse_mig(const json& m, const std::string& where, GpuSpec& g) {
+  EMUGPU_CHECK(m.is_object(), kValue, where, ": expected an object with compute_slices, memory_slices and profiles, found ",
+               describe_json(m), "; correct the GPU entry");
+  g.mig_compute_slices = integer_field<int>(required_field(m, "compute_slices", where), 1, 16, where, "compute_slices");
+  g.mig_memory_slices = integer_field<int>(required_field(m, "memory_slices", where), 1, 16, where, "memory_slices");
+  const json& profiles = required_field(m, "profiles", where);
+  EMUGPU_CHECK(profiles.is_array() && !profiles.empty(), kValue, where,
+               ": field 'profiles': expected a non-empty array of MIG profiles, found ", describe_json(profiles),
+               "; correct the GPU entry");
+  for (size_t k = 0; k < profiles.size(); ++k) {
+    const json& p = profiles[k];
+    const std::string at = where + ".profiles[" + std::to_string(k) + "]";
+    EMUGPU_CHECK(p.is_object(), kValue, at, ": expected an object describing one MIG profile, found ", describe_json(p),
+                 "; correct the GPU entry");
+    MigProfile profile;
+    profile.name = string_field(p, "name", at);
+    profile.compute_slices =
+        integer_field<int>(required_field(p, "compute_slices", at), 1, g.mig_compute_slices, at, "compute_slices");
+    profile.memory_slices =
+        integer_field<int>(required_field(p, "memory_slices", at), 1, g.mig_memory_slices, at, "memory_slices");
+    profile.sm_count = integer_field<int>(required_field(p, "sm_count", at), 1, g.sm_count, at, "sm_count");
+    // At most the GPU's memory (its own figure may be rounded from the same bytes).
+    const double gib = static_cast<double>(g.memory_bytes) / static_cast<double>(1ull << 30) + 1e-6;
+    profile.memory_bytes = static_cast<uint64_t>(number_field(p, "memory_gib", at, true, kMinMemoryGib, gib, "GiB") *
+                                                 static_cast<double>(1ull << 30));
+    const json& placements = required_field(p, "placements", at);
+    EMUGPU_CHECK(placements.is_array() && !placements.empty(), kValue, at,
+                 ": field 'placements': expected a non-empty array of first memory slices, found ",
+                 describe_json(placements), "; correct the GPU entry");
+    for (const json& start : placements) {
+      profile.placements.push_back(integer_field<int>(start, 0, g.mig_memory_slices - profile.memory_slices, at,
+                                                      "placements (first memory slice of an instance)"));
+    }
+    for (const MigProfile& other : g.mig_profiles) {
+      EMUGPU_CHECK(normalize_gpu_name(other.name) != normalize_gpu_name(profile.name), kValue, at,
+                   ": MIG profile '", profile.name, "' is listed twice; keep one");
+    }
+    g.mig_profiles.push_back(std::move(profile));
+  }
+}
+
+}  // namespace
+
 Catalog Catalog::from_json_text(std::string_view text, const std::string& origin) {
   const json doc = parse_json_document(text, origin);
   EMUGPU_CHECK(doc.is_object() && doc.contains("gpus") && doc.at("gpus").is_array(), kValue, origin,
@@ -326,6 +372,7 @@ Catalog Catalog::from_json_text(std::string_view text, const std::string& origin
     g.nvlink_bandwidth = number_field(e, "nvlink_gbps", where, false, kMinBandwidthGBps, kMaxBandwidthGBps, gbps) * 1e9;
     EMUGPU_CHECK(g.memory_bytes > 0, kValue, where, ": field 'memory_gib': expected at least one byte, found ",
                  describe_json(e.at("memory_gib")), "; correct the GPU entry");
+    if (e.contains("mig") && !e.at("mig").is_null()) parse_mig(e.at("mig"), where + ": field 'mig'", g);
     catalog.gpus_.push_back(std::move(g));
   }
   EMUGPU_CHECK(!catalog.gpus_.empty(), kValue, origin, ": expected at least one GPU, found none");

@@ -13,6 +13,18 @@ namespace emugpu {
 
 enum class DType { kFloat32, kTensorFloat32, kFloat16, kBFloat16, kFloat64, kInteger };
 
+// A MIG GPU-instance profile as `nvidia-smi mig -lgip` lists it: the
+// compute slices (of 7) and memory slices (of the GPU's) it takes, its SMs,
+// memory and the memory slices an instance may start at (-lgipp).
+struct MigProfile {
+  std::string name;  // "1g.10gb": nvidia-smi's name without its "MIG " prefix
+  int compute_slices = 0;
+  int memory_slices = 0;
+  int sm_count = 0;
+  uint64_t memory_bytes = 0;
+  std::vector<int> placements;
+};
+
 struct GpuSpec {
   std::string name;  // as torch.cuda.get_device_name() prints it
   std::vector<std::string> aliases;
@@ -29,6 +41,14 @@ struct GpuSpec {
   int pcie_generation = 0;
   int pcie_width = 0;
   double nvlink_bandwidth = 0;  // bytes/s per direction, 0 when absent
+  // MIG: the slices a GPU divides into and the instance profiles it offers
+  // (none: it has no MIG). See mig.h.
+  int mig_compute_slices = 0;
+  int mig_memory_slices = 0;
+  std::vector<MigProfile> mig_profiles;
+  // Set on a MIG instance's spec (mig.h): its profile and its GPU's name.
+  std::string mig_profile;
+  std::string parent_name;
 
   double peak_flops(DType dtype) const;
   // Usable host<->device bandwidth in bytes/s (about 80% of the PCIe link).

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "error.h"
+#include "mig.h"
 #include "share/address.h"
 #include "shm_segment.h"
 
@@ -262,6 +263,11 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
   c.device_count_given = request.device_count || env("EMUGPU_DEVICE_COUNT") || env("LOCAL_WORLD_SIZE");
   if (auto v = env("EMUGPU_DAEMON")) c.daemon = share::parse_address(*v, "EMUGPU_DAEMON").text();
   if (auto v = env("EMUGPU_PRIORITY")) c.priority = parse_priority(*v, "EMUGPU_PRIORITY");
+  if (auto v = env("EMUGPU_MIG")) {
+    parse_mig_layout(*v, "EMUGPU_MIG");  // its syntax now; the GPU's profiles where the devices are made
+    c.mig = *v;
+  }
+  c.visible_devices = env("EMUGPU_VISIBLE_DEVICES").value_or("");
   if (request.mode) {
     c.mode = parse_mode(*request.mode, "mode");
   } else if (auto v = env("EMUGPU_MODE")) {

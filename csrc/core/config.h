@@ -8,7 +8,8 @@
 // EMUGPU_PCIE_SHARED_BY, EMUGPU_PCIE_UPLINK_GBPS; where profiles and
 // calibrations are found: EMUGPU_PROFILE_PATH, EMUGPU_PROFILES,
 // EMUGPU_CALIBRATION, XDG_DATA_HOME; the clock: EMUGPU_CLOCK, EMUGPU_HOST,
-// EMUGPU_HOST_SPEED; the sharing daemon: EMUGPU_DAEMON): the one place
+// EMUGPU_HOST_SPEED; the sharing daemon: EMUGPU_DAEMON, EMUGPU_PRIORITY; MIG:
+// EMUGPU_MIG, EMUGPU_VISIBLE_DEVICES): the one place
 // either is parsed.
 #pragma once
 
@@ -80,6 +81,11 @@ struct Config {
   std::string daemon;
   // EMUGPU_PRIORITY: this process's priority on the daemon's GPUs (its priority policy).
   int priority = 0;
+  // EMUGPU_MIG: a MIG layout ("3g.40gb,2g.20gb") applied to each of this
+  // process's GPUs (mig.h); empty: whole GPUs. Under a daemon its --mig decides.
+  std::string mig;
+  // EMUGPU_VISIBLE_DEVICES (visible_devices.h); empty: CUDA's default choice.
+  std::string visible_devices;
   // Whether `gpu` and `device_count` were asked for (else the daemon's GPUs decide).
   bool gpu_given = false;
   bool device_count_given = false;
