@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   const double seconds = argc > 2 ? std::atof(argv[2]) : 3.0;
   const auto path = std::filesystem::temp_directory_path() / ("emugpud-bench-" + std::to_string(getpid()) + ".sock");
   boost::asio::io_context io;
-  Handler handler({{"NVIDIA H100 80GB HBM3", 80ull << 30, 80ull << 30}});
+  Handler handler({{"NVIDIA H100 80GB HBM3", 80ull << 30, 80ull << 30, 0, -1, "", ""}});
   Server server(io, handler, parse_address("unix:" + path.string(), "bench"));
   const std::string address = server.address();
   std::thread daemon([&] { io.run(); });

@@ -17,9 +17,11 @@
 
 #include "backend/ops/common.h"
 #include "core/calibration.h"
+#include "core/mig.h"
 #include "core/share/daemon_capacity.h"
 #include "core/share/daemon_time_share.h"
 #include "core/shm_segment.h"
+#include "core/visible_devices.h"
 
 namespace emugpu {
 namespace {
@@ -142,10 +144,19 @@ void Runtime::load_profiles_locked(const Catalog& catalog, const std::vector<std
   // Entries the scan could not read (symlink loops, no permission): one warning each.
   for (const std::string& warning : db.warnings()) TORCH_WARN("emugpu: ", warning);
   db.check_gpus(catalog);
-  const GpuSpec& gpu = devices.front()->gpu();
-  KernelParams params = default_kernel_params(gpu);
-  if (const auto file = find_calibration(path.calibration, gpu)) params = fitted_calibration(*file, gpu);
-  for (const auto& d : devices) d->cost().set_kernel_params(params);
+  // A MIG instance runs its GPU's kernels on fewer SMs: its GPU's calibration
+  // (fractions of peak rates) holds for it.
+  std::map<std::string, KernelParams> by_gpu;
+  for (const auto& d : devices) {
+    const GpuSpec& gpu = d->gpu().parent_name.empty() ? d->gpu() : catalog.find(d->gpu().parent_name);
+    auto it = by_gpu.find(gpu.name);
+    if (it == by_gpu.end()) {
+      KernelParams params = default_kernel_params(gpu);
+      if (const auto file = find_calibration(path.calibration, gpu)) params = fitted_calibration(*file, gpu);
+      it = by_gpu.emplace(gpu.name, params).first;
+    }
+    d->cost().set_kernel_params(it->second);
+  }
   profiles_ = std::make_shared<const ProfileDb>(std::move(db));
   profiles_generation_.fetch_add(1, std::memory_order_acq_rel);
 }
@@ -247,20 +258,49 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   state->config = config;
   state->catalog = std::make_unique<Catalog>(Catalog::from_file(config.catalog_path));
   const GpuSpec* chosen = &state->catalog->find(config.gpu);
+  // The node's devices (whole GPUs or MIG instances; the daemon's, else this
+  // process's own), of which EMUGPU_VISIBLE_DEVICES picks this process's.
+  std::vector<NodeGpu> node;
+  std::vector<uint32_t> daemon_index;  // per node device: its index at the daemon
   if (!config.daemon.empty()) {
     // The daemon's GPUs are this process's: their model, and as many as it has.
     state->daemon = daemon_client(config.daemon, config.clock, config.priority);
     const auto& gpus = state->daemon->welcome().gpus;
     const GpuSpec& owned = state->catalog->find(gpus.front().name);
     EMUGPU_CHECK(!config.gpu_given || chosen->name == owned.name, kValue, "EMUGPU_GPU (or gpu=) asks for ",
-                 chosen->name, " but the emugpud at ", config.daemon, " owns ", gpus.size(), " x ", owned.name,
+                 chosen->name, " but the emugpud at ", config.daemon, " owns ", gpus.back().gpu + 1, " x ", owned.name,
                  "; leave it unset to use the daemon's GPUs, or attach to a daemon of ", chosen->name);
-    EMUGPU_CHECK(!config.device_count_given || config.device_count <= static_cast<int>(gpus.size()), kValue,
-                 "expected at most ", gpus.size(), " emulated GPUs, the emugpud at ", config.daemon,
-                 "'s, got a device count of ", config.device_count);
+    EMUGPU_CHECK(config.mig.empty(), kValue, "EMUGPU_MIG=", config.mig, " splits this process's own GPUs, but the ",
+                 "emugpud at ", config.daemon, " owns them: unset EMUGPU_MIG and start the daemon with --mig ",
+                 config.mig, " (select an instance with EMUGPU_VISIBLE_DEVICES)");
     chosen = &owned;
-    if (!config.device_count_given) state->config.device_count = static_cast<int>(gpus.size());
+    for (size_t k = 0; k < gpus.size(); ++k) {
+      const share::GpuInfo& info = gpus[k];
+      const GpuSpec& parent = state->catalog->find(info.name);
+      NodeGpu d{info.gpu, info.instance, parent, info.uuid};
+      if (info.instance >= 0) {
+        d.spec = mig_instance_spec(parent, {&find_mig_profile(parent, info.mig_profile), 0});
+        d.spec.uuid = info.uuid;
+      }
+      node.push_back(std::move(d));
+      daemon_index.push_back(static_cast<uint32_t>(k));
+    }
+  } else {
+    const auto layout = config.mig.empty() ? std::vector<std::string>{} : parse_mig_layout(config.mig, "EMUGPU_MIG");
+    node = node_devices(*chosen, config.device_count, layout);
   }
+  std::vector<NodeDevice> listed;
+  for (const NodeGpu& d : node) listed.push_back({d.gpu, d.instance, d.uuid, d.spec.name});
+  std::vector<size_t> visible = select_visible_devices(listed, config.visible_devices, "EMUGPU_VISIBLE_DEVICES");
+  if (state->daemon && config.device_count_given) {
+    EMUGPU_CHECK(config.device_count <= static_cast<int>(visible.size()), kValue, "expected at most ", visible.size(),
+                 " emulated GPUs, the emugpud at ", config.daemon, "'s that this process sees, got ",
+                 "a device count of ", config.device_count);
+    visible.resize(static_cast<size_t>(config.device_count));
+  }
+  EMUGPU_CHECK(visible.size() <= static_cast<size_t>(kMaxDevices), kValue, "expected at most ", kMaxDevices,
+               " emulated devices in a process, got ", visible.size(), "; select fewer with EMUGPU_VISIBLE_DEVICES");
+  state->config.device_count = static_cast<int>(visible.size());
   const GpuSpec& gpu = *chosen;
   CostModelParams cost;
   cost.host_staging_rate = config.host_copy_gbps * 1e9;
@@ -276,15 +316,17 @@ void Runtime::configure_locked(const ConfigRequest& request) {
     // Joins the daemon's processes at their time, never behind what they placed.
     if (state->daemon) virtual_clock().receive(state->daemon->welcome().now_ns);
   }
-  for (int i = 0; i < state->config.device_count; ++i) {
-    state->devices.push_back(std::make_unique<Device>(i, gpu, *clock, 1024, cost));
+  for (size_t i = 0; i < visible.size(); ++i) {
+    const NodeGpu& d = node[visible[i]];
+    state->specs.push_back(d.spec);  // a deque: devices keep references to their spec
+    state->devices.push_back(std::make_unique<Device>(static_cast<int>(i), state->specs.back(), *clock, 1024, cost));
     state->devices.back()->set_host_pace(static_cast<TimeNs>(config.host_op_us * 1e3));
     if (state->daemon) {
-      state->devices.back()->allocator().share(
-          std::make_shared<share::DaemonCapacity>(state->daemon, static_cast<uint32_t>(i)));
+      const uint32_t at = daemon_index[visible[i]];
+      state->devices.back()->allocator().share(std::make_shared<share::DaemonCapacity>(state->daemon, at));
       if (state->daemon->welcome().sharing != "none") {
-        state->devices.back()->share_time(std::make_shared<share::DaemonTimeShare>(
-            state->daemon, static_cast<uint32_t>(i), config.clock == ClockKind::kVirtual));
+        state->devices.back()->share_time(
+            std::make_shared<share::DaemonTimeShare>(state->daemon, at, config.clock == ClockKind::kVirtual));
       }
     }
   }

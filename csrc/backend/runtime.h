@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -84,6 +85,7 @@ class Runtime {
   struct State {
     Config config;
     std::unique_ptr<Catalog> catalog;
+    std::deque<GpuSpec> specs;  // per device (a MIG instance's own): before the devices that refer to them
     std::vector<std::unique_ptr<Device>> devices;
     std::shared_ptr<share::Client> daemon;  // EMUGPU_DAEMON's connection, else null
   };

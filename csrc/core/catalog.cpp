@@ -279,8 +279,9 @@ namespace {
 
 // The "mig" object of a GPU entry: {"compute_slices", "memory_slices", "profiles": [...]}.
 void parse_mig(const json& m, const std::string& where, GpuSpec& g) {
-  EMUGPU_CHECK(m.is_object(), kValue, where, ": expected an object with compute_slices, memory_slices and profiles, found ",
-               describe_json(m), "; correct the GPU entry");
+  EMUGPU_CHECK(m.is_object(), kValue, where,
+               ": expected an object with compute_slices, memory_slices and profiles, found ", describe_json(m),
+               "; correct the GPU entry");
   g.mig_compute_slices = integer_field<int>(required_field(m, "compute_slices", where), 1, 16, where, "compute_slices");
   g.mig_memory_slices = integer_field<int>(required_field(m, "memory_slices", where), 1, 16, where, "memory_slices");
   const json& profiles = required_field(m, "profiles", where);
@@ -312,8 +313,8 @@ void parse_mig(const json& m, const std::string& where, GpuSpec& g) {
                                                       "placements (first memory slice of an instance)"));
     }
     for (const MigProfile& other : g.mig_profiles) {
-      EMUGPU_CHECK(normalize_gpu_name(other.name) != normalize_gpu_name(profile.name), kValue, at,
-                   ": MIG profile '", profile.name, "' is listed twice; keep one");
+      EMUGPU_CHECK(normalize_gpu_name(other.name) != normalize_gpu_name(profile.name), kValue, at, ": MIG profile '",
+                   profile.name, "' is listed twice; keep one");
     }
     g.mig_profiles.push_back(std::move(profile));
   }

@@ -46,9 +46,10 @@ struct GpuSpec {
   int mig_compute_slices = 0;
   int mig_memory_slices = 0;
   std::vector<MigProfile> mig_profiles;
-  // Set on a MIG instance's spec (mig.h): its profile and its GPU's name.
+  // Set on a MIG instance's spec (mig.h): its profile, its GPU's name, its UUID.
   std::string mig_profile;
   std::string parent_name;
+  std::string uuid;
 
   double peak_flops(DType dtype) const;
   // Usable host<->device bandwidth in bytes/s (about 80% of the PCIe link).

@@ -51,9 +51,8 @@ std::vector<int> fit(const GpuSpec& gpu, const std::vector<const MigProfile*>& p
   // Largest first: they have the fewest placements, so the search stays small.
   std::vector<size_t> by_size(profiles.size());
   for (size_t i = 0; i < by_size.size(); ++i) by_size[i] = i;
-  std::stable_sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) {
-    return profiles[a]->memory_slices > profiles[b]->memory_slices;
-  });
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return profiles[a]->memory_slices > profiles[b]->memory_slices; });
   std::vector<const MigProfile*> order;
   for (size_t i : by_size) order.push_back(profiles[i]);
   std::vector<int> starts(order.size(), 0);
@@ -63,13 +62,19 @@ std::vector<int> fit(const GpuSpec& gpu, const std::vector<const MigProfile*>& p
   return out;
 }
 
-uint64_t fnv1a(const std::string& text, uint64_t seed) {
+// FNV-1a, then splitmix64's finaliser: names that differ in one character
+// get UUIDs that differ everywhere, as real ones do.
+uint64_t hash64(const std::string& text, uint64_t seed) {
   uint64_t h = seed;
   for (const unsigned char c : text) {
     h ^= c;
     h *= 1099511628211ull;
   }
-  return h;
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
 }
 
 }  // namespace
@@ -176,13 +181,29 @@ GpuSpec mig_instance_spec(const GpuSpec& gpu, const MigInstance& instance) {
 std::string mig_uuid(int gpu_index, const MigInstance& instance) {
   const std::string key =
       "emugpu-mig/" + std::to_string(gpu_index) + "/" + instance.profile->name + "/" + std::to_string(instance.start);
-  const uint64_t hi = fnv1a(key, 1469598103934665603ull);
-  const uint64_t lo = fnv1a(key, 0x9e3779b97f4a7c15ull);
+  const uint64_t hi = hash64(key, 1469598103934665603ull);
+  const uint64_t lo = hash64(key, 0x9e3779b97f4a7c15ull);
   char buf[48];
   std::snprintf(buf, sizeof buf, "MIG-%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(hi >> 32),
                 static_cast<unsigned>((hi >> 16) & 0xffff), static_cast<unsigned>(hi & 0xffff),
                 static_cast<unsigned>(lo >> 48), static_cast<unsigned long long>(lo & 0xffffffffffffull));
   return buf;
+}
+
+std::vector<NodeGpu> node_devices(const GpuSpec& gpu, int count, const std::vector<std::string>& layout) {
+  std::vector<NodeGpu> out;
+  const std::vector<MigInstance> placed = layout.empty() ? std::vector<MigInstance>{} : place_mig_layout(gpu, layout);
+  for (int g = 0; g < count; ++g) {
+    if (placed.empty()) {
+      out.push_back({g, -1, gpu, ""});
+      continue;
+    }
+    for (size_t i = 0; i < placed.size(); ++i) {
+      out.push_back({g, static_cast<int>(i), mig_instance_spec(gpu, placed[i]), mig_uuid(g, placed[i])});
+      out.back().spec.uuid = out.back().uuid;
+    }
+  }
+  return out;
 }
 
 }  // namespace emugpu

@@ -49,4 +49,16 @@ GpuSpec mig_instance_spec(const GpuSpec& gpu, const MigInstance& instance);
 // so that a process selects it by UUID as CUDA_VISIBLE_DEVICES does.
 std::string mig_uuid(int gpu_index, const MigInstance& instance);
 
+// One device of a node: a whole GPU or a MIG instance of one.
+struct NodeGpu {
+  int gpu = 0;        // the physical GPU's index
+  int instance = -1;  // the instance's index on it; -1: the whole GPU
+  GpuSpec spec;       // the instance's own for an instance
+  std::string uuid;   // "MIG-..." for an instance
+};
+
+// `count` GPUs of `gpu`, whole (empty `layout`) or each split as `layout`
+// says (throws as place_mig_layout).
+std::vector<NodeGpu> node_devices(const GpuSpec& gpu, int count, const std::vector<std::string>& layout);
+
 }  // namespace emugpu

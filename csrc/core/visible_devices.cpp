@@ -15,7 +15,8 @@ std::string trim(const std::string& s) {
 }
 
 std::optional<int> small_index(const std::string& text) {
-  if (text.empty() || text.size() > 4 || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+  if (text.empty() || text.size() > 4 ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return std::nullopt;
   }
   return std::stoi(text);
@@ -79,9 +80,9 @@ std::vector<size_t> select_visible_devices(const std::vector<NodeDevice>& node, 
       const std::string entry = trim(spec.substr(begin, end - begin));
       begin = end + 1;
       const auto found = resolve(node, entry);
-      EMUGPU_CHECK(found.has_value(), kValue, source, "='", spec, "': entry '", entry,
-                   "' names none of this node's devices; expected indices, GPU:INSTANCE or MIG UUIDs of: ",
-                   listing(node));
+      EMUGPU_CHECK(
+          found.has_value(), kValue, source, "='", spec, "': entry '", entry,
+          "' names none of this node's devices; expected indices, GPU:INSTANCE or MIG UUIDs of: ", listing(node));
       EMUGPU_CHECK(std::find(out.begin(), out.end(), *found) == out.end(), kValue, source, "='", spec, "': entry '",
                    entry, "' names a device listed before; list each device once");
       if (node[*found].instance >= 0) {

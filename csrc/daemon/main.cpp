@@ -17,6 +17,7 @@
 #include "daemon/server.h"
 #include "device.h"
 #include "error.h"
+#include "mig.h"
 #include "share/address.h"
 
 namespace {
@@ -24,13 +25,15 @@ namespace {
 using emugpu::share::GpuInfo;
 
 constexpr const char* kUsage =
-    "usage: emugpud --catalog PATH [--gpus MODEL[:COUNT]] [--listen ADDRESS] [--sharing POLICY]\n"
+    "usage: emugpud --catalog PATH [--gpus MODEL[:COUNT]] [--mig LAYOUT] [--listen ADDRESS] [--sharing POLICY]\n"
     "\n"
     "Owns emulated GPUs for the processes that attach to it (EMUGPU_DAEMON=ADDRESS):\n"
     "their allocations together stay within each GPU's memory, and their kernels share\n"
     "each GPU's compute as POLICY says.\n"
     "\n"
     "  --gpus MODEL[:COUNT]  the GPUs, a catalog name or alias and how many (default: A100-SXM4-40GB:1)\n"
+    "  --mig LAYOUT          split each GPU into MIG instances, e.g. 3g.40gb,2g.20gb,1g.10gb,1g.10gb\n"
+    "                        (nvidia-smi's profile names); each instance is a device of its own\n"
     "  --sharing POLICY      time-slice (the CUDA driver's default between processes), fair, fifo\n"
     "                        (one iteration each in turn, as GPEmu and Salus), priority (EMUGPU_PRIORITY),\n"
     "                        none (each process has the GPU's compute to itself); default: time-slice\n"
@@ -46,6 +49,7 @@ struct Options {
   emugpu::share::SharingConfig sharing;
   std::string catalog;
   std::string gpus = "A100-SXM4-40GB:1";
+  std::string mig;
   std::string listen;
 };
 
@@ -78,6 +82,9 @@ Options parse(int argc, char** argv) {
       o.catalog = value();
     } else if (arg == "--gpus") {
       o.gpus = value();
+    } else if (arg == "--mig") {
+      o.mig = value();
+      emugpu::parse_mig_layout(o.mig, "emugpud: --mig");
     } else if (arg == "--listen") {
       o.listen = value();
     } else if (arg == "--sharing") {
@@ -109,8 +116,17 @@ std::vector<GpuInfo> gpus_of(const Options& o) {
   }
   const emugpu::Catalog catalog = emugpu::Catalog::from_file(o.catalog);
   const emugpu::GpuSpec& gpu = catalog.find(model);
-  return std::vector<GpuInfo>(static_cast<size_t>(count),
-                              GpuInfo{gpu.name, emugpu::usable_memory_bytes(gpu), gpu.memory_bytes});
+  const auto layout = o.mig.empty() ? std::vector<std::string>{} : emugpu::parse_mig_layout(o.mig, "emugpud: --mig");
+  const auto node = emugpu::node_devices(gpu, static_cast<int>(count), layout);
+  EMUGPU_CHECK(node.size() <= emugpu::share::kMaxGpus, kValue, "emugpud: expected at most ", emugpu::share::kMaxGpus,
+               " devices (GPUs and MIG instances), got ", node.size(), "; use fewer GPUs or instances");
+  std::vector<GpuInfo> out;
+  for (const auto& d : node) {
+    const std::string profile = d.instance < 0 ? "" : d.spec.mig_profile;
+    out.push_back(GpuInfo{gpu.name, emugpu::usable_memory_bytes(d.spec), d.spec.memory_bytes, d.gpu, d.instance,
+                          profile, d.uuid});
+  }
+  return out;
 }
 
 }  // namespace
@@ -125,9 +141,14 @@ int main(int argc, char** argv) {
     signals.async_wait([&](const boost::system::error_code&, int) { server.stop(); });
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-reply is an error on its socket, not the daemon's end
     const GpuInfo& gpu = handler.gpus().front();
-    std::cout << "emugpud: listening on " << server.address() << " with " << handler.gpus().size() << " x " << gpu.name
-              << " (" << emugpu::format_bytes(static_cast<double>(gpu.capacity)) << " each), sharing "
-              << emugpu::share::sharing_policy_name(options.sharing.policy) << std::endl;
+    std::cout << "emugpud: listening on " << server.address() << " with " << handler.gpus().back().gpu + 1 << " x "
+              << gpu.name;
+    if (options.mig.empty()) {
+      std::cout << " (" << emugpu::format_bytes(static_cast<double>(gpu.capacity)) << " each)";
+    } else {
+      std::cout << " split as MIG " << options.mig << " (" << handler.gpus().size() << " instances)";
+    }
+    std::cout << ", sharing " << emugpu::share::sharing_policy_name(options.sharing.policy) << std::endl;
     io.run();
     std::cout << "emugpud: stopped" << std::endl;
     return 0;

@@ -61,8 +61,9 @@ TEST(Mig, PlacesALayoutTheDriverAccepts) {
 
 TEST(Mig, RefusesALayoutThatDoesNotFitListingTheFullOnes) {
   const auto& h100 = catalog().find("h100-sxm");
-  const std::string m =
-      message_of([&] { emugpu::place_mig_layout(h100, {"4g.40gb", "4g.40gb"}); });  // one placement only
+  const std::string m = message_of([&] {
+    emugpu::place_mig_layout(h100, {"4g.40gb", "4g.40gb"});
+  });  // one placement only
   EXPECT_NE(m.find("does not fit on NVIDIA H100 80GB HBM3"), std::string::npos) << m;
   EXPECT_NE(m.find("4g.40gb,3g.40gb"), std::string::npos) << m;
   EXPECT_NE(m.find("7g.80gb"), std::string::npos) << m;

@@ -31,7 +31,7 @@ constexpr uint64_t kMiB = 1 << 20;
 class Daemon {
  public:
   explicit Daemon(const std::string& listen = "")
-      : handler_({{"NVIDIA H100 80GB HBM3", 64 * kMiB, 80 * kMiB}}),
+      : handler_({{"NVIDIA H100 80GB HBM3", 64 * kMiB, 80 * kMiB, 0, -1, "", ""}}),
         path_(std::filesystem::temp_directory_path() /
               ("emugpud-test-" + std::to_string(getpid()) + "-" + std::to_string(counter_++) + ".sock")),
         server_(io_, handler_, parse_address(listen.empty() ? "unix:" + path_.string() : listen, "test")),
@@ -124,7 +124,7 @@ TEST(ShareDaemon, TheSocketIsOnlyItsUsersAndALeftoverOneIsReplaced) {
     EXPECT_EQ(st.st_mode & 0777, 0600u);
     try {  // a second daemon on a live socket is refused
       boost::asio::io_context io;
-      Handler h({{"g", kMiB, kMiB}});
+      Handler h({{"g", kMiB, kMiB, 0, -1, "", ""}});
       Server clash(io, h, parse_address("unix:" + path.string(), "test"));
       ADD_FAILURE() << "a second daemon listened on a live socket";
     } catch (const emugpu::Error& e) {

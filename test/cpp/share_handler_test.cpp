@@ -23,7 +23,8 @@ Message as_message(const std::vector<uint8_t>& bytes) {
 
 class ShareHandler : public ::testing::Test {
  protected:
-  Handler handler{{{"NVIDIA H100", 100 * kMiB, 110 * kMiB}, {"NVIDIA H100", 100 * kMiB, 110 * kMiB}}};
+  Handler handler{
+      {{"NVIDIA H100", 100 * kMiB, 110 * kMiB, 0, -1, "", ""}, {"NVIDIA H100", 100 * kMiB, 110 * kMiB, 0, -1, "", ""}}};
 
   uint64_t attach(int64_t pid, const std::string& clock = "real") {
     const uint64_t id = handler.connect();
@@ -117,7 +118,7 @@ namespace {
 class ShareHandlerTime : public ::testing::Test {
  protected:
   emugpu::TimeNs real = 1'000'000'000;
-  Handler handler{{{"NVIDIA H100", 100 * kMiB, 110 * kMiB}}, SharingConfig{}, [this] { return real; }};
+  Handler handler{{{"NVIDIA H100", 100 * kMiB, 110 * kMiB, 0, -1, "", ""}}, SharingConfig{}, [this] { return real; }};
 
   uint64_t attach(int64_t pid) {
     const uint64_t id = handler.connect();

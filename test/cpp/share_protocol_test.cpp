@@ -29,8 +29,13 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(h.clock, "virtual");
   EXPECT_EQ(h.name, hello.name);
 
-  const Welcome w = decode_welcome(
-      parse_one(encode_welcome(7, {3, {{"NVIDIA H100", 10, 20}, {"NVIDIA H100", 10, 20}}, "fifo", 2000, 5000, 77})));
+  const Welcome w = decode_welcome(parse_one(
+      encode_welcome(7, {3,
+                         {{"NVIDIA H100", 10, 20, 0, -1, "", ""}, {"NVIDIA H100", 10, 20, 1, 2, "3g.40gb", "MIG-abc"}},
+                         "fifo",
+                         2000,
+                         5000,
+                         77})));
   EXPECT_EQ(w.client, 3u);
   EXPECT_EQ(w.sharing, "fifo");
   EXPECT_EQ(w.report_ns, 2000);
@@ -40,6 +45,11 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(w.gpus[1].name, "NVIDIA H100");
   EXPECT_EQ(w.gpus[1].capacity, 10u);
   EXPECT_EQ(w.gpus[1].total, 20u);
+  EXPECT_EQ(w.gpus[0].instance, -1);
+  EXPECT_EQ(w.gpus[1].gpu, 1);
+  EXPECT_EQ(w.gpus[1].instance, 2);
+  EXPECT_EQ(w.gpus[1].mig_profile, "3g.40gb");
+  EXPECT_EQ(w.gpus[1].uuid, "MIG-abc");
 
   const Message reserve = parse_one(encode_bytes(MessageType::kReserve, 9, {1, 2u << 20}));
   EXPECT_EQ(reserve.id, 9u);
@@ -53,7 +63,7 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
 
   Status s;
   s.sharing = "time-slice";
-  s.gpus = {{"g", 100, 120}};
+  s.gpus = {{"g", 100, 120, 0, -1, "", ""}};
   s.used = {40};
   s.clients = {{1, 11, "real", "a", {15}, 0, {kPpm}, {kPpm / 2}}, {2, 12, "real", "b", {25}, 3, {250}, {kPpm}}};
   const Status back = decode_status(parse_one(encode_status(5, s)));
@@ -84,7 +94,18 @@ TEST(ShareProtocol, FractionsAboveOneAndZeroSharesAreRefused) {
   EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, 0, -5, 0}))), emugpu::Error);
   EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {0, 0, 0}))), emugpu::Error);
   EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {kPpm + 1, 0, 0}))), emugpu::Error);
-  EXPECT_THROW(decode_welcome(parse_one(encode_welcome(1, {1, {{"g", 1, 1}}, "fair", 0, 1, 0}))), emugpu::Error);
+  EXPECT_THROW(decode_welcome(parse_one(encode_welcome(1, {1, {{"g", 1, 1, 0, -1, "", ""}}, "fair", 0, 1, 0}))),
+               emugpu::Error);
+}
+
+TEST(ShareProtocol, DeviceIndicesOutOfRangeAreRefused) {
+  const auto welcome = [](int32_t gpu, int32_t instance) {
+    return parse_one(encode_welcome(1, {1, {{"g", 1, 1, gpu, instance, "", ""}}, "fair", 1, 1, 0}));
+  };
+  EXPECT_NO_THROW(decode_welcome(welcome(3, 6)));
+  EXPECT_THROW(decode_welcome(welcome(-1, -1)), emugpu::Error);
+  EXPECT_THROW(decode_welcome(welcome(0, -2)), emugpu::Error);
+  EXPECT_THROW(decode_welcome(welcome(static_cast<int32_t>(kMaxGpus), -1)), emugpu::Error);
 }
 
 TEST(ShareProtocol, MessagesSplitAnywhereArriveWhole) {

@@ -45,10 +45,13 @@ if len(sys.argv) > 2:
 
 
 class Daemon:
-    def __init__(self, tmp: Path, gpus: str = "h100:2", sharing: str | None = None) -> None:
+    def __init__(self, tmp: Path, gpus: str = "h100:2", sharing: str | None = None, mig: str | None = None) -> None:
         self.address = f"unix:{tmp / 'emugpud.sock'}"
         self.proc = subprocess.Popen(
-            daemon_cli.command(gpus, self.address, sharing), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            daemon_cli.command(gpus, self.address, sharing, mig),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None
         self.banner = self.proc.stdout.readline()  # printed once it listens

@@ -16,7 +16,16 @@ from typing import Any
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 
-QUERY_FIELDS = ("index", "name", "memory.total", "memory.used", "memory.free", "utilization.gpu", "processes")
+QUERY_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "utilization.gpu",
+    "processes",
+)
 SHARING_POLICIES = ("time-slice", "fair", "fifo", "priority", "none")
 
 
@@ -41,11 +50,13 @@ def catalog() -> Path:
     raise FileNotFoundError(f"no GPU catalog: expected {_PACKAGE / 'profiles' / 'gpus.json'}")
 
 
-def command(gpus: str | None, listen: str | None, sharing: str | None = None) -> list[str]:
+def command(gpus: str | None, listen: str | None, sharing: str | None = None, mig: str | None = None) -> list[str]:
     """The daemon's command line."""
     cmd = [str(binary()), "--catalog", str(catalog())]
     if gpus:
         cmd += ["--gpus", gpus]
+    if mig:
+        cmd += ["--mig", mig]
     if listen:
         cmd += ["--listen", listen]
     if sharing:
@@ -55,7 +66,7 @@ def command(gpus: str | None, listen: str | None, sharing: str | None = None) ->
 
 def run(args: argparse.Namespace) -> int:
     """`torch-emugpu daemon`: replaces this process with emugpud (it stops on SIGINT or SIGTERM)."""
-    cmd = command(args.gpus, args.listen, args.sharing)
+    cmd = command(args.gpus, args.listen, args.sharing, args.mig)
     sys.stdout.flush()
     os.execv(cmd[0], cmd)
     return 0  # not reached
@@ -94,12 +105,22 @@ def _users(s: dict[str, Any], index: int) -> list[dict[str, Any]]:
     return [p for p in s["processes"] if p["bytes"][index] > 0 or p["busy"][index] > 0]
 
 
+def device_id(gpu: dict[str, Any]) -> str:
+    """A device as nvidia-smi numbers it: "1" for a whole GPU, "1:2" for its MIG instance 2."""
+    return str(gpu["gpu"]) if gpu["instance"] < 0 else f"{gpu['gpu']}:{gpu['instance']}"
+
+
+def device_name(gpu: dict[str, Any]) -> str:
+    return gpu["name"] if gpu["instance"] < 0 else f"{gpu['name']} MIG {gpu['mig_profile']}"
+
+
 def _csv(s: dict[str, Any], fields: list[str], header: bool, units: bool) -> list[str]:
     def value(gpu: dict[str, Any], field: str) -> str:
         unit = " MiB" if units else ""
         return {
-            "index": str(gpu["index"]),
-            "name": gpu["name"],
+            "index": device_id(gpu),
+            "name": device_name(gpu),
+            "uuid": gpu["uuid"] or "-",
             "memory.total": f"{_mib(gpu['capacity'])}{unit}",
             "memory.used": f"{_mib(gpu['used'])}{unit}",
             "memory.free": f"{_mib(gpu['capacity'] - gpu['used'])}{unit}",
@@ -119,23 +140,27 @@ def _csv(s: dict[str, Any], fields: list[str], header: bool, units: bool) -> lis
 
 def _table(s: dict[str, Any]) -> list[str]:
     lines = [f"emugpud at {s['address']}, sharing {s['sharing']}", ""]
-    lines.append(f"{'GPU':>3}  {'Name':32} {'Memory-Usage':>22}  {'GPU-Util':>8}  {'Processes':>9}")
+    lines.append(f"{'GPU':>4}  {'Name':40} {'Memory-Usage':>22}  {'GPU-Util':>8}  {'Processes':>9}")
     for g in s["gpus"]:
         usage = f"{_mib(g['used'])}MiB / {_mib(g['capacity'])}MiB"
         util = f"{gpu_utilization(s, g['index'])}%"
-        lines.append(f"{g['index']:>3}  {g['name'][:32]:32} {usage:>22}  {util:>8}  {len(_users(s, g['index'])):>9}")
-    lines += ["", f"{'GPU':>3}  {'PID':>8}  {'Clock':7} {'GPU Memory':>12}  {'SM':>4}  {'Share':>5}  Process"]
+        users = len(_users(s, g["index"]))
+        lines.append(f"{device_id(g):>4}  {device_name(g)[:40]:40} {usage:>22}  {util:>8}  {users:>9}")
+    mig = [g for g in s["gpus"] if g["instance"] >= 0]
+    if mig:
+        lines += ["", f"{'MIG':>4}  {'Profile':8}  UUID (EMUGPU_VISIBLE_DEVICES or, under torch-emugpu run, CUDA's)"]
+        lines += [f"{device_id(g):>4}  {g['mig_profile']:8}  {g['uuid']}" for g in mig]
+    lines += ["", f"{'GPU':>4}  {'PID':>8}  {'Clock':7} {'GPU Memory':>12}  {'SM':>4}  {'Share':>5}  Process"]
     rows = [(g, p) for p in s["processes"] for g in range(len(s["gpus"])) if p in _users(s, g)]
     if not rows:
         lines.append("     no process uses a GPU" if s["processes"] else "     no process attached")
     for g, p in rows:
         sm, share = f"{round(100 * p['busy'][g])}%", f"{round(100 * p['share'][g])}%"
-        lines.append(
-            f"{g:>3}  {p['pid']:>8}  {p['clock']:7} {_mib(p['bytes'][g]):>9}MiB  {sm:>4}  {share:>5}  {p['name'][:60]}"
-        )
+        gpu, memory = device_id(s["gpus"][g]), f"{_mib(p['bytes'][g]):>9}MiB"
+        lines.append(f"{gpu:>4}  {p['pid']:>8}  {p['clock']:7} {memory}  {sm:>4}  {share:>5}  {p['name'][:60]}")
     idle = [p for p in s["processes"] if not any(p in _users(s, g) for g in range(len(s["gpus"])))]
     for p in idle:
-        lines.append(f"{'-':>3}  {p['pid']:>8}  {p['clock']:7} {0:>9}MiB  {'-':>4}  {'-':>5}  {p['name'][:60]}")
+        lines.append(f"{'-':>4}  {p['pid']:>8}  {p['clock']:7} {0:>9}MiB  {'-':>4}  {'-':>5}  {p['name'][:60]}")
     return lines
 
 
@@ -199,6 +224,12 @@ def add_parsers(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d.add_argument("--gpus", metavar="MODEL[:COUNT]", help="the GPUs: a catalog name or alias and how many")
+    d.add_argument(
+        "--mig",
+        metavar="LAYOUT",
+        help="split each GPU into MIG instances, e.g. 3g.40gb,2g.20gb,1g.10gb,1g.10gb (nvidia-smi's profile names); "
+        "each is a device of its own, selected with EMUGPU_VISIBLE_DEVICES",
+    )
     d.add_argument(
         "--listen",
         metavar="ADDRESS",

@@ -74,8 +74,8 @@ def active() -> bool:
 def visible_count(physical: int, spec: str | None) -> int:
     """How many of `physical` GPUs CUDA shows under CUDA_VISIBLE_DEVICES=`spec`:
     ordinals are read as strtoul does, up to the first negative one or one
-    beyond `physical`; a repeated ordinal shows none; GPU-/MIG- UUIDs name no
-    emulated GPU, so they show none."""
+    beyond `physical`; a repeated ordinal shows none; GPU- UUIDs name no
+    emulated GPU, so they show none (MIG- UUIDs go to the core: narrow_to_visible_devices)."""
     if spec is None:
         return physical
     spec = spec.strip()
@@ -398,6 +398,12 @@ def narrow_to_visible_devices(environ: dict[str, str] | os._Environ[str] = os.en
     same GPUs. Launchers (torchrun) leave it to their workers, whose default count they set."""
     global _visible
     if environ.get("CUDA_VISIBLE_DEVICES") is None or is_launcher():
+        return
+    spec = environ["CUDA_VISIBLE_DEVICES"]
+    if "MIG-" in spec or environ.get("EMUGPU_MIG") or environ.get("EMUGPU_DAEMON"):
+        # MIG instances, or a daemon's GPUs: the core selects them as CUDA does (visible_devices.h),
+        # so that "1" is the daemon's GPU 1 and a MIG UUID its instance.
+        environ.setdefault("EMUGPU_VISIBLE_DEVICES", spec)
         return
     physical_text = environ.get(PHYSICAL_ENV) or environ.get("EMUGPU_DEVICE_COUNT") or environ.get("LOCAL_WORLD_SIZE")
     try:

@@ -162,6 +162,13 @@ class EmuGpuDeviceProperties:
     pcie_generation: int
     pcie_width: int
     nvlink_bandwidth: float
+    # MIG: the profile of an instance ("3g.40gb", empty for a whole GPU), its GPU's name and
+    # its UUID (as CUDA_VISIBLE_DEVICES and EMUGPU_VISIBLE_DEVICES name it); the profiles a
+    # whole GPU can be split into.
+    mig_profile: str = ""
+    parent_name: str = ""
+    uuid: str = ""
+    mig_profiles: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return (
@@ -172,7 +179,9 @@ class EmuGpuDeviceProperties:
 
 
 def get_device_properties(device: _DeviceLike = None) -> EmuGpuDeviceProperties:
-    return EmuGpuDeviceProperties(**_C._device_properties(_index(device)))
+    raw = dict(_C._device_properties(_index(device)))
+    raw["mig_profiles"] = tuple(raw.get("mig_profiles", ()))
+    return EmuGpuDeviceProperties(**raw)
 
 
 def get_device_name(device: _DeviceLike = None) -> str:

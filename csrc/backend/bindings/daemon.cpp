@@ -17,6 +17,10 @@ py::list gpus_list(const std::vector<share::GpuInfo>& gpus, const std::vector<ui
     g["name"] = gpus[i].name;
     g["capacity"] = gpus[i].capacity;
     g["total"] = gpus[i].total;
+    g["gpu"] = gpus[i].gpu;  // the physical GPU; an instance's index on it (-1: whole), profile and UUID
+    g["instance"] = gpus[i].instance;
+    g["mig_profile"] = gpus[i].mig_profile;
+    g["uuid"] = gpus[i].uuid;
     if (used != nullptr) g["used"] = used->at(i);
     out.append(g);
   }

@@ -30,6 +30,12 @@ py::dict gpu_dict(const GpuSpec& g) {
   d["pcie_generation"] = g.pcie_generation;
   d["pcie_width"] = g.pcie_width;
   d["nvlink_bandwidth"] = g.nvlink_bandwidth;
+  d["mig_profile"] = g.mig_profile;  // empty: a whole GPU
+  d["parent_name"] = g.parent_name;
+  d["uuid"] = g.uuid;
+  py::list profiles;
+  for (const MigProfile& p : g.mig_profiles) profiles.append(p.name);
+  d["mig_profiles"] = profiles;
   return d;
 }
 

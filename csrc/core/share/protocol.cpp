@@ -25,7 +25,10 @@ class Writer {
   }
   Writer& gpus(const std::vector<GpuInfo>& gpus) {
     put<uint32_t>(static_cast<uint32_t>(gpus.size()));
-    for (const auto& g : gpus) text(g.name).put<uint64_t>(g.capacity).put<uint64_t>(g.total);
+    for (const auto& g : gpus) {
+      text(g.name).put<uint64_t>(g.capacity).put<uint64_t>(g.total);
+      put<int32_t>(g.gpu).put<int32_t>(g.instance).text(g.mig_profile).text(g.uuid);
+    }
     return *this;
   }
   std::vector<uint8_t> take() { return std::move(out_); }
@@ -67,6 +70,14 @@ class Reader {
       g.name = text();
       g.capacity = get<uint64_t>();
       g.total = get<uint64_t>();
+      g.gpu = get<int32_t>();
+      g.instance = get<int32_t>();
+      EMUGPU_CHECK(g.gpu >= 0 && g.gpu < static_cast<int32_t>(kMaxGpus) && g.instance >= -1 &&
+                       g.instance < static_cast<int32_t>(kMaxGpus),
+                   kRuntime, "emugpud protocol: expected a GPU index below ", kMaxGpus,
+                   " and an instance index from -1 (whole GPU), got ", g.gpu, " and ", g.instance);
+      g.mig_profile = text();
+      g.uuid = text();
     }
     return out;
   }

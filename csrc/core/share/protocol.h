@@ -18,7 +18,7 @@
 namespace emugpu::share {
 
 constexpr uint32_t kMagic = 0x53474d45;  // "EMGS"
-constexpr uint16_t kVersion = 2;         // 2: time sharing (priority, share reports)
+constexpr uint16_t kVersion = 3;         // 2: time sharing (priority, share reports); 3: MIG instances
 constexpr size_t kHeaderBytes = 16;
 // Far above any message (a status of a thousand clients is ~100 kB), small
 // enough that a garbage length is caught at once.
@@ -59,10 +59,15 @@ struct Hello {
   int32_t priority = 0;  // EMUGPU_PRIORITY: higher runs first under --sharing priority
 };
 
+// One of the daemon's devices: a whole GPU, or a MIG instance of one.
 struct GpuInfo {
-  std::string name;       // the catalog's full name
-  uint64_t capacity = 0;  // what the processes may allocate together (CUDA's usable memory)
-  uint64_t total = 0;     // the GPU's memory
+  std::string name;         // the catalog's full name (of the instance's GPU for a MIG instance)
+  uint64_t capacity = 0;    // what the processes may allocate together (CUDA's usable memory)
+  uint64_t total = 0;       // the GPU's (or instance's) memory
+  int32_t gpu = 0;          // the physical GPU's index on the node
+  int32_t instance = -1;    // its MIG instance's index on that GPU; -1: the whole GPU
+  std::string mig_profile;  // "3g.40gb"; empty for a whole GPU
+  std::string uuid;         // "MIG-..." for an instance
 };
 
 struct Welcome {
