@@ -34,7 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t piece = static_cast<size_t>(data[0]) + 1;  // reads may split messages anywhere
   ++data;
   --size;
-  emugpu::share::Handler handler({{"fuzz GPU", 1ull << 30, 1ull << 30}, {"fuzz GPU", 1ull << 20, 1ull << 20}});
+  emugpu::share::Handler handler({{"fuzz GPU", 1ull << 30, 1ull << 30, 0, -1, "", ""},
+                                  {"fuzz GPU", 1ull << 20, 1ull << 20, 0, 0, "1g.1gb", "MIG-x"}});
   const uint64_t first = handler.connect();
   const uint64_t second = handler.connect();
   // A well-behaved second client holds memory the fuzzed one must not disturb.
