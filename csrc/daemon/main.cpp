@@ -38,7 +38,7 @@ constexpr const char* kUsage =
     "                        (one iteration each in turn, as GPEmu and Salus), priority (EMUGPU_PRIORITY),\n"
     "                        none (each process has the GPU's compute to itself); default: time-slice\n"
     "  --time-slice-us US    time-slice: a slice's length (default 2000)\n"
-    "  --context-switch-us US  time-slice: a context switch's cost (default 25)\n"
+    "  --context-switch-us US  time-slice: a context switch's cost (default 200)\n"
     "  --listen ADDRESS      unix:PATH (only this user may attach) or tcp:HOST:PORT\n"
     "                        (default: $XDG_RUNTIME_DIR/emugpud.sock, else /tmp/emugpud-UID.sock)\n"
     "  --catalog PATH        the GPU catalog (gpus.json); torch-emugpu daemon passes the package's\n"

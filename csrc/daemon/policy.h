@@ -39,7 +39,9 @@ const char* sharing_policy_name(SharingPolicy policy);
 struct SharingConfig {
   SharingPolicy policy = SharingPolicy::kTimeSlice;
   TimeNs slice_ns = 2'000'000;  // time-slice: the length of a context's slice
-  TimeNs switch_ns = 25'000;    // time-slice: what a context switch costs
+  // What a context switch costs, state and caches together: fitted to our
+  // H100's time-sliced pairs (benchmarks/collocation_emulated.py).
+  TimeNs switch_ns = 200'000;  // time-slice
   // Processes report every report_ns of real time while they launch work, a
   // busy fraction averaged over window_ns of their clock; a report older
   // than stale_ns (real time) no longer counts (the process went quiet).

@@ -141,7 +141,9 @@ TEST_F(ShareHandlerTime, BusyProcessesGetTheirPolicysShare) {
   EXPECT_EQ(alone.sharers, 0u);
   const ShareGrant second = share(b, 1.0);
   EXPECT_EQ(second.sharers, 1u);
-  EXPECT_NEAR(second.rate_ppm, kPpm * (2000.0 / 2025.0) / 2, 1.0);
+  const SharingConfig config;
+  const double slice = static_cast<double>(config.slice_ns);
+  EXPECT_NEAR(second.rate_ppm, kPpm * (slice / (slice + static_cast<double>(config.switch_ns))) / 2, 1.0);
   EXPECT_EQ(share(a, 1.0).rate_ppm, second.rate_ppm);
   const Status s = handler.status();
   EXPECT_EQ(s.sharing, "time-slice");
@@ -184,6 +186,16 @@ TEST_F(ShareHandlerTime, AProcessCountsOnlyWhileItsWorkMayStillRun) {
   EXPECT_EQ(share(b, 1.0, 5000 + grace).sharers, 1u);
   EXPECT_EQ(share(b, 1.0, 5001 + grace).sharers, 0u);       // a went quiet: its queue ended long ago
   EXPECT_EQ(share(b, 1.0, 5001 + grace).lowest_now, 1000);  // yet its clock still paces b
+}
+
+TEST_F(ShareHandlerTime, AProcessFarAheadHasNoWorkAtThisOnesTimeYet) {
+  const uint64_t a = attach(1), b = attach(2);
+  const emugpu::TimeNs grace = SharingConfig{}.window_ns / 5;
+  share(b, 1.0, 10 * grace, 10 * grace);  // joined at a later time, waiting for a's clock
+  EXPECT_EQ(share(a, 1.0, 8 * grace).sharers, 0u);
+  EXPECT_EQ(share(a, 1.0, 8 * grace).lowest_now, 10 * grace);
+  EXPECT_EQ(share(a, 1.0, 9 * grace).sharers, 1u);  // a arrived: they share
+  EXPECT_EQ(share(b, 1.0, 10 * grace).sharers, 1u);
 }
 
 TEST_F(ShareHandlerTime, ReportsOfUnknownGpusOrBeforeHelloAreRefused) {

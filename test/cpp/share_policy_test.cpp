@@ -27,7 +27,7 @@ TEST(SharePolicy, AProcessAloneHasTheWholeGpu) {
 
 TEST(SharePolicy, TimeSlicingSplitsBusyProcessesEquallyLessContextSwitches) {
   const SharingConfig c = config(SharingPolicy::kTimeSlice);
-  const double switching = 2000.0 / 2025.0;  // a 2 ms slice, a 25 us switch
+  const double switching = 2000.0 / 2200.0;  // a 2 ms slice, a 200 us switch
   EXPECT_NEAR(compute_share(c, {1.0, 0, 0}, {{1.0, 0, 0}}), switching / 2, 1e-12);
   EXPECT_NEAR(compute_share(c, {1.0, 0, 0}, {{1.0, 0, 0}, {1.0, 0, 0}}), switching / 3, 1e-12);
   // Iteration lengths do not matter to the driver's slices.
@@ -59,7 +59,7 @@ TEST(SharePolicy, AHigherPriorityTakesTheGpu) {
   // Free when the higher one has no work.
   EXPECT_NEAR(compute_share(c, {1.0, 0, 0}, {{0.25, 0, 5}}), 0.75, 1e-12);
   // Equal priorities time-slice.
-  EXPECT_NEAR(compute_share(c, {1.0, 0, 3}, {{1.0, 0, 3}}), (2000.0 / 2025.0) / 2, 1e-12);
+  EXPECT_NEAR(compute_share(c, {1.0, 0, 3}, {{1.0, 0, 3}}), (2000.0 / 2200.0) / 2, 1e-12);
 }
 
 TEST(SharePolicy, NoneLeavesEveryProcessTheWholeGpu) {
