@@ -40,12 +40,13 @@ def shipped_profiles() -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def predict(doc: dict[str, Any], left_out: int) -> dict[str, dict[str, float]]:
+def predict(doc: dict[str, Any], left_out: int) -> dict[str, dict[str, Any]]:
     """Runs `doc`'s model at batch `left_out` with that point removed; per region, the targets."""
     import torch
     import torchvision
 
     import torch_emugpu
+    from torch_emugpu import _C
     from torch_emugpu.timing import profiles
 
     reduced = dict(doc, batches=[b for b in doc["batches"] if b["batch_size"] != left_out])
@@ -58,7 +59,7 @@ def predict(doc: dict[str, Any], left_out: int) -> dict[str, dict[str, float]]:
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
         x = torch.empty(left_out, *doc.get("input", {}).get("shape", [3, 224, 224]), device=dev)
         y = torch.zeros(left_out, dtype=torch.long, device=dev)
-        targets: dict[str, dict[str, float]] = {}
+        targets: dict[str, dict[str, Any]] = {}
         # The first iteration takes the straight line; from the second on, its ops bend it.
         for iteration in range(3):
             torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -70,6 +71,16 @@ def predict(doc: dict[str, Any], left_out: int) -> dict[str, dict[str, float]]:
             for r in torch_emugpu.region_report():
                 if r["key"].startswith(f"{doc['model']}@{left_out}:"):
                     targets.setdefault(r["key"].rsplit(":", 1)[1], {})[r["target_from"]] = r["target_s"]
+        # The cost model's curve each region was bent along, for a look at the joint (kCurveExponent).
+        for region, column in (("forward", "forward_s"), ("backward", "backward_s")):
+            points = [(b["batch_size"], b[column]) for b in reduced["batches"]]
+            bent = _C._region_curve_target(0, f"{doc['model']}@{left_out}:{region}", left_out, points)
+            if bent is not None and region in targets:
+                targets[region]["curve"] = {
+                    "fixed_s": bent["cost_model_fixed_s"],
+                    "variable_s": bent["cost_model_variable_s"],
+                    "points": points,
+                }
         del model, opt, x, y
     return targets
 
@@ -98,7 +109,10 @@ def main() -> int:
                 truth = measured["forward_s" if region == "forward" else "backward_s"]
                 case = {"model": doc["model"], "batch": left_out, "region": region, "measured_s": truth}
                 for method, target in t.items():
-                    case[method] = target / truth - 1
+                    if method == "curve":
+                        case["curve"] = target
+                    else:
+                        case[method] = target / truth - 1
                 cases.append(case)
                 line = " ".join(
                     f"{m}: {100 * case[m]:+6.1f}%" for m in ("straight line", "cost-model curve") if m in case

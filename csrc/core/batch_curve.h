@@ -6,7 +6,7 @@
 //
 // Between two profiled points (D0, t0) and (D1, t1), where D is the cost
 // model's time at their batch sizes, the target at cost-model time D follows
-//   t(D) = (H^p + (k D)^p)^(1/p),  p = kCurveExponent,
+//   t(D) = (H^p + (k D)^p)^(1/p),  p = kCurveExponent (batch_curve.cpp),
 // with H and k solved exactly from the two points: a host floor H (a small
 // batch is launch-bound: its time no longer shrinks with the batch) joined
 // smoothly with device time proportional to the cost model's. Where the two
@@ -18,11 +18,6 @@
 #include <vector>
 
 namespace emugpu {
-
-// The joint's sharpness: p = 1 adds the host floor to the device time, large
-// p takes the larger of the two. Chosen on the leave-one-out benchmark of the
-// shipped H100 profiles (benchmarks/batch_curve.py, docs/benchmarks.md).
-constexpr double kCurveExponent = 4.0;
 
 // A region's cost-model time as a function of batch size, from one occurrence
 // at `observed_batch`: fixed_ns of launch floors plus variable_ns scaled by

@@ -110,6 +110,8 @@ void bind_regions(py::module_& m) {
                                                                    : "scaled";
             d["between"] = py::make_tuple(t.below, t.above);
             d["cost_model_s"] = curve->at(static_cast<double>(batch)) / 1e9;
+            d["cost_model_fixed_s"] = curve->fixed_ns / 1e9;        // launch floors
+            d["cost_model_variable_s"] = curve->variable_ns / 1e9;  // in proportion to the batch
             return d;
           });
         });
