@@ -182,9 +182,7 @@ def _region_abort(index: int) -> None:
 def _region_report(index: int) -> list[dict[str, Any]]:
     """Per region: key, kind, target, last, charged, estimated, padded, waited, occurrences, host_bound, ..."""
 
-def _region_curve_target(
-    index: int, key: str, batch: int, points: list[tuple[int, float]]
-) -> dict[str, Any] | None:
+def _region_curve_target(index: int, key: str, batch: int, points: list[tuple[int, float]]) -> dict[str, Any] | None:
     """Region `key`'s target at `batch` along the cost model's curve through `points`, or None before an occurrence."""
 
 def _set_measured_transfer(index: int, latency_s: float, rate: float, pinned_rate: float) -> None:
