@@ -286,3 +286,17 @@ def test_the_rule_of_each_family_is_the_one_that_timed_it() -> None:
     assert ("conv depthwise 7x7", "large-kernel depthwise rule") in rules
     assert ("matmul", "GEMM tile rule") in rules or ("matmul", "unaligned GEMM rule") in rules
     assert any(rule == "bandwidth rule" for _, rule in rules)
+
+
+def test_profiled_regions_say_how_their_targets_were_made() -> None:
+    from torch_emugpu.cli.explain import format_profiled_regions
+
+    regions = [
+        {"key": "resnet50@64:forward", "target_s": 0.0127, "target_from": "profile point", "between": [64, 64]},
+        {"key": "resnet50@96:forward", "target_s": 0.0180, "target_from": "cost-model curve", "between": [64, 128]},
+        {"key": "Net(10 parameters)@8:forward", "target_s": None, "target_from": "cost model"},
+    ]
+    lines = format_profiled_regions(regions).splitlines()
+    assert len(lines) == 2  # a cost-model region has no profiled target
+    assert "12.700 ms (profile point)" in lines[0]
+    assert "cost-model curve through batch sizes 64 and 128" in lines[1]
