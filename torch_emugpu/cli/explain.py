@@ -62,11 +62,11 @@ def rule_rows(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def format_rule_rows(rows: list[dict[str, Any]], per: int = 1) -> str:
     """A table of rule_rows(): family -> rule -> time share -> op count (ops and time divided by `per`)."""
-    head = f"{'family':<28} {'rule':<44} {'share':>6} {'ops':>7} {'time ms':>9}"
+    head = f"{'family':<32} {'rule':<44} {'share':>6} {'ops':>7} {'time ms':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['family']:<28} {r['rule']:<44} {r['share']:>6.1%} {r['ops'] // per:>7} {r['time_s'] * 1e3 / per:>9.3f}"
+            f"{r['family']:<32} {r['rule']:<44} {r['share']:>6.1%} {r['ops'] // per:>7} {r['time_s'] * 1e3 / per:>9.3f}"
         )
     return "\n".join(lines)
 
