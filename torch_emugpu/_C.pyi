@@ -182,6 +182,9 @@ def _region_abort(index: int) -> None:
 def _region_report(index: int) -> list[dict[str, Any]]:
     """Per region: key, kind, target, last, charged, estimated, padded, waited, occurrences, host_bound, ..."""
 
+def _region_curve_target(index: int, key: str, batch: int, points: list[tuple[int, float]]) -> dict[str, Any] | None:
+    """Region `key`'s target at `batch` along the cost model's curve through `points`, or None before an occurrence."""
+
 def _set_measured_transfer(index: int, latency_s: float, rate: float, pinned_rate: float) -> None:
     """Host-device copies from a profile's measured transfer rates."""
 
@@ -203,7 +206,8 @@ def _scan_profiles(directories: list[str]) -> list[dict[str, Any]]:
 def _profile_lookup(
     gpu: str, model: str, parameters: int | None, batch_size: int, gpu_count: int
 ) -> dict[str, Any] | None:
-    """The profile entry for (GPU, model) at `batch_size`, interpolated, or None."""
+    """The profile entry for (GPU, model) at `batch_size`, interpolated, or None; `points` are its table's
+    measured (batch_size, forward_s, backward_s)."""
 
 # --- cost: cost models and calibration (cost.cpp) ---
 
@@ -220,7 +224,7 @@ def _cost_trace_start(index: int, limit: int) -> None:
     """Records the next `limit` ops the cost model times."""
 
 def _cost_trace(index: int) -> list[dict[str, Any]]:
-    """The recorded ops, as the cost model saw them."""
+    """The recorded ops, as the cost model saw them, with the rule that timed each (rule_family, rule)."""
 
 def _kernel_times(gpu: str, params: dict[str, float], ops: list[dict[str, Any]]) -> list[int]:
     """Each op's duration on a catalog GPU with its row's parameters, `params` over them."""

@@ -4,11 +4,17 @@
 #include <cmath>
 #include <limits>
 
+#include "cost_rule.h"
 #include "error.h"
 
 namespace emugpu {
 
 namespace {
+
+// One channel per group: cuDNN's direct depthwise kernels, not implicit GEMMs.
+bool is_depthwise(const OpCost& cost) {
+  return uses_cudnn(cost.family) && cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
+}
 
 // Whether `dtype` runs on tensor cores on `gpu` (cuBLAS and cuDNN use them
 // by default for FP16 from Volta, for BF16 and TF32 from Ampere on).
@@ -140,7 +146,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2 && !cost.cudnn) {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
   }
-  const bool depthwise = uses_cudnn(cost.family) && cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
+  const bool depthwise = is_depthwise(cost);
   double serial_s = 0;  // kernels that add to the others' time instead of overlapping it
   if (depthwise) {
     // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
@@ -175,9 +181,12 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
       const bool matmul = uses_cublas(cost.family);
       const double align = 16 / element_bytes(cost.dtype);
       // cuDNN's tensor-core convolutions want channels in 16-byte groups too
-      // (the 3-channel stem runs on slower kernels).
-      const bool unaligned_conv = tensor && cost.conv.groups >= 1 && cost.conv.c > 0 && uses_cudnn(cost.family) &&
-                                  std::fmod(cost.conv.c / cost.conv.groups, align) != 0;
+      // (the 3-channel stem runs on slower kernels). Grouped ones are exempt:
+      // cuDNN runs them in grouped kernels of their own, which keep their pace
+      // with few channels per group (H100 sweep, ResNeXt's 4 channels per
+      // group in bf16: 0.6x the TF32 pass, not the fallback's 3-7x).
+      const bool unaligned_conv = tensor && cost.conv.groups == 1 && cost.conv.c > 0 && uses_cudnn(cost.family) &&
+                                  std::fmod(cost.conv.c, align) != 0;
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
         double speedup = g.winograd && !tensor ? p.winograd_gain : 1.0;
@@ -216,6 +225,59 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   const double ns = launches * p.launch_ns + (std::max(compute_s, memory_s) + transform_s + serial_s) * 1e9;
   return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs), peak_compute_s * 1e9,
           peak_memory_s * 1e9, compute_s > memory_s, static_cast<int>(launches)};
+}
+
+CostRule cost_rule(const OpCost& cost, const GpuSpec& gpu) {
+  const bool tensor = on_tensor_cores(gpu, cost.dtype);
+  const auto filter = [&] {
+    return std::to_string(static_cast<int>(cost.conv.r)) + "x" + std::to_string(static_cast<int>(cost.conv.s));
+  };
+  switch (cost.family) {
+    case OpFamily::kRnn:
+    case OpFamily::kRnnBackward: {
+      const char* mode = cost.rnn.mode == RnnMode::kLstm ? "lstm" : cost.rnn.mode == RnnMode::kGru ? "gru" : "rnn";
+      return {mode, "cuDNN RNN wavefront rule"};
+    }
+    case OpFamily::kConv:
+    case OpFamily::kConvBackward: {
+      if (is_depthwise(cost)) {
+        const bool large = cost.conv.r * cost.conv.s > 25;
+        return {"conv depthwise " + filter(), large ? "large-kernel depthwise rule" : "depthwise bandwidth rule"};
+      }
+      const std::string family = cost.conv.groups > 1 ? "conv grouped " + filter() : "conv " + filter();
+      const double align = 16 / element_bytes(cost.dtype);
+      if (tensor && cost.conv.groups == 1 && cost.conv.c > 0 && std::fmod(cost.conv.c, align) != 0) {
+        return {family, "implicit-GEMM tile rule, unaligned channels"};
+      }
+      if (tensor && !cost.conv.channels_last && (cost.conv.r * cost.conv.s > 1 || cost.conv.stride > 1)) {
+        return {family, "implicit-GEMM tile rule + NCHW transposes"};
+      }
+      return {family, "implicit-GEMM tile rule"};
+    }
+    case OpFamily::kMm:
+    case OpFamily::kBmm:
+    case OpFamily::kAddmm:
+    case OpFamily::kBaddbmm: {
+      const double align = 16 / element_bytes(cost.dtype);
+      for (int i = 0; tensor && i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
+        const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
+        if (std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0) return {"matmul", "unaligned GEMM rule"};
+      }
+      return {"matmul", cost.gemm_count > 0 ? "GEMM tile rule" : "plain FLOP rate"};
+    }
+    case OpFamily::kAttention:
+    case OpFamily::kAttentionBackward: return {"attention", "fused attention tile rule"};
+    case OpFamily::kBatchNorm:
+      return {"batch norm", cost.cudnn ? "per-channel reduction rule (cuDNN)" : "per-channel reduction rule"};
+    case OpFamily::kOptimizer: return {"optimizer", "multi-tensor bandwidth rule"};
+    case OpFamily::kUnmodelled: return {"unmodelled", "bandwidth rule (no family known)"};
+    case OpFamily::kElementwise:
+    case OpFamily::kReduction:
+    case OpFamily::kNorm:
+    case OpFamily::kGather:
+    case OpFamily::kCopy: return {op_family_name(cost.family), "bandwidth rule"};
+  }
+  return {op_family_name(cost.family), "bandwidth rule"};
 }
 
 void CostModel::set_measured_transfer(TimeNs latency, double rate, double pinned_rate) {

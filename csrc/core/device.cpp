@@ -516,6 +516,13 @@ std::vector<RegionReport> Device::region_report() const {
   return regions_.report();
 }
 
+std::optional<BatchCostCurve> Device::region_cost_curve(const std::string& key, int64_t observed_batch) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::vector<TimeNs>* estimates = regions_.last_estimates(key);
+  if (estimates == nullptr) return std::nullopt;
+  return cost_curve(*estimates, cost_.kernel_params().launch_ns, observed_batch);
+}
+
 EngineStats Device::engine_stats(Engine engine) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return timeline_.engine_stats(engine);

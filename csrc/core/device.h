@@ -29,10 +29,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "batch_curve.h"
 #include "caching_allocator.h"
 #include "catalog.h"
 #include "clock.h"
@@ -182,6 +184,10 @@ class Device {
   // An exception inside a region: closes it without a pad.
   void region_abort();
   std::vector<RegionReport> region_report() const;
+  // The cost model's time of region `key` as a function of batch size, from
+  // its last complete occurrence, run at `observed_batch`; nullopt before one
+  // completed (a close still held counts as not yet).
+  std::optional<BatchCostCurve> region_cost_curve(const std::string& key, int64_t observed_batch) const;
 
   // Statistics.
   EngineStats engine_stats(Engine engine) const;

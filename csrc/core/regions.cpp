@@ -10,6 +10,9 @@ namespace {
 
 constexpr double kReserve = 0.05;  // of the expected estimate
 constexpr size_t kRemembered = 8;  // occurrences whose largest estimate is expected
+// Ops of one occurrence kept for the batch curve (8 MiB): a region with more
+// has no curve and keeps the linear lookup.
+constexpr size_t kMaxKeptOps = size_t{1} << 20;
 
 }  // namespace
 
@@ -28,6 +31,8 @@ void Regions::open(const std::string& key, RegionKind kind, TimeNs target, TimeN
   estimated_ = 0;
   charged_ = 0;
   waited_ = 0;
+  op_estimates_.clear();
+  op_estimates_full_ = false;
   // The most work of the last few occurrences: loops alternate (gradient
   // accumulation steps only every k-th backward).
   auto it = recent_by_key_.find(key);
@@ -39,6 +44,11 @@ TimeNs Regions::retime(TimeNs estimate, TimeNs start, int64_t stream) {
   stream_ = stream;
   const TimeNs before = estimated_;
   estimated_ += estimate;
+  if (op_estimates_.size() < kMaxKeptOps) {
+    op_estimates_.push_back(estimate);
+  } else {
+    op_estimates_full_ = true;
+  }
   if (target_ == kUnbudgeted) {
     charged_ += estimate;
     return estimate;
@@ -106,11 +116,22 @@ void Regions::close(RegionOutcome outcome, TimeNs end, TimeNs pad) {
     host_bound_total_ += 1;
     r.worst_excess = std::max(r.worst_excess, r.last_time - target_ - waited_);
   }
+  if (op_estimates_full_) {
+    last_estimates_by_key_.erase(key_);
+  } else if (!op_estimates_.empty()) {
+    last_estimates_by_key_[key_] = std::move(op_estimates_);
+  }
+  op_estimates_.clear();
   if (estimated_ > 0) {
     auto& recent = recent_by_key_[key_];
     recent.push_back(estimated_);
     if (recent.size() > kRemembered) recent.pop_front();
   }
+}
+
+const std::vector<TimeNs>* Regions::last_estimates(const std::string& key) const {
+  const auto it = last_estimates_by_key_.find(key);
+  return it == last_estimates_by_key_.end() ? nullptr : &it->second;
 }
 
 std::vector<RegionReport> Regions::report() const {

@@ -82,6 +82,10 @@ class Regions {
   void close(RegionOutcome outcome, TimeNs end, TimeNs pad);
 
   std::vector<RegionReport> report() const;
+  // The cost-model estimates of the compute ops of `key`'s last complete
+  // occurrence, in launch order (batch_curve.h bends profiled times with
+  // them); nullptr before one completed or when it ran too many ops to keep.
+  const std::vector<TimeNs>* last_estimates(const std::string& key) const;
   // Complete occurrences of every region that overran their target.
   int64_t host_bound_total() const { return host_bound_total_; }
 
@@ -99,7 +103,11 @@ class Regions {
   TimeNs expected_ = 0;  // estimate of the whole region, from its last complete occurrence
   TimeNs waited_ = 0;    // added to the target by waits
 
+  std::vector<TimeNs> op_estimates_;  // of the open occurrence
+  bool op_estimates_full_ = false;    // it ran more ops than are kept
+
   TimeNs deadline() const { return start_ + target_ + waited_; }
+  std::map<std::string, std::vector<TimeNs>> last_estimates_by_key_;
   std::map<std::string, std::deque<TimeNs>> recent_by_key_;  // estimates of complete occurrences
   std::map<std::string, RegionReport> reports_;
   int64_t host_bound_total_ = 0;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "error.h"
 
 namespace {
@@ -130,6 +132,27 @@ TEST(Regions, ACostModelRegionKeepsItsOpsTimesAndRecordsItsLength) {
   EXPECT_EQ(report[0].charged, 65);
   EXPECT_EQ(report[0].host_bound, 0);  // no target to overrun
   EXPECT_EQ(r.host_bound_total(), 0);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Regions, TheLastCompleteOccurrenceKeepsItsOpEstimatesForTheBatchCurve) {
+  Regions r;
+  EXPECT_EQ(r.last_estimates("k"), nullptr);
+  r.open("k", RegionKind::kForward, emugpu::kUnbudgeted, 0, 0, true);
+  r.retime(100, 0, 0);
+  r.retime(300, 100, 0);
+  EXPECT_EQ(r.last_estimates("k"), nullptr);  // not before it completes
+  r.close(RegionOutcome::kCompleted, 400, 0);
+  ASSERT_NE(r.last_estimates("k"), nullptr);
+  EXPECT_EQ(*r.last_estimates("k"), (std::vector<TimeNs>{100, 300}));
+  // An aborted occurrence leaves the last complete one's.
+  r.open("k", RegionKind::kForward, emugpu::kUnbudgeted, 500, 0, true);
+  r.retime(7, 500, 0);
+  r.close(RegionOutcome::kAborted, 507, 0);
+  EXPECT_EQ(*r.last_estimates("k"), (std::vector<TimeNs>{100, 300}));
 }
 
 }  // namespace

@@ -148,6 +148,9 @@ def test_explain_prints_the_families_of_a_training_iteration() -> None:
     assert "A100" in r.stdout and "cost model only" in r.stdout
     for family in ("convolution backward", "convolution forward", "batch normalization", "total"):
         assert family in r.stdout, r.stdout
+    rules = r.stdout.split("the rule that timed each family:")[1]
+    for family, rule in (("conv 3x3", "implicit-GEMM tile rule"), ("batch norm", "per-channel reduction rule")):
+        assert any(line.startswith(family) and rule in line for line in rules.splitlines()), rules
     bad = subprocess.run(
         [sys.executable, "-m", "torch_emugpu", "explain", "--model", "resnet18", "--batch-size", "0"],
         env=env,
@@ -247,3 +250,53 @@ def test_a_layer_norm_backward_reads_its_gradient_and_input_twice() -> None:
     norm = by_family(torch_emugpu.cost_report())["normalization (layer, group, RMS)"]
     assert norm["kernels"] == 2
     assert norm["bytes"] >= 5 * x.nbytes  # dy and x twice, dx once
+
+
+def test_rule_rows_group_ops_by_family_and_rule_with_their_share() -> None:
+    from torch_emugpu.cli.explain import format_rule_rows, rule_rows
+
+    trace = [
+        {"rule_family": "lstm", "rule": "cuDNN RNN wavefront rule", "charged_ns": 3000},
+        {"rule_family": "elementwise", "rule": "bandwidth rule", "charged_ns": 500},
+        {"rule_family": "elementwise", "rule": "bandwidth rule", "charged_ns": 500},
+    ]
+    rows = rule_rows(trace)
+    assert [(r["family"], r["ops"]) for r in rows] == [("lstm", 1), ("elementwise", 2)]
+    assert rows[0]["share"] == pytest.approx(0.75) and rows[1]["time_s"] == pytest.approx(1e-6)
+    table = format_rule_rows(rows, per=1)
+    assert "cuDNN RNN wavefront rule" in table and "75.0%" in table
+
+
+def test_the_rule_of_each_family_is_the_one_that_timed_it() -> None:
+    from torch_emugpu import _C
+    from torch_emugpu.cli.explain import rule_rows
+
+    lstm = torch.nn.LSTM(64, 64, num_layers=2).to("emugpu")
+    dw = torch.nn.Conv2d(32, 32, 7, padding=3, groups=32).to("emugpu")
+    head = torch.nn.Linear(64, 128).to("emugpu")
+    seq = torch.randn(16, 8, 64, device="emugpu")
+    img = torch.randn(8, 32, 28, 28, device="emugpu")
+    torch.emugpu.synchronize()
+    _C._cost_trace_start(0, 1 << 16)
+    out, _ = lstm(seq)
+    (head(out).sum() + dw(img).sum()).backward()
+    torch.emugpu.synchronize()
+    rules = {(r["family"], r["rule"]) for r in rule_rows(_C._cost_trace(0))}
+    assert ("lstm", "cuDNN RNN wavefront rule") in rules
+    assert ("conv depthwise 7x7", "large-kernel depthwise rule") in rules
+    assert ("matmul", "GEMM tile rule") in rules or ("matmul", "unaligned GEMM rule") in rules
+    assert any(rule == "bandwidth rule" for _, rule in rules)
+
+
+def test_profiled_regions_say_how_their_targets_were_made() -> None:
+    from torch_emugpu.cli.explain import format_profiled_regions
+
+    regions = [
+        {"key": "resnet50@64:forward", "target_s": 0.0127, "target_from": "profile point", "between": [64, 64]},
+        {"key": "resnet50@96:forward", "target_s": 0.0180, "target_from": "cost-model curve", "between": [64, 128]},
+        {"key": "Net(10 parameters)@8:forward", "target_s": None, "target_from": "cost model"},
+    ]
+    lines = format_profiled_regions(regions).splitlines()
+    assert len(lines) == 2  # a cost-model region has no profiled target
+    assert "12.700 ms (profile point)" in lines[0]
+    assert "cost-model curve through batch sizes 64 and 128" in lines[1]

@@ -54,6 +54,11 @@ class _Plan:
     # with an N-GPU table, its other devices: regions with the same targets
     # budget the replicas' work there, so it cannot hold the step up past its time
     others: tuple[int, ...] = ()
+    batch: int = 0
+    # an unprofiled batch size: its regions' targets follow the cost model's curve once each key
+    # completed an occurrence (until then the straight line between the profiled points)
+    forward_bent: bool = False
+    backward_bent: bool = False
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -215,7 +220,7 @@ class _Planner:
             plan = _Plan(
                 device, label, f"{at}:forward", f"{at}:backward", _COST_MODEL, _COST_MODEL, {}, span is not None
             )
-            source = {"source": "cost model", "batch_size": batch}
+            source = {"source": "cost model", "batch_size": batch, "target_from": "cost model"}
             self.sources[plan.forward_key] = self.sources[plan.backward_key] = source
             why = f"no profile for model '{name}'" if name else f"no profile matched {label} (by parameter count)"
             self.warn_once(
@@ -233,7 +238,8 @@ class _Planner:
                 self.warn_once(
                     f"extrapolated:{entry['path']}:{gpus}",
                     f"emugpu: batch size {batch} lies outside the profiled range {sizes[0]}-{sizes[-1]} "
-                    f"of {table}{entry['path']}; extrapolating linearly",
+                    f"of {table}{entry['path']}; extrapolating along the cost model's curve through its "
+                    f"nearest profiled points",
                 )
             at = f"{model}@{batch}" if gpus == 1 else f"{model}@{batch}:dp{gpus}"
             plan = _Plan(
@@ -246,8 +252,10 @@ class _Planner:
                 entry,
                 span is not None,
                 span.others if gpus > 1 and span is not None else (),
+                batch,
             )
             source = {"source": entry["path"], "kind": entry["kind"], "batch_size": batch, "gpu_count": gpus}
+            source.update(_linear_origin(entry, batch))
             if gpus > 1:
                 source["devices"] = list(plan.devices)
             elif span is not None:
@@ -256,7 +264,7 @@ class _Planner:
                     f"table: the 1-GPU time of the whole batch"
                 )
             for region in (plan.forward_key, plan.backward_key):
-                self.sources[region] = source
+                self.sources[region] = dict(source)
         cached[(batch, name, precision)] = plan
         return plan
 
@@ -301,6 +309,8 @@ class _Planner:
         self.update_discovery()
         if plan is None:
             return
+        if not plan.forward_bent:
+            self.bend(plan, backward=False)
         _use_measured_transfer(plan, args)
         host_bound = 0
         for device in plan.devices:
@@ -317,6 +327,28 @@ class _Planner:
                 "profiled time allows (host-bound), so that region took longer than its profile; "
                 "torch_emugpu.region_report() lists which ('host_bound')",
             )
+
+    def bend(self, plan: _Plan, backward: bool) -> None:
+        """A batch size between or beyond a profile's points: once its region completed an occurrence,
+        the cost model's curve through that occurrence bends its target (csrc/core/batch_curve.h)."""
+        if not plan.entry or plan.entry["kind"] == "exact":
+            plan.forward_bent = plan.backward_bent = True  # nothing to bend
+            return
+        key = plan.backward_key if backward else plan.forward_key
+        column = 2 if backward else 1
+        points = [(int(p[0]), float(p[column])) for p in plan.entry["points"]]
+        bent = _C._region_curve_target(plan.device, key, plan.batch, points)
+        if bent is None:
+            return  # no complete occurrence yet: the straight line stands
+        if backward:
+            plan.backward_s, plan.backward_bent = bent["target_s"], True
+        else:
+            plan.forward_s, plan.forward_bent = bent["target_s"], True
+        lo, hi = bent["between"]
+        source = self.sources.setdefault(key, {})
+        source["target_from"] = "cost-model curve" if bent["method"] != "scaled" else "cost-model scaled"
+        source["between"] = [lo, hi]
+        source["cost_model_s"] = bent["cost_model_s"]
 
     def leave(self, thread: int) -> None:
         """The root running in `thread` returned: its own hooks go, discovery may come back."""
@@ -343,6 +375,8 @@ class _Planner:
         # DataParallel's other devices close after the gather was launched, so
         # their pads come after the copies it waits for.
         outputs = _grad_tensors(output) if torch.is_grad_enabled() else []
+        if not plan.backward_bent:  # its last backward region closed when this forward began
+            self.bend(plan, backward=True)
         for device in plan.devices:
             _C._forward_end(device, plan.backward_key, plan.backward_s, bool(outputs))
         self.watch_backward(module, plan, outputs)
@@ -510,6 +544,18 @@ def _batch_size(args: tuple[Any, ...], dim: int = 0) -> int | None:
     return None
 
 
+def _linear_origin(entry: dict[str, Any], batch: int) -> dict[str, Any]:
+    """How a lookup's target was made before any occurrence gave the cost model's curve."""
+    sizes = [int(p[0]) for p in entry.get("points", [])]
+    if entry["kind"] == "exact" or not sizes:
+        return {"target_from": "profile point", "between": [batch, batch]}
+    if len(sizes) == 1:
+        return {"target_from": "straight line", "between": [sizes[0], sizes[0]]}
+    upper = next((i for i, b in enumerate(sizes) if b > batch), len(sizes) - 1)
+    upper = min(max(upper, 1), len(sizes) - 1)
+    return {"target_from": "straight line", "between": [sizes[upper - 1], sizes[upper]]}
+
+
 def _use_measured_transfer(plan: _Plan, args: tuple[Any, ...]) -> None:
     entry = plan.entry
     pageable = entry.get("transfer_pageable_s")
@@ -525,7 +571,10 @@ def _use_measured_transfer(plan: _Plan, args: tuple[Any, ...]) -> None:
 
 def region_report(device: int | None = None) -> list[dict[str, Any]]:
     """Per region: its source (profile file and whether exact, interpolated or
-    extrapolated), the profiled target, the device time of its last complete
+    extrapolated), the profiled target and how it was made (`target_from`: "profile
+    point"; "straight line" between the profiled batch sizes `between`, for a batch
+    size's first occurrence; "cost-model curve" through `between` once an occurrence
+    gave the cost model's time, `cost_model_s`; "cost model"), the device time of its last complete
     occurrence, how often it was host-bound (took longer because the host
     launched its work too late), cancelled or aborted. Models that matched no
     profile have regions too, with source "cost model" and target_s None: their

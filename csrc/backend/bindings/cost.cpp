@@ -6,6 +6,7 @@
 #include "core/calibration.h"
 #include "core/collective_cost.h"
 #include "core/cost_ledger.h"
+#include "core/cost_rule.h"
 #include "core/kernel_params.h"
 
 #include "backend/bindings/common.h"
@@ -116,10 +117,15 @@ void bind_cost(py::module_& m) {
   m.def("_cost_trace", [](int index) {
     return guarded([&] {
       py::list out;
-      for (const TracedOp& op : Runtime::get().device(index).ledger().take_trace()) {
+      Device& device = Runtime::get().device(index);
+      for (const TracedOp& op : device.ledger().take_trace()) {
         py::dict d = op_cost_dict(op.cost);
         d["name"] = op.name;
         d["charged_ns"] = op.charged;
+        // Which rule timed it, under a finer family name (`torch-emugpu explain`).
+        const CostRule rule = cost_rule(op.cost, device.cost().gpu());
+        d["rule_family"] = rule.family;
+        d["rule"] = rule.rule;
         out.append(d);
       }
       return out;

@@ -4,6 +4,7 @@
 
 #include "backend/ops/common.h"
 #include "backend/runtime.h"
+#include "core/batch_curve.h"
 #include "core/profile_db.h"
 
 #include "backend/bindings/common.h"
@@ -91,6 +92,29 @@ void bind_regions(py::module_& m) {
       return out;
     });
   });
+  // The target of region `key` at `batch` from a profile's measured (batch, seconds) points, bent by the
+  // cost model's curve from the key's last complete occurrence (core/batch_curve.h); None before one.
+  m.def("_region_curve_target",
+        [](int index, const std::string& key, int64_t batch, const std::vector<std::pair<int64_t, double>>& points) {
+          return guarded([&]() -> py::object {
+            const auto curve = Runtime::get().device(index).region_cost_curve(key, batch);
+            if (!curve) return py::none();
+            std::vector<MeasuredPoint> measured;
+            for (const auto& [b, seconds] : points) measured.push_back({b, seconds});
+            const CurveTarget t = curve_target(measured, batch, *curve);
+            py::dict d;
+            d["target_s"] = t.seconds;
+            d["method"] = t.method == CurveMethod::kExact          ? "exact"
+                          : t.method == CurveMethod::kInterpolated ? "interpolated"
+                          : t.method == CurveMethod::kExtrapolated ? "extrapolated"
+                                                                   : "scaled";
+            d["between"] = py::make_tuple(t.below, t.above);
+            d["cost_model_s"] = curve->at(static_cast<double>(batch)) / 1e9;
+            d["cost_model_fixed_s"] = curve->fixed_ns / 1e9;        // launch floors
+            d["cost_model_variable_s"] = curve->variable_ns / 1e9;  // in proportion to the batch
+            return d;
+          });
+        });
   m.def("_set_measured_transfer", [](int index, double latency_s, double rate, double pinned_rate) {
     guarded([&] {
       Runtime::get().device(index).cost().set_measured_transfer(seconds_to_ns(latency_s), rate, pinned_rate);
@@ -151,6 +175,12 @@ void bind_regions(py::module_& m) {
             d["transfer_pinned_s"] = optional_number(r->point.transfer_pinned_s);
             d["peak_bytes"] = optional_number(r->point.peak_bytes);
             d["persistent_bytes"] = optional_number(r->point.persistent_bytes);
+            // The measured points of the table it came from: the planner bends between them (batch_curve.h).
+            py::list points;
+            for (const auto& pt : p->table(gpu_count)->points) {
+              points.append(py::make_tuple(pt.batch_size, pt.forward_s, pt.backward_s));
+            }
+            d["points"] = points;
             return d;
           });
         });

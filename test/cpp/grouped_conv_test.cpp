@@ -1,0 +1,53 @@
+// Grouped convolutions as cuDNN runs them: grouped kernels of their own, which
+// keep their pace with few channels per group (the H100 sweep's ResNeXt
+// shapes), where an ungrouped convolution with unaligned channels falls back.
+#include <gtest/gtest.h>
+
+#include "cost_model.h"
+
+namespace {
+
+using emugpu::DType;
+using emugpu::KernelParams;
+using emugpu::OpCost;
+using emugpu::OpFamily;
+
+emugpu::GpuSpec gpu() {
+  emugpu::GpuSpec g;
+  g.name = "test";
+  g.sm_count = 132;
+  g.major = 9;
+  g.fp32_flops = 60e12;
+  g.tf32_flops = g.fp16_flops = g.bf16_flops = 500e12;
+  g.memory_bandwidth = 3e12;
+  g.pcie_generation = 5;
+  g.pcie_width = 16;
+  return g;
+}
+
+OpCost conv(double c, double groups) {
+  OpCost o;
+  o.family = OpFamily::kConv;
+  o.dtype = DType::kBFloat16;
+  o.conv = {64, c, 56, 56, c, 3, 3, 56, 56, groups, 1, true};
+  o.gemm_count = emugpu::conv_gemms(o.conv, true, false, false, o.gemms.data());
+  o.flops = emugpu::matmul_flops(o.gemms[0].batch, o.gemms[0].m, o.gemms[0].k, o.gemms[0].n);
+  o.bytes = 2 * 64 * c * 56 * 56 * 2.0;
+  return o;
+}
+
+TEST(GroupedConv, FewChannelsPerGroupTakeNoUnalignedPenalty) {
+  const auto g = gpu();  // the model keeps a reference
+  KernelParams slow;
+  slow.unaligned_efficiency = 0.05;
+  KernelParams fast = slow;
+  fast.unaligned_efficiency = 1.0;
+  const emugpu::CostModel with_penalty(g, {}, slow);
+  const emugpu::CostModel without(g, {}, fast);
+  // ResNeXt's first stage: 128 channels in 32 groups of 4 (bf16 wants 8).
+  EXPECT_EQ(with_penalty.kernel(conv(128, 32)), without.kernel(conv(128, 32)));
+  // An ungrouped convolution with 4 channels still falls back.
+  EXPECT_GT(with_penalty.kernel(conv(4, 1)), 2 * without.kernel(conv(4, 1)));
+}
+
+}  // namespace
