@@ -53,6 +53,7 @@ class CMakeBuild(build_ext):
             raise SystemExit(NO_TORCH)
         from torch.utils import cpp_extension
 
+        include_dirs = ";".join(str(Path(p).resolve()) for p in cpp_extension.include_paths())
         build_dir = ROOT / "build" / "torch"
         build_dir.mkdir(parents=True, exist_ok=True)
         cfg = os.environ.get("EMUGPU_BUILD_TYPE", "Release")
@@ -65,10 +66,11 @@ class CMakeBuild(build_ext):
                 f"-DCMAKE_BUILD_TYPE={cfg}",
                 f"-DPython3_EXECUTABLE={sys.executable}",
                 "-DEMUGPU_BUILD_TESTS=OFF",
-                # The torch this process imported, also where a child Python would not find it (pip's isolation).
+                # The torch this process imported, also where a child Python would not find it (pip's isolation);
+                # its real paths, so that a torch reached through links compiles with the same flags (no rebuild).
                 f"-DEMUGPU_TORCH_VERSION={torch.__version__}",
-                f"-DEMUGPU_TORCH_INCLUDE_DIRS={';'.join(cpp_extension.include_paths())}",
-                f"-DEMUGPU_TORCH_LIB_DIR={Path(torch.__file__).parent / 'lib'}",
+                f"-DEMUGPU_TORCH_INCLUDE_DIRS={include_dirs}",
+                f"-DEMUGPU_TORCH_LIB_DIR={Path(torch.__file__).resolve().parent / 'lib'}",
                 f"-DEMUGPU_TORCH_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             ],
             check=True,
@@ -96,5 +98,11 @@ class CMakeBuild(build_ext):
 setup(
     ext_modules=[CMakeExtension("torch_emugpu._C")],
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=[torch_requirement(installed_torch()), "tqdm", "numpy", "pillow"],
+    # An sdist builds against any torch from the oldest supported on; the wheel made from it pins its own.
+    install_requires=[
+        torch_requirement(None if "sdist" in sys.argv[1:] else installed_torch()),
+        "tqdm",
+        "numpy",
+        "pillow",
+    ],
 )

@@ -60,7 +60,7 @@ def _autoload(tmp_path: Path, run_mode: bool) -> subprocess.CompletedProcess:
         env["EMUGPU_AS_CUDA"] = "1"
     code = "import torch_emugpu_autoload; torch_emugpu_autoload.autoload(); print('returned')"
     return subprocess.run(
-        [sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
 
 

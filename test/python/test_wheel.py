@@ -219,15 +219,18 @@ def test_under_pips_build_isolation_the_backend_builds_against_the_installed_tor
         if entry.name.startswith(("setuptools", "wheel", "_distutils_hack", "pkg_resources", "packaging")):
             (overlay / entry.name).symlink_to(entry)
     code = (
-        f"import sys; sys.path[:0] = [{str(overlay)!r}, {str(REPO / 'build_backend')!r}]\n"
-        "assert not any('site-packages' in p for p in sys.path[2:]), sys.path\n"
+        # What pip's sitecustomize does: the environment's site directories (and what their .pth files
+        # added) leave sys.path; the overlay and the backend's directory come first.
+        "import sys; sys.path = [p for p in sys.path if 'site-packages' not in p and 'shared-site' not in p]\n"
+        f"sys.path[:0] = [{str(overlay)!r}, {str(REPO / 'build_backend')!r}]\n"
+        "import importlib.util; assert importlib.util.find_spec('torch') is None, 'isolated: no torch'\n"
         "import emugpu_build\n"
         "requires = emugpu_build.get_requires_for_build_wheel()\n"
         "assert not [r for r in requires if r.startswith('torch')], requires\n"
         f"print(emugpu_build.prepare_metadata_for_build_wheel({str(tmp_path)!r}))\n"
     )
     r = subprocess.run(
-        [str(fresh), "-S", "-c", code],
+        [str(fresh), "-c", code],
         env={**_env(), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
         capture_output=True,
         text=True,
@@ -236,7 +239,7 @@ def test_under_pips_build_isolation_the_backend_builds_against_the_installed_tor
     )
     assert r.returncode == 0, r.stdout + r.stderr
     metadata = (tmp_path / r.stdout.strip().splitlines()[-1] / "METADATA").read_text()
-    assert f"Requires-Dist: torch=={PUBLIC_TORCH}" in metadata
+    assert f"Requires-Dist: torch=={PUBLIC_TORCH}" in metadata, r.stderr[-3000:]
 
 
 def test_a_build_that_sees_no_torch_says_what_to_run(tmp_path: Path):
@@ -263,8 +266,11 @@ def test_the_sdist_carries_the_sources_and_no_build_output(tmp_path: Path):
     (sdist,) = tmp_path.glob("torch_emugpu-*.tar.gz")
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+        pkg_info = t.extractfile(f"{sdist.name[: -len('.tar.gz')]}/PKG-INFO").read().decode()  # type: ignore[union-attr]
     for needed in ("CMakeLists.txt", "setup.py", "pyproject.toml", "build_backend/emugpu_build.py",
                    "csrc/backend/runtime.cpp", "csrc/daemon/main.cpp", "profiles/gpus.json",
                    "torch_emugpu/__init__.py", "torch_emugpu/_C.pyi"):  # fmt: skip
         assert needed in names, needed
     assert not [n for n in names if n.endswith(".so") or "/bin/emugpud" in n or n.endswith("_build.json")]
+    # Any supported torch builds it; the wheel built from it pins that torch (metadata computed then).
+    assert "Requires-Dist: torch>=2.13" in pkg_info and "Dynamic: requires-dist" in pkg_info
