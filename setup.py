@@ -41,6 +41,15 @@ Its extension compiles against the torch installed where it will run, and this b
     pip install --no-build-isolation .       # or, for a wheel: python -m build --wheel --no-isolation"""
 
 
+def install_file(src: Path, dest: Path) -> None:
+    """Copies under a temporary name, then renames: a running emugpud, or a process that maps the old _C,
+    keeps its file (copying over it fails with "text file busy", or corrupts the mapping)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.copy2(src, partial)
+    os.replace(partial, dest)
+
+
 class CMakeExtension(Extension):
     def __init__(self, name: str) -> None:
         super().__init__(name, sources=[])
@@ -78,21 +87,16 @@ class CMakeBuild(build_ext):
         subprocess.run([cmake, "--build", str(build_dir), "--target", "_C", "emugpud"], check=True)
         built = next(build_dir.glob("_C*.so"))
         target = Path(self.get_ext_fullpath(ext.name))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(built, target)
+        install_file(built, target)
         # The sharing daemon and what the extension was built with (_build.json: the import-time torch check
         # and `torch-emugpu doctor` read it) travel inside the package. An editable install copies only the
         # extension from its build directory, so the source tree gets them too.
         for package_dir in {target.parent, ROOT / "torch_emugpu"}:
-            daemon = package_dir / "bin" / "emugpud"
-            daemon.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(build_dir / "emugpud", daemon)
-            shutil.copy2(build_dir / "build_info.json", package_dir / "_build.json")
+            install_file(build_dir / "emugpud", package_dir / "bin" / "emugpud")
+            install_file(build_dir / "build_info.json", package_dir / "_build.json")
         # The GPU catalog and the measured data travel inside the package for non-editable installs.
         for src in (ROOT / "profiles").rglob("*.json"):
-            dest = target.parent / "profiles" / src.relative_to(ROOT / "profiles")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest)
+            install_file(src, target.parent / "profiles" / src.relative_to(ROOT / "profiles"))
 
 
 setup(
