@@ -36,6 +36,8 @@ PARSED: dict[str, tuple[str, str]] = {
 OTHER: dict[str, str] = {
     "EMUGPU_DAEMON": "unset: this process's GPUs are its own",
     "EMUGPU_PRIORITY": "0 (emugpud's priority policy)",
+    "EMUGPU_MIG": "whole GPUs, no MIG layout",
+    "EMUGPU_VISIBLE_DEVICES": "CUDA's default choice of devices",
     "EMUGPU_PROFILE_PATH": "none (the user directory and the packaged profiles)",
     "EMUGPU_PROFILES": "on",
     "EMUGPU_CALIBRATION": "on",
