@@ -21,6 +21,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # torch and torchvision come from this machine's local wheel store at these versions.
+# build: test_wheel.py makes the wheel with `python -m build --wheel --no-isolation`.
 .venv/bin/pip install -q --disable-pip-version-check \
-  torch==2.14.1 torchvision==0.29.1 pytest ruff mypy tqdm numpy matplotlib cmake ninja setuptools wheel
+  torch==2.14.1 torchvision==0.29.1 pytest ruff mypy tqdm numpy matplotlib cmake ninja setuptools wheel build
 .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation -e .

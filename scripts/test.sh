@@ -16,7 +16,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 cmake -S . -B build/core -G Ninja -DEMUGPU_BUILD_TORCH=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/core
 ctest --test-dir build/core --output-on-failure
-python_sources=(torch_emugpu torch_emugpu_autoload.py test benchmarks examples)
+python_sources=(torch_emugpu torch_emugpu_autoload.py setup.py build_backend test benchmarks examples)
 ruff check "${python_sources[@]}"
 ruff format --check "${python_sources[@]}"
 git ls-files -- 'csrc/*.cpp' 'csrc/*.h' 'test/*.cpp' 'test/*.h' 'benchmarks/*.cpp' | xargs clang-format --dry-run -Werror

@@ -20,6 +20,7 @@ from .device import _config, _virtual_time
 from .device._extension import _C
 from .device._extension import BUILD_HINT as _BUILD_HINT
 from .device._extension import ERROR as _C_ERROR
+from .device._extension import MISMATCH as _TORCH_MISMATCH
 from .device._extension import ensure_configured as _ensure_configured
 from .device._extension import require as _require_extension
 from .device._launcher import is_launcher as _is_launcher
@@ -214,9 +215,10 @@ else:
         torch.utils.rename_privateuse1_backend("emugpu")
     import warnings
 
-    warnings.warn(
-        f"torch-emugpu: the compiled extension torch_emugpu._C is missing ({_C_ERROR}), so the emugpu "
-        f"device is not available; {_BUILD_HINT}",
-        RuntimeWarning,
-        stacklevel=2,
-    )
+    if _TORCH_MISMATCH is None:  # else only `torch-emugpu doctor` gets here, and reports it
+        warnings.warn(
+            f"torch-emugpu: the compiled extension torch_emugpu._C is missing ({_C_ERROR}), so the emugpu "
+            f"device is not available; {_BUILD_HINT}",
+            RuntimeWarning,
+            stacklevel=2,
+        )

@@ -34,6 +34,12 @@ def _run(args: argparse.Namespace) -> int:
     return run.main(args)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from torch_emugpu.cli import doctor
+
+    return doctor.run(args)
+
+
 def _profile(args: argparse.Namespace) -> int:
     from torch_emugpu.measure import profiler
 
@@ -150,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gpus", help="list the GPUs that can be emulated")
     g.set_defaults(func=_gpus)
+
+    from torch_emugpu.cli import doctor
+
+    dr = sub.add_parser(
+        "doctor",
+        help="versions, whether the extension and the daemon work, the configuration, the catalog and profiles",
+        description=doctor.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dr.set_defaults(func=_doctor)
 
     pr = sub.add_parser(
         "profile",

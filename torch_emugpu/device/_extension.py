@@ -8,15 +8,28 @@ says how to build it.
 
 from __future__ import annotations
 
-try:
-    # Registers the PrivateUse1 kernels, guard and allocator. By its full name: where the file is missing,
-    # the error then says so, not that the half-imported package has no `_C` ("circular import").
-    import torch_emugpu._C as _C
-except ImportError as _error:  # the measuring tools work without it
-    _C = None  # type: ignore[assignment]
-    ERROR: ImportError | None = _error
+import torch
+
+from torch_emugpu import _build_info
+
+# Before _C loads: built against another torch, it would fail on a missing symbol, or load and misbehave.
+MISMATCH = _build_info.torch_mismatch(torch.__version__, _build_info.build_info())
+ERROR: ImportError | None
+if MISMATCH is None:
+    try:
+        # Registers the PrivateUse1 kernels, guard and allocator. By its full name: where the file is missing,
+        # the error then says so, not that the half-imported package has no `_C` ("circular import").
+        import torch_emugpu._C as _C
+    except ImportError as _error:  # the measuring tools work without it
+        _C = None  # type: ignore[assignment]
+        ERROR = _error
+    else:
+        ERROR = None
 else:
-    ERROR = None
+    if not _build_info.diagnosing():
+        raise MISMATCH
+    _C = None  # type: ignore[assignment]  # `torch-emugpu doctor` runs on, to report it
+    ERROR = MISMATCH
 
 BUILD_HINT = (
     "build it with `pip install --no-build-isolation -e .` in the source tree (or run scripts/setup.sh); "
