@@ -151,9 +151,9 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
     // report. One that went quiet (finished, blocked outside the emulator)
     // stops counting as soon as this one's clock passes that.
     if (o.busy_ppm == 0 || r.now_ns > std::max(o.busy_until_ns, o.now_ns) + sharing_.window_ns / 5) continue;
-    // One far ahead (a process that joined at a later time and waits for
-    // the others' clocks) has no work at this one's time yet.
-    if (o.now_ns > r.now_ns + sharing_.window_ns / 5) continue;
+    // One a whole window ahead (a process that joined at a later time and
+    // waits for the others' clocks) reported no work at this one's time.
+    if (o.now_ns > r.now_ns + sharing_.window_ns) continue;
     others.push_back({static_cast<double>(o.busy_ppm) / kPpm, o.iteration_ns, other.hello.priority});
   }
   const Sharer me{static_cast<double>(r.busy_ppm) / kPpm, r.iteration_ns, c.hello.priority};

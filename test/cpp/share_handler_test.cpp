@@ -188,14 +188,15 @@ TEST_F(ShareHandlerTime, AProcessCountsOnlyWhileItsWorkMayStillRun) {
   EXPECT_EQ(share(b, 1.0, 5001 + grace).lowest_now, 1000);  // yet its clock still paces b
 }
 
-TEST_F(ShareHandlerTime, AProcessFarAheadHasNoWorkAtThisOnesTimeYet) {
+TEST_F(ShareHandlerTime, AProcessAWindowAheadHasNoWorkAtThisOnesTimeYet) {
   const uint64_t a = attach(1), b = attach(2);
-  const emugpu::TimeNs grace = SharingConfig{}.window_ns / 5;
-  share(b, 1.0, 10 * grace, 10 * grace);  // joined at a later time, waiting for a's clock
-  EXPECT_EQ(share(a, 1.0, 8 * grace).sharers, 0u);
-  EXPECT_EQ(share(a, 1.0, 8 * grace).lowest_now, 10 * grace);
-  EXPECT_EQ(share(a, 1.0, 9 * grace).sharers, 1u);  // a arrived: they share
-  EXPECT_EQ(share(b, 1.0, 10 * grace).sharers, 1u);
+  const emugpu::TimeNs window = SharingConfig{}.window_ns;
+  share(b, 1.0, 10 * window, 10 * window);  // joined at a later time, waiting for a's clock
+  EXPECT_EQ(share(a, 1.0, 8 * window).sharers, 0u);
+  EXPECT_EQ(share(a, 1.0, 8 * window).lowest_now, 10 * window);
+  EXPECT_EQ(share(a, 1.0, 9 * window).sharers, 1u);  // within a window: its busy fraction covers a's time
+  share(a, 1.0, 10 * window - window / 5);           // a caught up: b counts it too
+  EXPECT_EQ(share(b, 1.0, 10 * window).sharers, 1u);
 }
 
 TEST_F(ShareHandlerTime, ReportsOfUnknownGpusOrBeforeHelloAreRefused) {
