@@ -102,6 +102,14 @@ def is_initialized() -> bool:
     return _devices.has_context() and not _is_in_bad_fork()
 
 
+def __getattr__(name: str) -> object:
+    # torch.cuda's module flag, which torch.utils.checkpoint and torch.random.fork_rng's callers read
+    # to decide whether to save and restore the device's RNG state.
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.emugpu' has no attribute {name!r}")
+
+
 def is_available() -> bool:
     """Always True: emulated GPUs need no hardware."""
     return True
