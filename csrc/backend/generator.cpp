@@ -1,8 +1,8 @@
 #include "backend/generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/Tensor.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstring>
 #include <deque>

@@ -49,9 +49,9 @@ def test_fsdp2_trains_saves_and_resumes(tmp_path: pathlib.Path, dcp_api: bool):
 @pytest.mark.parametrize("case", ["tp", "sp"])
 def test_tensor_and_sequence_parallel(tmp_path: pathlib.Path, case: str):
     out = _run(case, cwd=tmp_path)
-    assert out["in_proj"] == ["Shard(dim=0)"] and out["device"].endswith(":0")
+    assert out["in_proj"] == ["S(0)"] and out["device"].endswith(":0")
 
 
 def test_fsdp_with_tensor_parallel_attention(tmp_path: pathlib.Path):
     out = _run("fsdp_tp", cwd=tmp_path)
-    assert out["is_dtensor"] and len(out["wq"]) == 2 and out["wq"][1] == "Shard(dim=0)"  # (dp, tp)
+    assert out["is_dtensor"] and len(out["wq"]) == 2 and out["wq"][1] == "S(0)"  # (dp, tp)

@@ -222,7 +222,7 @@ bool small(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.ele
 
 // Step 2b (timing mode): whether the op is small and reads only real bytes.
 bool small_and_real(const OpInfo& info, const std::vector<c10::IValue>& args, const Outputs& o) {
-  bool ok = true;
+  bool ok = info.host_kernel;
   for (size_t i = 0; i < args.size() && ok; ++i) {
     if (!info.reads[i] || (info.writes[i] && info.overwrites)) continue;
     for_each_tensor(args[i], [&](const at::Tensor& t) {

@@ -5,6 +5,8 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention.h>
+#include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/SymIntArrayRef.h>
 #include <c10/util/strides.h>
@@ -235,6 +237,24 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
   return choose_sdp_backend(in, gpu, Runtime::get().compute_mode());
 }
 
+// aten::scaled_dot_product_attention above autograd: PyTorch's composite
+// runs CUDA's flash op on CUDA only, and its CPU variant (which DTensor has
+// no sharding rule for) on every other device; emugpu runs CUDA's. The other
+// choices take the composite's own path, which asks fused_sdp_choice.
+at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                        const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                                        std::optional<double> scale, bool enable_gqa) {
+  const bool flash = !(attn_mask.has_value() && attn_mask->defined()) && query.dim() == 4 &&
+                     fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) ==
+                         static_cast<int64_t>(at::SDPBackend::flash_attention);
+  if (flash) {
+    return std::get<0>(at::_scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                               /*return_debug_mask=*/false, scale));
+  }
+  return at::native::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                  enable_gqa);
+}
+
 }  // namespace
 }  // namespace emugpu
 
@@ -264,6 +284,10 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 }
 
 }  // namespace
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("scaled_dot_product_attention", TORCH_FN(scaled_dot_product_attention));
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));

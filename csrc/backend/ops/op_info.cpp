@@ -101,6 +101,7 @@ OpInfo analyze(const c10::OperatorHandle& op) {
     if (info.writes[i]) info.metadata_only = false;
   }
   if (info.generator_arg >= 0) info.random = true;
+  info.host_kernel = op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
   info.overwrites =
       (info.random && info.name != "aten::native_dropout") || info.name == "aten::fill_" || info.name == "aten::zero_";
   for (const auto& ret : schema.returns()) {

@@ -63,6 +63,7 @@ struct OpInfo {
   bool random = false;
   // fill_, zero_ and random ops: the tensors they write are not read.
   bool overwrites = false;
+  bool host_kernel = true;  // a CPU kernel exists (CUDA-only ops, such as flash attention, have none)
 };
 
 // The operator's information, computed on first use (per thread: no lock).

@@ -79,7 +79,7 @@ std::optional<std::string> sdp_refusal(int backend, const SdpInputs& in, const G
       return "flash attention's causal mask needs equal query and key lengths";
     if (gpu.major == 8 && (gpu.minor == 6 || gpu.minor == 9) && grad && d > 192)
       return "flash attention's backward on sm86/sm89 takes head dims of at most 192";
-    return heads(in, /*supports_gqa=*/true);
+    return heads(in, /*supports_gqa=*/false);
   }
   if (b == SDPBackend::efficient_attention) {
     if (gpu.major < 5) return "memory-efficient attention needs sm50 or newer";
@@ -100,14 +100,16 @@ std::optional<std::string> sdp_refusal(int backend, const SdpInputs& in, const G
 }
 
 int64_t choose_sdp_backend(const SdpInputs& in, const GpuSpec& gpu, bool compute_mode) {
-  if (compute_mode && enabled(SDPBackend::math)) return static_cast<int64_t>(SDPBackend::math);
+  if (compute_mode) {  // the fused kernels have no CPU kernel under CUDA's op names
+    TORCH_CHECK(enabled(SDPBackend::math),
+                "compute mode computes scaled_dot_product_attention by the math path, which is disabled; "
+                "enable SDPBackend.MATH in torch.nn.attention.sdpa_kernel, or use timing mode");
+    return static_cast<int64_t>(SDPBackend::math);
+  }
   std::ostringstream reasons;
   for (const SDPBackend b : at::globalContext().sDPPriorityOrder()) {
     if (!enabled(b)) continue;
-    if (compute_mode && b != SDPBackend::flash_attention) continue;  // the one fused op with a host kernel
-    auto why = sdp_refusal(static_cast<int>(b), in, gpu);
-    if (compute_mode && !why && b == SDPBackend::flash_attention && in.dropout > 0)
-      why = "compute mode's host flash kernel takes no dropout";
+    const auto why = sdp_refusal(static_cast<int>(b), in, gpu);
     if (!why) return static_cast<int64_t>(b);
     reasons << "; " << name_of(b) << ": " << *why;
   }

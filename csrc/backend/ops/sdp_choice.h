@@ -29,8 +29,8 @@ std::optional<std::string> sdp_refusal(int backend, const SdpInputs& in, const G
 // The first backend of the context's priority order (flash, efficient,
 // math, cuDNN by default) that is enabled and takes the inputs; raises
 // RuntimeError naming each enabled backend's reason when none does, as CUDA
-// does. Compute mode takes math where it is enabled: its host kernels give
-// the values (efficient and cuDNN attention have no CPU kernel).
+// does. Compute mode takes math (its host kernels give the values: CUDA's
+// fused ops have no CPU kernel), and refuses where math is disabled.
 int64_t choose_sdp_backend(const SdpInputs& in, const GpuSpec& gpu, bool compute_mode);
 
 }  // namespace emugpu
