@@ -97,26 +97,26 @@ def fsdp2(args: argparse.Namespace, device: torch.device) -> dict[str, object]:
     fully_shard(model, mp_policy=policy)
     folder = os.path.join(args.ckpt, "dcp_api" if args.dcp_api else "dtensor_api")
     runs = sorted(int(n) for n in os.listdir(folder)) if os.path.isdir(folder) else []
-    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     resumed = bool(runs)
+    last = os.path.join(folder, str(runs[-1])) if resumed else ""
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     if not resumed:
         model.to_empty(device=device)
         model.reset_parameters()
     else:
-        last = os.path.join(folder, str(runs[-1]))
         full = torch.load(os.path.join(last, "model.pt"), mmap=True, weights_only=True, map_location="cpu")
-        full_optim = torch.load(os.path.join(last, "optim.pt"), mmap=True, weights_only=True, map_location="cpu")
         if args.dcp_api:
-            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
             set_model_state_dict(model, full, options=options)
-            set_optimizer_state_dict(model, optim, full_optim, options=options)
         else:
             meta = model.state_dict()
             sharded = {
                 k: nn.Parameter(distribute_tensor(v, meta[k].device_mesh, meta[k].placements)) for k, v in full.items()
             }
             model.load_state_dict(sharded, strict=False, assign=True)
-            optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    if resumed and args.dcp_api:
+        full_optim = torch.load(os.path.join(last, "optim.pt"), mmap=True, weights_only=True, map_location="cpu")
+        set_optimizer_state_dict(model, optim, full_optim, options=options)
     for _ in range(args.steps):
         x = torch.randint(0, VOCAB, (4, SEQ), device=device)
         loss = model(x).sum()
