@@ -2,8 +2,8 @@
 FSDP2 with a checkpoint saved and resumed (DTensor or DCP API), tensor
 parallel, sequence parallel, and FSDP + TP with DTensor attention. Written
 for CUDA's idioms (torch.accelerator, init_device_mesh on the accelerator's
-type), run under torchrun by test_dist_examples.py. Rank 0 prints one JSON
-line of what it saw.
+type), run under torchrun by test_dist_examples.py. Rank 1 (whose device
+the mesh must set) prints one JSON line of what it saw.
 
     torchrun --standalone --nproc-per-node 2 dist_examples_job.py fsdp2 --ckpt DIR [--dcp-api]
 """
@@ -140,7 +140,7 @@ def fsdp2(args: argparse.Namespace, device: torch.device) -> dict[str, object]:
         os.makedirs(out, exist_ok=True)
         torch.save(model_sd, os.path.join(out, "model.pt"))
         torch.save(optim_sd, os.path.join(out, "optim.pt"))
-    return {"resumed": resumed, "saved": sorted(model_sd), "optim_keys": sorted(optim_sd)}
+    return {"resumed": resumed, "params": sorted(model.state_dict()), "optim_keys": sorted(optim.state_dict())}
 
 
 class ToyModel(nn.Module):
@@ -169,7 +169,8 @@ def toy(args: argparse.Namespace, device: torch.device, sequence: bool) -> dict[
         inp = torch.rand(20, 10, device=device.type)
         model(inp).sum().backward()
         optimizer.step()
-    return {"in_proj": [str(p) for p in model.in_proj.weight.placements], "device": str(model.in_proj.weight.device)}
+    placements = [str(p) for p in model.in_proj.weight.placements]
+    return {"in_proj": placements, "device": str(model.in_proj.weight.to_local().device)}
 
 
 def fsdp_tp(args: argparse.Namespace, device: torch.device) -> dict[str, object]:
@@ -224,8 +225,10 @@ def main() -> None:
     args = parser.parse_args()
     rank = int(os.environ["LOCAL_RANK"])
     device = torch.device(f"{torch.accelerator.current_accelerator().type}:{rank}")
-    torch.accelerator.set_device_index(rank)
+    # No set_device, as in the official scripts: init_device_mesh (fully_shard's default mesh) picks
+    # LOCAL_RANK's device, which needs seeding and the process group to leave the device uninitialized.
     dist.init_process_group(backend=dist.get_default_backend_for_device(device), device_id=device)
+    torch.manual_seed(0)
     if args.case == "fsdp2":
         result = fsdp2(args, device)
     elif args.case == "fsdp_tp":
@@ -235,7 +238,8 @@ def main() -> None:
     torch.accelerator.synchronize()
     result["accelerator"] = device.type
     result["rng_state_bytes"] = torch.get_device_module(device.type).get_rng_state().numel()
-    if dist.get_rank() == 0:
+    result["current_device"] = torch.accelerator.current_device_index()
+    if dist.get_rank() == 1:  # rank 1: its device is LOCAL_RANK's only if the mesh or the script set it
         print(json.dumps(result), flush=True)
     dist.destroy_process_group()
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # torchrun jobs of two ranks: seconds each
@@ -36,20 +37,24 @@ def _run(*job_args: str, cwd: pathlib.Path) -> dict:
 def test_fsdp2_trains_saves_and_resumes(tmp_path: pathlib.Path, dcp_api: bool):
     flags = ["--dcp-api"] if dcp_api else []
     first = _run("fsdp2", "--ckpt", str(tmp_path), *flags, cwd=tmp_path)
-    assert first["resumed"] is False and "output.weight" in first["saved"]
+    assert first["resumed"] is False and "output.weight" in first["params"]
     assert first["accelerator"] == "cuda" and first["rng_state_bytes"] == 16  # CUDA's Philox state
+    assert first["current_device"] == 1  # rank 1 on cuda:1, set by fully_shard's default mesh
     second = _run("fsdp2", "--ckpt", str(tmp_path), *flags, cwd=tmp_path)
-    assert second["resumed"] is True and second["saved"] == first["saved"]
-    if dcp_api:
-        assert "state" in second["optim_keys"]
+    assert second["resumed"] is True and second["params"] == first["params"]
     folder = tmp_path / ("dcp_api" if dcp_api else "dtensor_api")
-    assert len(list(folder.iterdir())) == 2
+    runs = sorted(folder.iterdir())
+    assert len(runs) == 2
+    saved = torch.load(runs[-1] / "model.pt", weights_only=True)
+    assert set(saved) == set(first["params"]) and saved["output.weight"].shape == (256, 64)
+    if dcp_api:  # the optimizer's full state too, gathered by DCP
+        assert "state" in torch.load(runs[-1] / "optim.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("case", ["tp", "sp"])
 def test_tensor_and_sequence_parallel(tmp_path: pathlib.Path, case: str):
     out = _run(case, cwd=tmp_path)
-    assert out["in_proj"] == ["S(0)"] and out["device"].endswith(":0")
+    assert out["in_proj"] == ["S(0)"] and out["device"].endswith(":1") and out["current_device"] == 1
 
 
 def test_fsdp_with_tensor_parallel_attention(tmp_path: pathlib.Path):

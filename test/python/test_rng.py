@@ -175,3 +175,19 @@ def test_dtensor_random_ops_shard_and_replicate_as_on_cuda():
     assert out[0]["sharded"] != out[1]["sharded"]  # different pieces of one random tensor
     assert out[0]["replicated"] == out[1]["replicated"]
     assert out[0]["state"] == out[1]["state"] == (7, 64)  # each op moved every rank past its 32 values
+
+
+def test_seeding_creates_no_device_context():
+    """torch.manual_seed seeds every emulated GPU without creating a context, as torch.cuda defers it:
+    init_device_mesh, called later, moves each rank to its LOCAL_RANK's device only while none exists."""
+    from conftest import run_python
+
+    r = run_python(
+        "import torch, torch_emugpu\n"
+        "torch.manual_seed(3); torch.emugpu.seed_all(); torch.emugpu.manual_seed(4)\n"
+        "print('before', torch.emugpu.is_initialized())\n"
+        "print('state', torch.emugpu.get_rng_state(1)[:8].view(torch.int64).item(), torch.emugpu.is_initialized())\n",
+        env={"EMUGPU_DEVICE_COUNT": "2"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "before False" in r.stdout and "state" in r.stdout and r.stdout.strip().endswith("True"), r.stdout
