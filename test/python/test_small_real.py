@@ -81,3 +81,10 @@ def test_object_collectives_work_in_timing_mode():
         assert out[rank]["broadcast"] == [{"from": "rank0", "n": 3}, "second", list(range(50))]
         assert out[rank]["scatter"] == f"to {rank}"
     assert out[0]["gather"] == [{"r": 0}, {"r": 1}]
+
+
+def test_an_op_the_host_cannot_compute_stays_a_placeholder():
+    """The CPU has no float16 Cholesky, which a GPU has: timing mode keeps the op, as a placeholder."""
+    a = torch.eye(2, dtype=torch.float16).to("emugpu")
+    out = torch.linalg.cholesky(a)
+    assert out.shape == (2, 2) and not _C._is_materialized(out)

@@ -308,7 +308,15 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   // A trace keeps each op's full cost (GEMM and convolution shapes), which the cache does not: estimate anew.
   const bool estimate_now = shapes.cached == nullptr || Runtime::get().device(device).ledger().tracing();
   const std::vector<at::Tensor> inputs = mark_writes(info, args, outputs, real, estimate_now);
-  if (real) compute_values(op, info, args, device, draw, outputs.results);
+  if (real && compute) {
+    compute_values(op, info, args, device, draw, outputs.results);
+  } else if (real) {
+    try {
+      compute_values(op, info, args, device, draw, outputs.results);
+    } catch (const c10::Error&) {  // no host kernel for these inputs (a dtype the CPU lacks): placeholders, as before
+      mark_writes(info, args, outputs, /*compute=*/false, /*need_inputs=*/false);
+    }
+  }
   charge_time(info, args, device, estimate_now, shapes, inputs, outputs);
   torch::jit::drop(*stack, static_cast<int64_t>(num_args));
   for (auto& r : outputs.results) stack->push_back(std::move(r));
