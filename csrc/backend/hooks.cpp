@@ -1,27 +1,14 @@
-// at::PrivateUse1HooksInterface for emugpu, and its default generators.
-#include <ATen/CPUGeneratorImpl.h>
+// at::PrivateUse1HooksInterface for emugpu (its generators are generator.h's).
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 
-#include <deque>
-#include <mutex>
-
 #include "backend/allocator.h"
+#include "backend/generator.h"
 #include "backend/host_allocator.h"
 #include "backend/runtime.h"
 
 namespace emugpu {
 namespace {
-
-// A CPU Philox/MT generator labelled with an emugpu device: random ops on
-// emugpu need a generator of their device; values come from the host RNG.
-class EmuGeneratorImpl : public at::CPUGeneratorImpl {
- public:
-  explicit EmuGeneratorImpl(c10::DeviceIndex index) {
-    device_ = c10::Device(c10::DeviceType::PrivateUse1, index);
-    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
-  }
-};
 
 struct EmuHooks final : public at::PrivateUse1HooksInterface {
   // The extension is built in, so always true.
@@ -30,25 +17,13 @@ struct EmuHooks final : public at::PrivateUse1HooksInterface {
   // Emulated devices are always available once configured.
   bool isAvailable() const override { return Runtime::get().device_count_or_default() > 0; }
 
-  // One lazily created, process-lifetime generator per device.
+  // One lazily created, process-lifetime generator per device (generator.h).
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
-    static std::mutex mutex;
-    static std::deque<at::Generator> generators;  // stable addresses
-    const int index = device_index < 0 ? current_device() : device_index;
-    translate_errors([&] { Runtime::get().device(index); });
-    std::lock_guard<std::mutex> lock(mutex);
-    while (static_cast<int>(generators.size()) <= index) {
-      generators.push_back(at::make_generator<EmuGeneratorImpl>(static_cast<c10::DeviceIndex>(generators.size())));
-    }
-    return generators[index];
+    return default_generator(device_index);
   }
 
   // A fresh generator for `device_index` (torch.Generator(device="emugpu")).
-  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
-    const int index = device_index < 0 ? current_device() : device_index;
-    translate_errors([&] { Runtime::get().device(index); });  // torch.Generator(device="emugpu:9"): IndexError
-    return at::make_generator<EmuGeneratorImpl>(static_cast<c10::DeviceIndex>(index));
-  }
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override { return new_generator(device_index); }
 
   // The emulated device owning `data`; falls back to the current device.
   at::Device getDeviceFromPtr(void* data) const override {

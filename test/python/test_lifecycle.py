@@ -127,13 +127,14 @@ def test_reading_back_computed_values_in_timing_mode_warns_once_naming_compute_m
         "import torch, warnings\n"
         "warnings.simplefilter('always')\n"
         "x = torch.ones(4).to('emugpu')\n"
-        "print('copied', x.cpu().tolist())\n"  # real bytes: no warning
+        "print('copied', x.cpu().tolist(), 'small', (x * 2).sum().item())\n"  # real bytes, a small op on them
+        "x = torch.ones(1 << 15).to('emugpu')\n"  # 128 KiB: ops on it are not computed
         "loss = (x * 2).sum()\n"
-        "print('loss', loss.item(), (x + 1).cpu().tolist())\n"
+        "print('loss', loss.item(), (x + 1)[:2].cpu().tolist())\n"
         f"torch.save({{'w': x * 3}}, r'{tmp_path / 'ckpt.pt'}')\n"
     )
     assert r.returncode == 0, r.stderr
-    assert "copied [1.0, 1.0, 1.0, 1.0]" in r.stdout and "loss 0.0" in r.stdout
+    assert "copied [1.0, 1.0, 1.0, 1.0] small 8.0" in r.stdout and "loss 0.0 [0.0, 0.0]" in r.stdout
     assert r.stderr.count("placeholders") == 1 and "EMUGPU_MODE=compute" in r.stderr
 
 

@@ -72,14 +72,15 @@ def test_compute_ops_allocate_but_do_not_touch_data():
 
 
 def test_computed_values_read_back_as_zero_placeholders():
-    x = torch.full((3,), 5.0).to("emugpu")
-    assert torch.equal(x.cpu(), torch.full((3,), 5.0))  # copied in: real
+    n = 1 << 15  # 128 KiB: above the size up to which ops on real bytes are computed (test_small_real.py)
+    x = torch.full((n,), 5.0).to("emugpu")
+    assert torch.equal(x.cpu(), torch.full((n,), 5.0))  # copied in: real
     y = x + 1
-    assert torch.equal(y.cpu(), torch.zeros(3))  # computed: placeholder
+    assert torch.equal(y.cpu(), torch.zeros(n))  # computed: placeholder
     assert y.sum().item() == 0.0
     assert emu(2, dtype=torch.bool).any().item() is False
     x.mul_(3)  # computed in place: the copied-in values are gone
-    assert torch.equal(x.cpu(), torch.zeros(3))
+    assert torch.equal(x.cpu(), torch.zeros(n))
 
 
 def test_data_dependent_shapes_take_their_upper_bound():

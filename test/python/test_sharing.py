@@ -115,7 +115,7 @@ def exchange() -> Iterator[dict[str, Any]]:
     torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, device_count=2, mode="timing")
     real = torch.arange(16.0).to("emugpu")
     big = torch.arange(32.0).to("emugpu")
-    computed = real * 2  # timing mode: a placeholder
+    computed = torch.empty(16, device="emugpu") * 2  # timing mode: an op on a placeholder is one
     param = torch.nn.Parameter(torch.ones(3).to("emugpu"))
     int_param = torch.nn.Parameter(torch.arange(3).to("emugpu"), requires_grad=False)
     storage = torch.arange(8, dtype=torch.uint8).to("emugpu").untyped_storage()

@@ -51,11 +51,13 @@ def current() -> int:
     return int(_C._current_device())
 
 
-def index(device: DeviceLike = None) -> int:
+def index(device: DeviceLike = None, create_context: bool = True) -> int:
     """The emugpu device index `device` names; IndexError when out of range. Naming a device
-    (set_device, synchronize, streams, properties) creates its context, as in CUDA."""
+    (set_device, synchronize, streams, properties) creates its context, as in CUDA; seeding does not
+    (`create_context=False`: torch.cuda.manual_seed defers to the context's creation)."""
     ensure_configured()
-    context_created()
+    if create_context:
+        context_created()
     if device is None:
         return int(_C._current_device())
     if isinstance(device, str):

@@ -102,6 +102,14 @@ def is_initialized() -> bool:
     return _devices.has_context() and not _is_in_bad_fork()
 
 
+def __getattr__(name: str) -> object:
+    # torch.cuda's module flag, which torch.utils.checkpoint and torch.random.fork_rng's callers read
+    # to decide whether to save and restore the device's RNG state.
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.emugpu' has no attribute {name!r}")
+
+
 def is_available() -> bool:
     """Always True: emulated GPUs need no hardware."""
     return True
@@ -297,27 +305,29 @@ def stream(stream: torch.Stream | None) -> Iterator[None]:
 # --- random numbers ------------------------------------------------------------
 
 
-def _generator(device: _DeviceLike = None) -> torch.Generator:
-    return _C._default_generator(_index(device))
+def _generator(device: _DeviceLike = None, create_context: bool = True) -> torch.Generator:
+    return _C._default_generator(_index(device, create_context))
 
 
+# Seeding creates no device context, as torch.cuda's defers it (torch.manual_seed seeds every device
+# before init_device_mesh, which picks each rank's device only while no context exists).
 def manual_seed(seed: int) -> None:
-    _generator().manual_seed(int(seed))
+    _generator(create_context=False).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    for i in range(device_count()):
-        _generator(i).manual_seed(int(seed))
+    for i in range(_devices.count()):
+        _generator(i, create_context=False).manual_seed(int(seed))
 
 
 def seed() -> None:
-    _generator().seed()
+    _generator(create_context=False).seed()
 
 
 def seed_all() -> None:
-    s = _generator(0).seed()
-    for i in range(1, device_count()):
-        _generator(i).manual_seed(s)
+    s = _generator(0, create_context=False).seed()
+    for i in range(1, _devices.count()):
+        _generator(i, create_context=False).manual_seed(s)
 
 
 def initial_seed() -> int:

@@ -11,6 +11,7 @@
 #include "backend/allocator.h"
 #include "backend/deferred_copy.h"
 #include "backend/distributed/collective.h"
+#include "backend/generator.h"
 #include "backend/ops/common.h"
 #include "backend/ops/compute_mode.h"
 #include "backend/ops/estimate.h"
@@ -18,6 +19,7 @@
 #include "backend/ops/shape_cache.h"
 #include "backend/ops/shape_rules.h"
 #include "backend/ops/tensor_util.h"
+#include "core/exchange/words.h"
 
 namespace emugpu {
 
@@ -191,7 +193,7 @@ Outputs make_outputs(const OpInfo& info, const std::vector<OutDesc>& outs, const
   return o;
 }
 
-// Written values are placeholders in timing mode, real in compute mode.
+// Written values are real in compute mode and for small real ops, else placeholders.
 // Returns the emugpu tensors the op reads (for the cost model, on a miss).
 std::vector<at::Tensor> mark_writes(const OpInfo& info, const std::vector<c10::IValue>& args, const Outputs& o,
                                     bool compute, bool need_inputs) {
@@ -209,11 +211,33 @@ std::vector<at::Tensor> mark_writes(const OpInfo& info, const std::vector<c10::I
   return inputs;
 }
 
-// Step 3 (compute mode): values from the CPU kernel over host aliases.
+// Timing mode computes an op's values after all where every tensor it reads
+// holds real bytes and no tensor it reads or writes exceeds this (the size
+// up to which collectives carry real bytes): control paths (object
+// collectives' sizes, a checkpoint's metadata) then see the values a GPU
+// would give, at the cost of a host kernel over at most 64 KiB per tensor.
+constexpr int64_t kSmallRealBytes = kDataThresholdBytes;
+
+bool small(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.element_size() <= kSmallRealBytes; }
+
+// Step 2b (timing mode): whether the op is small and reads only real bytes.
+bool small_and_real(const OpInfo& info, const std::vector<c10::IValue>& args, const Outputs& o) {
+  bool ok = info.host_kernel;
+  for (size_t i = 0; i < args.size() && ok; ++i) {
+    if (!info.reads[i] || (info.writes[i] && info.overwrites)) continue;
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (ok && is_emu(t)) ok = small(t) && (t.numel() == 0 || is_materialized(t.storage()));
+    });
+  }
+  for (size_t i = 0; i < o.written.size() && ok; ++i) ok = small(o.written[i]);
+  return ok;
+}
+
+// Step 3 (compute mode, or small and real): values from the CPU kernel over host aliases.
 void compute_values(const c10::OperatorHandle& op, const OpInfo& info, const std::vector<c10::IValue>& args, int device,
-                    std::vector<c10::IValue>& results) {
+                    const std::optional<RandomDraw>& draw, std::vector<c10::IValue>& results) {
   torch::jit::Stack host;
-  compute_on_host(op, args, host);
+  compute_on_host(op, args, host, draw, info.generator_arg);
   for (size_t i = 0; i < host.size() && i < results.size(); ++i) {
     const ReturnInfo r = i < info.returns.size() ? info.returns[i] : ReturnInfo{};
     if (r.alias_arg >= 0) continue;  // written in place, or a view
@@ -277,10 +301,22 @@ void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/
   }
   Shapes shapes = find_shapes(op, info, args);
   Outputs outputs = make_outputs(info, shapes.outs(), args, device);
+  // Random ops advance their generator as CUDA's kernels do, in both modes.
+  const std::optional<RandomDraw> draw =
+      info.random ? draw_random(op, info.generator_arg, args, device, outputs.written) : std::nullopt;
+  const bool real = !info.metadata_only && (compute || small_and_real(info, args, outputs));
   // A trace keeps each op's full cost (GEMM and convolution shapes), which the cache does not: estimate anew.
   const bool estimate_now = shapes.cached == nullptr || Runtime::get().device(device).ledger().tracing();
-  const std::vector<at::Tensor> inputs = mark_writes(info, args, outputs, compute, estimate_now);
-  if (compute && !info.metadata_only) compute_values(op, info, args, device, outputs.results);
+  const std::vector<at::Tensor> inputs = mark_writes(info, args, outputs, real, estimate_now);
+  if (real && compute) {
+    compute_values(op, info, args, device, draw, outputs.results);
+  } else if (real) {
+    try {
+      compute_values(op, info, args, device, draw, outputs.results);
+    } catch (const c10::Error&) {  // no host kernel for these inputs (a dtype the CPU lacks): placeholders, as before
+      mark_writes(info, args, outputs, /*compute=*/false, /*need_inputs=*/false);
+    }
+  }
   charge_time(info, args, device, estimate_now, shapes, inputs, outputs);
   torch::jit::drop(*stack, static_cast<int64_t>(num_args));
   for (auto& r : outputs.results) stack->push_back(std::move(r));

@@ -5,6 +5,8 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention.h>
+#include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/SymIntArrayRef.h>
 #include <c10/util/strides.h>
@@ -13,6 +15,7 @@
 #include "backend/deferred_copy.h"
 #include "backend/distributed/collective.h"
 #include "backend/ops/common.h"
+#include "backend/ops/sdp_choice.h"
 
 namespace emugpu {
 namespace {
@@ -49,12 +52,13 @@ bool is_emu(const at::Tensor& t) { return t.device().type() == kEmu; }
 
 double transfer_bytes(const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); }
 
-// Timing mode never computes: values an op wrote read back as zeros. Said
+// Timing mode computes only small ops on real bytes: values other ops wrote read back as zeros. Said
 // once per process, since losses, metrics and checkpoints all read back.
 void warn_placeholder_read() {
   TORCH_WARN_ONCE(
       "emugpu: reading back values that timing mode never computed; they are placeholders and read as "
-      "zeros (printed losses and metrics, saved checkpoints). Only bytes copied to the device are real. "
+      "zeros (printed losses and metrics, saved checkpoints). Only bytes copied to the device, and small ops "
+      "(at most 64 KiB per tensor) on them, are real. "
       "Set EMUGPU_MODE=compute (or torch_emugpu.configure(mode='compute')) for real values.");
 }
 
@@ -222,11 +226,33 @@ bool equal(const at::Tensor& self, const at::Tensor& other) {
   });
 }
 
-// aten::_fused_sdp_choice: the fused "overrideable" kernel, whose shape rule
-// matches flash attention's memory use; compute mode takes the math path.
-int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                         double, bool, std::optional<double>, bool) {
-  return static_cast<int64_t>(Runtime::get().compute_mode() ? at::SDPBackend::math : at::SDPBackend::overrideable);
+// aten::_fused_sdp_choice: the kernel CUDA would run (sdp_choice.h).
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> /*scale*/, bool enable_gqa) {
+  const SdpInputs in{query,     key,       value,     attn_mask.has_value() && attn_mask->defined(),
+                     dropout_p, is_causal, enable_gqa};
+  const int device = query.device().type() == kEmu ? query.device().index() : current_device();
+  const GpuSpec& gpu = translate_errors([&]() -> const GpuSpec& { return Runtime::get().device(device).gpu(); });
+  return choose_sdp_backend(in, gpu, Runtime::get().compute_mode());
+}
+
+// aten::scaled_dot_product_attention above autograd: PyTorch's composite
+// runs CUDA's flash op on CUDA only, and its CPU variant (which DTensor has
+// no sharding rule for) on every other device; emugpu runs CUDA's. The other
+// choices take the composite's own path, which asks fused_sdp_choice.
+at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                        const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                                        std::optional<double> scale, bool enable_gqa) {
+  const bool flash = !(attn_mask.has_value() && attn_mask->defined()) && query.dim() == 4 &&
+                     fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) ==
+                         static_cast<int64_t>(at::SDPBackend::flash_attention);
+  if (flash) {
+    return std::get<0>(at::_scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                               /*return_debug_mask=*/false, scale));
+  }
+  return at::native::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                  enable_gqa);
 }
 
 }  // namespace
@@ -258,6 +284,10 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 }
 
 }  // namespace
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("scaled_dot_product_attention", TORCH_FN(scaled_dot_product_attention));
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));

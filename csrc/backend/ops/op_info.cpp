@@ -78,6 +78,8 @@ OpInfo analyze(const c10::OperatorHandle& op) {
   };
   info.host_index_tensors = host_index_ops.count(info.name) != 0;
   info.keeps_values = info.name == "aten::resize_" || info.name == "aten::resize_as_";
+  info.random = info.name == "aten::native_dropout" || (info.name.rfind("aten::_scaled_dot_product_", 0) == 0 &&
+                                                        info.name.find("backward") == std::string::npos);
   const auto& args = schema.arguments();
   info.writes.resize(args.size());
   info.reads.resize(args.size());
@@ -89,11 +91,19 @@ OpInfo analyze(const c10::OperatorHandle& op) {
     if (n == "transposed") info.transposed_arg = index;
     if (n == "is_causal") info.causal_arg = index;
     if (n == "output_mask") info.mask_arg = index;
+    if (args[i].type()->kind() == c10::TypeKind::OptionalType &&
+        args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType) {
+      info.generator_arg = index;
+    }
     const auto* a = element_alias(args[i]);
     info.writes[i] = a != nullptr && a->isWrite();
     info.reads[i] = !(info.writes[i] && args[i].kwarg_only());
     if (info.writes[i]) info.metadata_only = false;
   }
+  if (info.generator_arg >= 0) info.random = true;
+  info.host_kernel = op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
+  info.overwrites =
+      (info.random && info.name != "aten::native_dropout") || info.name == "aten::fill_" || info.name == "aten::zero_";
   for (const auto& ret : schema.returns()) {
     ReturnInfo r;
     const auto* ra = element_alias(ret);

@@ -56,6 +56,14 @@ struct OpInfo {
   int transposed_arg = -1;
   int causal_arg = -1;
   int mask_arg = -1;  // convolution_backward's output_mask
+  // Random numbers: the `Generator?` argument (-1: none), and whether the op
+  // may draw from a generator at all (with one, or from the device's
+  // default one as dropout and attention with dropout do on CUDA).
+  int generator_arg = -1;
+  bool random = false;
+  // fill_, zero_ and random ops: the tensors they write are not read.
+  bool overwrites = false;
+  bool host_kernel = true;  // a CPU kernel exists (CUDA-only ops, such as flash attention, have none)
 };
 
 // The operator's information, computed on first use (per thread: no lock).
