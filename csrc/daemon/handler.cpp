@@ -28,6 +28,7 @@ uint64_t Handler::connect() {
   c.bytes.assign(gpus_.size(), 0);
   c.reports.assign(gpus_.size(), {});
   c.reported_at.assign(gpus_.size(), 0);
+  c.moved_at.assign(gpus_.size(), 0);
   c.granted.assign(gpus_.size(), kPpm);
   return id;
 }
@@ -138,6 +139,7 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
         m.id, "emugpud: expected a GPU index below " + std::to_string(gpus_.size()) + ", got " + std::to_string(r.gpu));
   }
   const TimeNs now = real_now_();
+  if (c.reported_at[r.gpu] == 0 || c.reports[r.gpu].now_ns != r.now_ns) c.moved_at[r.gpu] = now;
   c.reports[r.gpu] = r;
   c.reported_at[r.gpu] = now;
   std::vector<Sharer> others;
@@ -145,7 +147,10 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
   for (const auto& [other_id, other] : clients_) {
     if (other_id == id || !fresh(other, r.gpu, now)) continue;
     const ShareReport& o = other.reports[r.gpu];
-    lowest = std::min(lowest, o.now_ns);
+    // Pacing waits for the earliest clock that still moves: one stopped for
+    // longer than the clients' patience (a finished process on its way out,
+    // one blocked outside the emulator) would hide the next laggard.
+    if (now - other.moved_at[r.gpu] <= sharing_.patience_ns) lowest = std::min(lowest, o.now_ns);
     // A process shares the GPU from this one's time on only while its work
     // may still run then: its queued compute, or a little past its last
     // report. One that went quiet (finished, blocked outside the emulator)

@@ -52,6 +52,7 @@ class Handler {
     std::vector<uint64_t> bytes;       // per GPU
     std::vector<ShareReport> reports;  // per GPU, the last one
     std::vector<TimeNs> reported_at;   // per GPU, real time (0: never)
+    std::vector<TimeNs> moved_at;      // per GPU, real time its reported clock last changed
     std::vector<uint32_t> granted;     // per GPU, the share last granted (ppm)
   };
   std::vector<uint8_t> hello(uint64_t id, Client& c, const Message& m);

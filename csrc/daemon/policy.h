@@ -48,6 +48,10 @@ struct SharingConfig {
   TimeNs report_ns = 2'000'000;
   TimeNs window_ns = 500'000'000;
   TimeNs stale_ns = 5'000'000'000;
+  // A process whose clock has not moved for patience_ns (real time) is not
+  // waited for by the others' pacing (the clients give up on it after as
+  // long: DaemonTimeShare::kPatience).
+  TimeNs patience_ns = 1'000'000'000;
 };
 
 // What a process reported about its compute on one GPU.

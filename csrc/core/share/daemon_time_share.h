@@ -52,7 +52,11 @@ class DaemonTimeShare final : public TimeShare {
  private:
   std::shared_ptr<Client> client_;
   uint32_t gpu_;
-  static constexpr std::chrono::milliseconds kPatience{250};
+  // Long enough for a process that still runs on a loaded host (2 cores,
+  // several jobs: a laggard may not report for a few hundred ms), short
+  // enough that a finished one delays the others once, briefly. emugpud's
+  // SharingConfig::patience_ns is the same.
+  static constexpr std::chrono::milliseconds kPatience{1000};
   bool keep_pace_;
   TimeNs stuck_ = kNoTime;  // a laggard's time that did not move within kPatience
 };
