@@ -178,6 +178,19 @@ TEST_F(ShareHandlerTime, ProcessesLearnTheEarliestClockOfTheOthers) {
   EXPECT_EQ(decode_welcome(w2).now_ns, 0);
 }
 
+TEST_F(ShareHandlerTime, AClockThatStoppedMovingNoLongerPacesTheOthers) {
+  const uint64_t a = attach(1), b = attach(2), c = attach(3);
+  share(a, 1.0, 100);
+  share(b, 1.0, 300);
+  EXPECT_EQ(share(c, 1.0, 350).lowest_now, 100);
+  real += SharingConfig{}.patience_ns + 1;  // a stops moving (finishing, or blocked elsewhere)
+  share(a, 1.0, 100);
+  share(b, 1.0, 400);
+  EXPECT_EQ(share(c, 1.0, 450).lowest_now, 400);  // b still paces c
+  share(a, 1.0, 150);                             // a moves again
+  EXPECT_EQ(share(c, 1.0, 450).lowest_now, 150);
+}
+
 TEST_F(ShareHandlerTime, AProcessCountsOnlyWhileItsWorkMayStillRun) {
   const uint64_t a = attach(1), b = attach(2);
   const emugpu::TimeNs grace = SharingConfig{}.window_ns / 5;
