@@ -17,23 +17,12 @@
 #include "mig.h"
 #include "share/address.h"
 #include "shm_segment.h"
+#include "text.h"
 
 namespace emugpu {
 namespace {
 
 // A stable 64-bit hash (FNV-1a): every process of a job must derive the same name.
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
-  return h;
-}
-
-std::string trim(const std::string& s) {
-  const auto first = s.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos) return "";
-  return s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
-}
-
 // What an error message echoes of a value (error.h's echo_input).
 std::string brief(const std::string& s) { return echo_input(s); }
 

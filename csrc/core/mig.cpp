@@ -4,18 +4,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <set>
 
 #include "error.h"
+#include "text.h"
 
 namespace emugpu {
 namespace {
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
 
 std::string profile_list(const GpuSpec& gpu) {
   std::string out;
@@ -65,11 +59,7 @@ std::vector<int> fit(const GpuSpec& gpu, const std::vector<const MigProfile*>& p
 // FNV-1a, then splitmix64's finaliser: names that differ in one character
 // get UUIDs that differ everywhere, as real ones do.
 uint64_t hash64(const std::string& text, uint64_t seed) {
-  uint64_t h = seed;
-  for (const unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  uint64_t h = fnv1a(text, seed);
   h ^= h >> 30;
   h *= 0xbf58476d1ce4e5b9ull;
   h ^= h >> 27;
@@ -80,19 +70,14 @@ uint64_t hash64(const std::string& text, uint64_t seed) {
 }  // namespace
 
 std::vector<std::string> parse_mig_layout(const std::string& text, const std::string& source) {
-  std::vector<std::string> out;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    const size_t end = std::min(text.find(',', begin), text.size());
-    std::string name = trim(text.substr(begin, end - begin));
+  std::vector<std::string> out = split_trimmed(text, ',');
+  for (std::string& name : out) {
     if (name.size() > 4 && (name.compare(0, 4, "MIG ") == 0 || name.compare(0, 4, "mig ") == 0)) {
       name = trim(name.substr(4));
     }
     EMUGPU_CHECK(!name.empty(), kValue, source, "='", text,
                  "': expected MIG profile names separated by commas (e.g. 3g.40gb,2g.20gb,1g.10gb), found an empty "
                  "entry");
-    out.push_back(name);
-    begin = end + 1;
   }
   return out;
 }

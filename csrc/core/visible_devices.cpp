@@ -4,15 +4,10 @@
 #include <optional>
 
 #include "error.h"
+#include "text.h"
 
 namespace emugpu {
 namespace {
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
 
 std::optional<int> small_index(const std::string& text) {
   if (text.empty() || text.size() > 4 ||
@@ -65,32 +60,28 @@ std::optional<size_t> resolve(const std::vector<NodeDevice>& node, const std::st
 
 std::vector<size_t> select_visible_devices(const std::vector<NodeDevice>& node, const std::string& spec,
                                            const std::string& source) {
-  std::vector<size_t> out;
-  bool mig_taken = false;
+  std::vector<size_t> listed;
   if (trim(spec).empty()) {
-    for (size_t i = 0; i < node.size(); ++i) {
-      if (node[i].instance >= 0 && mig_taken) continue;
-      mig_taken = mig_taken || node[i].instance >= 0;
-      out.push_back(i);
-    }
+    for (size_t i = 0; i < node.size(); ++i) listed.push_back(i);
   } else {
-    size_t begin = 0;
-    while (begin <= spec.size()) {
-      const size_t end = std::min(spec.find(',', begin), spec.size());
-      const std::string entry = trim(spec.substr(begin, end - begin));
-      begin = end + 1;
+    for (const std::string& entry : split_trimmed(spec, ',')) {
       const auto found = resolve(node, entry);
       EMUGPU_CHECK(
           found.has_value(), kValue, source, "='", spec, "': entry '", entry,
           "' names none of this node's devices; expected indices, GPU:INSTANCE or MIG UUIDs of: ", listing(node));
-      EMUGPU_CHECK(std::find(out.begin(), out.end(), *found) == out.end(), kValue, source, "='", spec, "': entry '",
-                   entry, "' names a device listed before; list each device once");
-      if (node[*found].instance >= 0) {
-        if (mig_taken) continue;  // CUDA enumerates one MIG device per process
-        mig_taken = true;
-      }
-      out.push_back(*found);
+      EMUGPU_CHECK(std::find(listed.begin(), listed.end(), *found) == listed.end(), kValue, source, "='", spec,
+                   "': entry '", entry, "' names a device listed before; list each device once");
+      listed.push_back(*found);
     }
+  }
+  std::vector<size_t> out;
+  bool mig_taken = false;
+  for (const size_t i : listed) {
+    if (node[i].instance >= 0) {
+      if (mig_taken) continue;  // CUDA enumerates one MIG device per process
+      mig_taken = true;
+    }
+    out.push_back(i);
   }
   EMUGPU_CHECK(!out.empty(), kValue, source, "='", spec, "' leaves no device visible; devices: ", listing(node));
   return out;
