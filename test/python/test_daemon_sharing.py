@@ -47,10 +47,11 @@ print(json.dumps({"times": times, "share": me["share"][0], "busy": me["busy"][0]
 ALONE_MS = 54.76  # 20 fp32 4096^3 matmuls on an H100, as the cost model times them (measured below too)
 
 
-def start(address: str, iters: int, **extra: str) -> subprocess.Popen:
+def start(address: str, iters: int, job: str = JOB, **extra: str) -> subprocess.Popen:
+    """Job script `job` attached at `address` under the virtual clock, once it said "ready"."""
     e = env(address, EMUGPU_CLOCK="virtual", EMUGPU_HOST="modelled", **extra)
     p = subprocess.Popen(
-        [sys.executable, "-c", JOB, str(iters)],
+        [sys.executable, "-c", job, str(iters)],
         env=e,
         cwd=REPO,
         stdin=subprocess.PIPE,

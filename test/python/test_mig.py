@@ -9,7 +9,6 @@ host's load cannot move them."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 import torch
 from conftest import REPO
 from test_daemon import TIMEOUT, Daemon, env, finish, first_line, holder
+from test_daemon_sharing import run_together, start
 
 import torch_emugpu
 
@@ -149,33 +149,7 @@ print(json.dumps({"times": times, "uuid": torch.emugpu.get_device_properties(0).
 
 
 def _job(address: str, visible: str, iters: int) -> subprocess.Popen:
-    e = env(address, EMUGPU_CLOCK="virtual", EMUGPU_HOST="modelled", EMUGPU_VISIBLE_DEVICES=visible)
-    p = subprocess.Popen(
-        [sys.executable, "-c", JOB, str(iters)],
-        env=e,
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stdout is not None
-    line = p.stdout.readline()
-    assert line.strip() == "ready", p.stderr.read() if p.stderr else ""
-    return p
-
-
-def _together(jobs: list[subprocess.Popen]) -> list[dict]:
-    for p in jobs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    out = []
-    for p in jobs:
-        stdout, stderr = p.communicate(timeout=TIMEOUT)
-        assert p.returncode == 0, stderr
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return out
+    return start(address, iters, JOB, EMUGPU_VISIBLE_DEVICES=visible)
 
 
 @pytest.fixture
@@ -189,12 +163,12 @@ def mig_daemon(tmp_path: Path) -> Iterator[Daemon]:
 @pytest.mark.slow
 def test_instances_of_one_gpu_do_not_interfere_and_processes_on_one_instance_share_it(mig_daemon: Daemon) -> None:
     assert "split as MIG 3g.40gb,3g.40gb (2 instances)" in mig_daemon.banner
-    alone = median(_together([_job(mig_daemon.address, "0:0", 6)])[0]["times"])
-    apart = _together([_job(mig_daemon.address, "0:0", 20), _job(mig_daemon.address, "0:1", 20)])
+    alone = median(run_together([_job(mig_daemon.address, "0:0", 6)])[0]["times"])
+    apart = run_together([_job(mig_daemon.address, "0:0", 20), _job(mig_daemon.address, "0:1", 20)])
     assert apart[0]["uuid"] != apart[1]["uuid"]
     for r in apart:
         assert median(r["times"]) == pytest.approx(alone, rel=0.001)
-    shared = _together([_job(mig_daemon.address, "0:1", 20), _job(mig_daemon.address, "0:1", 20)])
+    shared = run_together([_job(mig_daemon.address, "0:1", 20), _job(mig_daemon.address, "0:1", 20)])
     for r in shared:  # time slices on one instance: half each, less the context switches
         assert median(r["times"]) == pytest.approx(2 * alone * 2200 / 2000, rel=0.02)
 
