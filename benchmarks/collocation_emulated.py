@@ -13,7 +13,8 @@ the table prints it per job and the mean |error| per mode (Parallax, the
 best published predictor: 4.33% under time slicing, 6.12% under MPS).
 
     python benchmarks/collocation_emulated.py [--modes time-slice] [--iterations 16]
-        [--data benchmarks/data/h100/collocation.json] [--context-switch-us US]
+        [--data benchmarks/data/h100/collocation.json] [--context-switch-us US] [--mps-overlap F]
+        [--pairs 0 1]
 """
 
 from __future__ import annotations
@@ -100,10 +101,17 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=16, help="timed iterations per job (default 16)")
     parser.add_argument("--data", type=Path, default=DATA, help="the measured collocation file")
     parser.add_argument("--context-switch-us", type=float, help="time-slice: emugpud's context switch (its default)")
+    parser.add_argument("--mps-overlap", type=float, help="mps: emugpud's overlap (its default)")
+    parser.add_argument("--pairs", type=int, nargs="+", help="only these pairs (indices in the data file's order)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     measured = json.loads(args.data.read_text())
-    jobs = sorted({j for mode in args.modes for p in measured["modes"][MODES[mode]]["pairs"] for j in p["jobs"]})
+
+    def chosen(mode: str) -> list[dict[str, Any]]:
+        pairs = measured["modes"][MODES[mode]]["pairs"]
+        return [p for i, p in enumerate(pairs) if args.pairs is None or i in args.pairs]
+
+    jobs = sorted({j for mode in args.modes for p in chosen(mode) for j in p["jobs"]})
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes:
@@ -111,10 +119,12 @@ def main() -> None:
             cmd = daemon_cli.command("h100:1", address, mode)
             if args.context_switch_us is not None:
                 cmd += ["--context-switch-us", str(args.context_switch_us)]
+            if args.mps_overlap is not None:
+                cmd += ["--mps-overlap", str(args.mps_overlap)]
             daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             try:
                 assert daemon.stdout is not None and "listening" in daemon.stdout.readline()
-                pairs = measured["modes"][MODES[mode]]["pairs"]
+                pairs = chosen(mode)
                 bar = tqdm(total=len(jobs) + len(pairs), desc=mode, unit="run")
                 alone = {}
                 for job in jobs:

@@ -18,6 +18,7 @@
 #include "backend/ops/common.h"
 #include "core/calibration.h"
 #include "core/mig.h"
+#include "core/mps.h"
 #include "core/share/daemon_capacity.h"
 #include "core/share/daemon_time_share.h"
 #include "core/shm_segment.h"
@@ -316,17 +317,23 @@ void Runtime::configure_locked(const ConfigRequest& request) {
     // Joins the daemon's processes at their time, never behind what they placed.
     if (state->daemon) virtual_clock().receive(state->daemon->welcome().now_ns);
   }
+  const bool mps = state->daemon && state->daemon->welcome().sharing == "mps";
   for (size_t i = 0; i < visible.size(); ++i) {
     const NodeGpu& d = node[visible[i]];
-    state->specs.push_back(d.spec);  // a deque: devices keep references to their spec
+    // An MPS client's device: its active-thread share of the SMs, its pinned memory limit.
+    const auto limit = config.mps_pinned_mem_limit.find(static_cast<int>(i));
+    state->specs.push_back(mps ? mps_client_spec(d.spec, config.mps_active_thread_percentage,
+                                                 limit == config.mps_pinned_mem_limit.end() ? 0 : limit->second)
+                               : d.spec);  // a deque: devices keep references to their spec
     state->devices.push_back(std::make_unique<Device>(static_cast<int>(i), state->specs.back(), *clock, 1024, cost));
     state->devices.back()->set_host_pace(static_cast<TimeNs>(config.host_op_us * 1e3));
     if (state->daemon) {
       const uint32_t at = daemon_index[visible[i]];
       state->devices.back()->allocator().share(std::make_shared<share::DaemonCapacity>(state->daemon, at));
       if (state->daemon->welcome().sharing != "none") {
-        state->devices.back()->share_time(
-            std::make_shared<share::DaemonTimeShare>(state->daemon, at, config.clock == ClockKind::kVirtual));
+        const double sm_fraction = static_cast<double>(state->specs.back().sm_count) / d.spec.sm_count;
+        state->devices.back()->share_time(std::make_shared<share::DaemonTimeShare>(
+            state->daemon, at, config.clock == ClockKind::kVirtual, sm_fraction));
       }
     }
   }

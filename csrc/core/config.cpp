@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "mig.h"
+#include "mps.h"
 #include "share/address.h"
 #include "shm_segment.h"
 #include "text.h"
@@ -257,6 +258,12 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
     c.mig = *v;
   }
   c.visible_devices = env("EMUGPU_VISIBLE_DEVICES").value_or("");
+  if (auto v = env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")) {
+    c.mps_active_thread_percentage = parse_active_thread_percentage(*v, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+  }
+  if (auto v = env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")) {
+    c.mps_pinned_mem_limit = parse_pinned_mem_limit(*v, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+  }
   if (request.mode) {
     c.mode = parse_mode(*request.mode, "mode");
   } else if (auto v = env("EMUGPU_MODE")) {

@@ -13,6 +13,7 @@
 // either is parsed.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -86,6 +87,11 @@ struct Config {
   std::string mig;
   // EMUGPU_VISIBLE_DEVICES (visible_devices.h); empty: CUDA's default choice.
   std::string visible_devices;
+  // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+  // (mps.h): applied under an emugpud that shares by MPS, ignored otherwise
+  // (as CUDA ignores them without an MPS server).
+  double mps_active_thread_percentage = 100;
+  std::map<int, uint64_t> mps_pinned_mem_limit;
   // Whether `gpu` and `device_count` were asked for (else the daemon's GPUs decide).
   bool gpu_given = false;
   bool device_count_given = false;

@@ -55,7 +55,13 @@ double element_bytes(DType dtype) {
 
 }  // namespace
 
-double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p) {
+double byte_fill(double bytes, int sm_count) {
+  constexpr double kWaveBytesPerSm = 2048 * 16;
+  return std::clamp(bytes / (std::max(sm_count, 1) * kWaveBytesPerSm), 0.0, 1.0);
+}
+
+double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p, double* fill) {
+  if (fill) *fill = 0;
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0 || g.k <= 0 || rate <= 0) return 0;
   // CTA tiles cuBLAS/CUTLASS pick from, with the fraction of a 128x128
   // tile's throughput each reaches per SM (smaller tiles reuse each loaded
@@ -76,15 +82,19 @@ double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const
     // weight gradient's few output tiles over a long token reduction run near
     // peak, and 1.1 waves of tiles do not cost two.
     const double max_split = std::max(1.0, std::floor(g.k / 256));
-    auto seconds = [&](double split) {
+    auto consider = [&](double split) {
       const double waves = ceil_div(tiles * split, slots);
       const double k = g.k / split;
-      return waves * 2 * t.m * t.n * k / (rate / slots * t.efficiency) * (1 + p.gemm_k_half / k);
+      const double s = waves * 2 * t.m * t.n * k / (rate / slots * t.efficiency) * (1 + p.gemm_k_half / k);
+      if (s < best) {
+        best = s;
+        if (fill) *fill = tiles * split / (waves * slots);
+      }
     };
-    if (tiles < slots) best = std::min(best, seconds(std::clamp(std::floor(slots / tiles), 1.0, max_split)));
+    if (tiles < slots) consider(std::clamp(std::floor(slots / tiles), 1.0, max_split));
     // Whole waves gain nothing from splitting (each slice pays its own fill).
     const double tries = std::fmod(tiles, slots) == 0 ? 1.0 : std::min(max_split, kMaxSplitK);
-    for (double split = 1; split <= tries; ++split) best = std::min(best, seconds(split));
+    for (double split = 1; split <= tries; ++split) consider(split);
   }
   return best;
 }
@@ -130,8 +140,15 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     const RnnTime t = rnn_time(cost.rnn, cost.family == OpFamily::kRnnBackward,
                                {cudnn_rate, gpu_.memory_bandwidth, gpu_.sm_count, element_bytes(cost.dtype)}, p);
     const double ns = p.launch_ns + t.seconds * 1e9;
-    return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs), peak_compute_s * 1e9,
-            peak_memory_s * 1e9, t.compute_seconds > t.seconds - t.compute_seconds, std::max(t.launches, 1)};
+    // Its timesteps' small GEMMs hold few SMs (the wavefront overlaps layers).
+    const double demand =
+        ns > 0 ? byte_fill(cost.bytes / std::max(cost.rnn.seq_len, 1.0), gpu_.sm_count) * t.seconds * 1e9 / ns : 0;
+    return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs),
+            peak_compute_s * 1e9,
+            peak_memory_s * 1e9,
+            t.compute_seconds > t.seconds - t.compute_seconds,
+            std::max(t.launches, 1),
+            std::isfinite(demand) ? demand : 1.0};
   }
   double compute_s = 0;
   double memory_s = peak_memory_s / memory_efficiency(cost.family, p);
@@ -147,7 +164,8 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
   }
   const bool depthwise = is_depthwise(cost);
-  double serial_s = 0;  // kernels that add to the others' time instead of overlapping it
+  double gemm_fill_s = 0;  // GEMM time weighted by the SMs its waves fill
+  double serial_s = 0;     // kernels that add to the others' time instead of overlapping it
   if (depthwise) {
     // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
     // With large filters the 32-bit ones are compute-bound on CUDA cores
@@ -200,7 +218,10 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
           speedup *= p.attention_efficiency;
         }
         if (tensor && uses_cudnn(cost.family)) speedup *= p.conv_tensor_efficiency;
-        compute_s += gemm_compute_seconds(g, rate, gpu_.sm_count, p) / speedup;
+        double fill = 0;
+        const double s = gemm_compute_seconds(g, rate, gpu_.sm_count, p, &fill) / speedup;
+        compute_s += s;
+        gemm_fill_s += fill * s;
       }
     } else if (rate > 0) {
       compute_s = cost.flops / rate;  // no shape known (sparse products): the plain rate
@@ -222,9 +243,19 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     transform_s = cost.gemm_count * 2 * activations / (gpu_.memory_bandwidth * p.memory_efficiency);
     launches += 3 * cost.gemm_count;
   }
-  const double ns = launches * p.launch_ns + (std::max(compute_s, memory_s) + transform_s + serial_s) * 1e9;
-  return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs), peak_compute_s * 1e9,
-          peak_memory_s * 1e9, compute_s > memory_s, static_cast<int>(launches)};
+  const double work_s = std::max(compute_s, memory_s) + transform_s + serial_s;
+  const double ns = launches * p.launch_ns + work_s * 1e9;
+  // The SMs held while the work runs: a GEMM's waves, else a grid that grows
+  // with the bytes; none during the launch gaps.
+  const double fill = gemm_fill_s > 0 && compute_s > memory_s ? gemm_fill_s / compute_s
+                                                              : byte_fill(cost.bytes / launches, gpu_.sm_count);
+  const double demand = ns > 0 ? std::clamp(fill * work_s * 1e9 / ns, 0.0, 1.0) : 0.0;
+  return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs),
+          peak_compute_s * 1e9,
+          peak_memory_s * 1e9,
+          compute_s > memory_s,
+          static_cast<int>(launches),
+          std::isfinite(demand) ? demand : 1.0};
 }
 
 CostRule cost_rule(const OpCost& cost, const GpuSpec& gpu) {

@@ -44,6 +44,9 @@ struct KernelCost {
   double peak_memory_ns = 0;
   bool compute_bound = false;
   int launches = 0;  // kernels launched (an NCHW tensor-core convolution adds its layout transforms); 0: OpCost's
+  // The fraction of the GPU's SMs its blocks hold over its duration alone
+  // (launch gaps hold none): what MPS leaves to other processes' kernels.
+  double demand = 1.0;
 };
 
 struct CostModelParams {
@@ -95,6 +98,12 @@ class CostModel {
 // problems use smaller tiles that reuse less, and short reductions pay a
 // pipeline fill (KernelParams::gemm_k_half).
 // Exposed for tests.
-double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p);
+// `fill` (optional): the fraction of the SMs' tile slots the chosen kernel's
+// waves hold on average (a partial last wave holds fewer).
+double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p,
+                            double* fill = nullptr);
+// What share of `sm_count` SMs a kernel moving `bytes` fills: a bandwidth-bound
+// kernel's grid grows with its bytes, 16 bytes per thread, 2048 threads per SM.
+double byte_fill(double bytes, int sm_count);
 
 }  // namespace emugpu

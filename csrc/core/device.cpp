@@ -159,7 +159,7 @@ void Device::pace_host() {
   last_launch_ = now;
 }
 
-TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now) {
+TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now, double demand) {
   if ((engine == Engine::kHostToDevice || engine == Engine::kDeviceToHost) && pcie_) {
     const TimeNs ready = timeline_.start_of(stream, engine, now);
     const TimeNs occupancy = ns_from_double(static_cast<double>(estimate) * occupancy_factor_);
@@ -170,7 +170,14 @@ TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, Tim
   if (engine != Engine::kCompute) return place_locked(stream, engine, start, estimate, now);
   const TimeNs shared = shared_locked(estimate);
   const TimeNs duration = regions_.active() ? regions_.retime(shared, start, stream) : shared;
-  work_since_wait_ += shared == estimate ? duration : ns_from_double(static_cast<double>(duration) * rate_.load());
+  const TimeNs alone = shared == estimate ? duration : ns_from_double(static_cast<double>(duration) * rate_.load());
+  work_since_wait_ += alone;
+  if (share_) {
+    const auto d = static_cast<double>(alone);
+    kernel_sum_ += d;
+    demand_sum_ += std::clamp(demand, 0.0, 1.0) * d;
+    kernel_square_sum_ += d * d;
+  }
   return place_locked(stream, engine, start, duration, now);
 }
 
@@ -190,6 +197,7 @@ void Device::share_time(std::shared_ptr<TimeShare> share) {
   unweighted_ = 1.0;
   iteration_average_ = 0;
   work_since_wait_ = 0;
+  kernel_sum_ = demand_sum_ = kernel_square_sum_ = 0;
 }
 
 void Device::report_share() {
@@ -229,6 +237,9 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
     const double keep = std::exp(-span / static_cast<double>(share_->window_ns()));
     busy_average_ = busy_average_ * keep + (static_cast<double>(busy) / span) * (1.0 - keep);
     unweighted_ *= keep;  // what the average still owes its zero start
+    kernel_sum_ *= keep;
+    demand_sum_ *= keep;
+    kernel_square_sum_ *= keep;
     share_from_ = now;
   }
   // Bias-corrected, so that a process that just started reports what it did
@@ -236,20 +247,27 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
   const double busy = unweighted_ < 1.0 ? busy_average_ / (1.0 - unweighted_) : 0.0;
   // An iteration under way counts as soon as it is longer than the average
   // (a share that starts small must not keep a long iteration's weight small).
-  return {std::clamp(busy, 0.0, 1.0), std::max(iteration_average_, work_since_wait_), now,
-          timeline_.engine_ready(Engine::kCompute)};
+  // Kernels weighed by their time: the kernel running at a random moment.
+  const bool any = kernel_sum_ > 0;
+  return {std::clamp(busy, 0.0, 1.0),
+          std::max(iteration_average_, work_since_wait_),
+          now,
+          timeline_.engine_ready(Engine::kCompute),
+          any ? demand_sum_ / kernel_sum_ : 1.0,
+          any ? ns_from_double(kernel_square_sum_ / kernel_sum_) : 0};
 }
 
-TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate) {
+TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate, double demand) {
   EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
   if (share_ && engine == Engine::kCompute) report_share();
   return place_when_queued([&](TimeNs now) {
     if (!held_.empty()) {
-      held_.push_back(
-          {now, nullptr, [this, stream, engine, estimate](TimeNs t) { launch_locked(stream, engine, estimate, t); }});
+      held_.push_back({now, nullptr, [this, stream, engine, estimate, demand](TimeNs t) {
+                         launch_locked(stream, engine, estimate, t, demand);
+                       }});
       return kNotYet;
     }
-    return launch_locked(stream, engine, estimate, now);
+    return launch_locked(stream, engine, estimate, now, demand);
   });
 }
 

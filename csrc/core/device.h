@@ -76,8 +76,9 @@ class Device {
   // profiled region is re-timed. Blocks only while the launch queue is full.
   // Returns the time the work ends on the device, or kNotYet while the
   // device is held (it is placed later).
+  // `demand`: the fraction of the GPU's SMs compute work holds (KernelCost::demand).
   static constexpr TimeNs kNotYet = -1;
-  TimeNs launch(int64_t stream, Engine engine, TimeNs estimate);
+  TimeNs launch(int64_t stream, Engine engine, TimeNs estimate, double demand = 1.0);
 
   // Emulates a host that spends `ns` per op it launches (Python, framework,
   // driver): pace_host(), called before such a launch, returns at least `ns`
@@ -220,7 +221,7 @@ class Device {
   // Runs `apply` now, or queues it while the device is held.
   template <typename Apply>
   void apply_or_hold_locked(TimeNs now, Apply&& apply);
-  TimeNs launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now);
+  TimeNs launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now, double demand = 1.0);
   // point(host time) under the lock: now, or when the held work reaches it.
   template <typename Point>
   std::shared_ptr<PendingTime> pending_point(Point&& point);
@@ -284,6 +285,9 @@ class Device {
   double unweighted_ = 1.0;
   TimeNs iteration_average_ = 0;
   TimeNs work_since_wait_ = 0;  // compute work on the GPU alone since the last sync point
+  // Compute launched on the GPU alone, decayed as busy_average_ is: sums of
+  // d, demand * d and d^2 over its kernels (MPS weighs kernels by these).
+  double kernel_sum_ = 0, demand_sum_ = 0, kernel_square_sum_ = 0;
 };
 
 }  // namespace emugpu

@@ -16,6 +16,8 @@ class TimeShare {
     TimeNs iteration_ns = 0;  // compute work between host waits, on the GPU alone (recent average)
     TimeNs now = 0;           // the device's clock
     TimeNs busy_until = 0;    // where the compute launched so far ends
+    double demand = 1.0;      // fraction of the device's SMs its kernels hold (time-weighted recent average)
+    TimeNs kernel_ns = 0;     // the length of its kernel running at a random moment, on the GPU alone
   };
   virtual ~TimeShare() = default;
   // Real time between reports.

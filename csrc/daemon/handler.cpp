@@ -127,6 +127,15 @@ std::vector<uint8_t> Handler::release(Client& c, const Message& m) {
   return encode(MessageType::kReleased, m.id);
 }
 
+namespace {
+
+Sharer sharer(const ShareReport& r, int32_t priority) {
+  return {static_cast<double>(r.busy_ppm) / kPpm, r.iteration_ns, priority, static_cast<double>(r.demand_ppm) / kPpm,
+          r.kernel_ns};
+}
+
+}  // namespace
+
 bool Handler::fresh(const Client& c, uint32_t gpu, TimeNs now) const {
   return c.attached && c.reported_at[gpu] > 0 && now - c.reported_at[gpu] <= sharing_.stale_ns;
 }
@@ -159,9 +168,9 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
     // One a whole window ahead (a process that joined at a later time and
     // waits for the others' clocks) reported no work at this one's time.
     if (o.now_ns > r.now_ns + sharing_.window_ns) continue;
-    others.push_back({static_cast<double>(o.busy_ppm) / kPpm, o.iteration_ns, other.hello.priority});
+    others.push_back(sharer(o, other.hello.priority));
   }
-  const Sharer me{static_cast<double>(r.busy_ppm) / kPpm, r.iteration_ns, c.hello.priority};
+  const Sharer me = sharer(r, c.hello.priority);
   const double rate = compute_share(sharing_, me, others);
   const auto ppm = static_cast<uint32_t>(std::clamp(std::lround(rate * kPpm), 1L, static_cast<long>(kPpm)));
   c.granted[r.gpu] = ppm;

@@ -36,9 +36,11 @@ constexpr const char* kUsage =
     "                        (nvidia-smi's profile names); each instance is a device of its own\n"
     "  --sharing POLICY      time-slice (the CUDA driver's default between processes), fair, fifo\n"
     "                        (one iteration each in turn, as GPEmu and Salus), priority (EMUGPU_PRIORITY),\n"
-    "                        none (each process has the GPU's compute to itself); default: time-slice\n"
+    "                        mps (kernels of several processes at once, as NVIDIA's MPS), none (each\n"
+    "                        process has the GPU's compute to itself); default: time-slice\n"
     "  --time-slice-us US    time-slice: a slice's length (default 2000)\n"
     "  --context-switch-us US  time-slice: a context switch's cost (default 200)\n"
+    "  --mps-overlap F       mps: the fraction of a running kernel's SMs another's still gets (default 0.15)\n"
     "  --listen ADDRESS      unix:PATH (only this user may attach) or tcp:HOST:PORT\n"
     "                        (default: $XDG_RUNTIME_DIR/emugpud.sock, else /tmp/emugpud-UID.sock)\n"
     "  --catalog PATH        the GPU catalog (gpus.json); torch-emugpu daemon passes the package's\n"
@@ -93,6 +95,13 @@ Options parse(int argc, char** argv) {
       o.sharing.slice_ns = microseconds(arg, value(), 1);
     } else if (arg == "--context-switch-us") {
       o.sharing.switch_ns = microseconds(arg, value(), 0);
+    } else if (arg == "--mps-overlap") {
+      const std::string text = value();
+      char* end = nullptr;
+      const double f = std::strtod(text.c_str(), &end);
+      EMUGPU_CHECK(!text.empty() && *end == '\0' && f >= 0 && f <= 1, kValue,
+                   "emugpud: --mps-overlap: expected a fraction from 0 to 1, got \"", emugpu::echo_input(text), "\"");
+      o.sharing.mps_overlap = f;
     } else {
       EMUGPU_CHECK(false, kValue, "emugpud: unknown argument \"", emugpu::echo_input(arg), "\"\n", kUsage);
     }

@@ -9,7 +9,7 @@ namespace emugpu::share {
 
 namespace {
 
-constexpr const char* kPolicies = "none, time-slice, fair, fifo, priority";
+constexpr const char* kPolicies = "none, time-slice, fair, fifo, priority, mps";
 
 // The share `me` gets while the others in `busy` (a bitmask over `others`,
 // or the mean-field weights when `weights` is given) also have work.
@@ -37,8 +37,24 @@ double share_of(const SharingConfig& config, const Sharer& me, const std::vector
     case SharingPolicy::kPriority:
       // A higher priority with work takes the GPU (a fraction of it, in mean field).
       return std::max(0.0, 1.0 - higher) * (equal > 0 ? switching / (1.0 + equal) : 1.0);
+    case SharingPolicy::kMps: {
+      // `weights` mark the others whose kernels started before this one's.
+      double held = 0;
+      for (size_t j = 0; j < others.size(); ++j) {
+        held += weights[j] * std::clamp(others[j].demand, 0.0, 1.0) * (1.0 - config.mps_overlap);
+      }
+      const double mine = std::clamp(me.demand, 1e-6, 1.0);
+      return std::min(1.0, std::max(0.0, 1.0 - held) / mine);
+    }
   }
   return 1.0;
+}
+
+// The probability that `other`'s kernel running now started before `me`'s.
+double older(const Sharer& me, const Sharer& other) {
+  const double a = static_cast<double>(std::max<TimeNs>(other.kernel_ns, 0));
+  const double b = static_cast<double>(std::max<TimeNs>(me.kernel_ns, 0));
+  return a + b > 0 ? a / (a + b) : 0.5;
 }
 
 }  // namespace
@@ -49,6 +65,7 @@ SharingPolicy parse_sharing_policy(const std::string& name) {
   if (name == "fair") return SharingPolicy::kFair;
   if (name == "fifo") return SharingPolicy::kFifo;
   if (name == "priority") return SharingPolicy::kPriority;
+  if (name == "mps") return SharingPolicy::kMps;
   detail::throw_error(ErrorKind::kValue, "emugpud: expected a sharing policy (", kPolicies, "), got \"",
                       echo_input(name), "\"");
 }
@@ -60,12 +77,20 @@ const char* sharing_policy_name(SharingPolicy policy) {
     case SharingPolicy::kFair: return "fair";
     case SharingPolicy::kFifo: return "fifo";
     case SharingPolicy::kPriority: return "priority";
+    case SharingPolicy::kMps: return "mps";
   }
   return "unknown";
 }
 
 double compute_share(const SharingConfig& config, const Sharer& me, const std::vector<Sharer>& others) {
   std::vector<double> weights(others.size(), 0.0);
+  // Under MPS only the others whose kernel started first slow this one: the
+  // set enumerated is theirs, each in it with busy x older.
+  std::vector<double> present(others.size());
+  for (size_t j = 0; j < others.size(); ++j) {
+    const double busy = std::clamp(others[j].busy, 0.0, 1.0);
+    present[j] = config.policy == SharingPolicy::kMps ? busy * older(me, others[j]) : busy;
+  }
   double share = 0;
   if (others.size() <= kExactSharers) {
     // Exact: every set of others with work at the same time, by its probability.
@@ -74,14 +99,13 @@ double compute_share(const SharingConfig& config, const Sharer& me, const std::v
       double p = 1;
       for (size_t j = 0; j < others.size(); ++j) {
         const bool in = (set >> j) & 1u;
-        const double busy = std::clamp(others[j].busy, 0.0, 1.0);
-        p *= in ? busy : 1.0 - busy;
+        p *= in ? present[j] : 1.0 - present[j];
         weights[j] = in ? 1.0 : 0.0;
       }
       if (p > 0) share += p * share_of(config, me, others, weights);
     }
   } else {
-    for (size_t j = 0; j < others.size(); ++j) weights[j] = std::clamp(others[j].busy, 0.0, 1.0);
+    weights = present;
     share = share_of(config, me, others, weights);
   }
   return std::clamp(std::isfinite(share) ? share : 1.0, kMinShare, 1.0);

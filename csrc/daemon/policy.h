@@ -19,6 +19,8 @@
 //    a round, iteration / (iteration + sum of the others' in S);
 //  - priority: a process with work at a higher priority (EMUGPU_PRIORITY)
 //    takes the GPU; equal priorities time-slice;
+//  - mps: NVIDIA's Multi-Process Service: kernels of several processes run at
+//    once (mps_share below);
 //  - none: every process has the GPU to itself (memory is still shared).
 // A share never drops below kMinShare: a starved process still progresses.
 #pragma once
@@ -31,7 +33,7 @@
 
 namespace emugpu::share {
 
-enum class SharingPolicy { kNone, kTimeSlice, kFair, kFifo, kPriority };
+enum class SharingPolicy { kNone, kTimeSlice, kFair, kFifo, kPriority, kMps };
 
 SharingPolicy parse_sharing_policy(const std::string& name);  // throws (kValue) listing the valid names
 const char* sharing_policy_name(SharingPolicy policy);
@@ -52,6 +54,11 @@ struct SharingConfig {
   // waited for by the others' pacing (the clients give up on it after as
   // long: DaemonTimeShare::kPatience).
   TimeNs patience_ns = 1'000'000'000;
+  // mps: the fraction of the SMs a running kernel holds that a concurrent
+  // kernel of another process still gets (blocks of both resident on one SM,
+  // the idle pipes and tails of waves): fitted to our H100's MPS pairs
+  // (benchmarks/collocation_emulated.py).
+  double mps_overlap = 0.15;
 };
 
 // What a process reported about its compute on one GPU.
@@ -59,10 +66,24 @@ struct Sharer {
   double busy = 0;          // [0, 1]
   TimeNs iteration_ns = 0;  // its compute between host waits, alone on the GPU
   int32_t priority = 0;
+  double demand = 1;     // mps: the fraction of the GPU's SMs its kernels hold while they run
+  TimeNs kernel_ns = 0;  // mps: the length of its kernel running at a random moment, alone
 };
 
 constexpr double kMinShare = 0.01;
 constexpr size_t kExactSharers = 12;
+
+// MPS. The GPU's block scheduler hands SMs to the kernels in the order they
+// were launched: a kernel that started earlier keeps the SMs it holds (its
+// demand), a later one gets what is left, and runs at (left / its demand)
+// of its speed alone, never faster than alone. Of the others in S with work,
+// another's current kernel started before this one's with probability
+// L_j / (L_j + L_me) (L: the length of the kernel running at a random
+// moment), so long kernels (big convolutions) hold the GPU more often than
+// short ones (depthwise, elementwise). Older kernels hold their demand less
+// the overlap a concurrent kernel still finds on their SMs (mps_overlap).
+// One resource (SMs): two kernels that each saturate the memory bandwidth
+// with few SMs are not slowed by each other here.
 
 // The fraction of the GPU's speed `me` gets while it has work, in [kMinShare, 1].
 double compute_share(const SharingConfig& config, const Sharer& me, const std::vector<Sharer>& others);

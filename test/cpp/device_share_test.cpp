@@ -81,6 +81,20 @@ TEST(DeviceShare, ReportsHowBusyTheComputeEngineWasAndItsIterations) {
   EXPECT_EQ(s.share->reports.back().now, s.clock.now());
 }
 
+TEST(DeviceShare, ReportsItsKernelsDemandAndLengthWeighedByTheirTime) {
+  Shared s(1.0);
+  // 1 ms kernels holding the whole GPU, 0.1 ms ones holding a tenth.
+  for (int i = 0; i < 10; ++i) {
+    s.dev.launch(0, Engine::kCompute, 1 * kMs, 1.0);
+    s.dev.launch(0, Engine::kCompute, kMs / 10, 0.1);
+    s.clock.advance(kMs + kMs / 10);
+  }
+  s.dev.launch(0, Engine::kCompute, 0, 0.5);
+  const auto& r = s.share->reports.back();
+  EXPECT_NEAR(r.demand, (1.0 * 1.0 + 0.1 * 0.1) / 1.1, 0.01);
+  EXPECT_NEAR(static_cast<double>(r.kernel_ns), (1.0 + 0.01) / 1.1 * kMs, 0.01 * kMs);
+}
+
 TEST(DeviceShare, HalfBusyReportsHalf) {
   Shared s(1.0);
   for (int i = 0; i < 100; ++i) {

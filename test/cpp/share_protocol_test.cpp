@@ -76,8 +76,12 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(back.clients[1].busy_ppm[0], 250u);
   EXPECT_EQ(back.clients[0].rate_ppm[0], kPpm / 2);
 
-  const ShareReport report = decode_share(parse_one(encode_share(8, {1, 500000, 123456, 987654321})));
+  const ShareReport report =
+      decode_share(parse_one(encode_share(8, {1, 500000, 123456, 987654321, 987654400, 420000, 35000})));
   EXPECT_EQ(report.gpu, 1u);
+  EXPECT_EQ(report.busy_until_ns, 987654400);
+  EXPECT_EQ(report.demand_ppm, 420000u);
+  EXPECT_EQ(report.kernel_ns, 35000);
   EXPECT_EQ(report.busy_ppm, 500000u);
   EXPECT_EQ(report.iteration_ns, 123456);
   EXPECT_EQ(report.now_ns, 987654321);
@@ -92,6 +96,8 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
 TEST(ShareProtocol, FractionsAboveOneAndZeroSharesAreRefused) {
   EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, kPpm + 1, 0, 0}))), emugpu::Error);
   EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, 0, -5, 0}))), emugpu::Error);
+  EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, 0, 0, 0, 0, kPpm + 1, 0}))), emugpu::Error);
+  EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, 0, 0, 0, 0, kPpm, -1}))), emugpu::Error);
   EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {0, 0, 0}))), emugpu::Error);
   EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {kPpm + 1, 0, 0}))), emugpu::Error);
   EXPECT_THROW(decode_welcome(parse_one(encode_welcome(1, {1, {{"g", 1, 1, 0, -1, "", ""}}, "fair", 0, 1, 0}))),

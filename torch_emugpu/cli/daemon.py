@@ -26,7 +26,7 @@ QUERY_FIELDS = (
     "utilization.gpu",
     "processes",
 )
-SHARING_POLICIES = ("time-slice", "fair", "fifo", "priority", "none")
+SHARING_POLICIES = ("time-slice", "fair", "fifo", "priority", "mps", "none")
 
 
 def binary() -> Path:
@@ -240,7 +240,8 @@ def add_parsers(sub: Any) -> None:
         choices=SHARING_POLICIES,
         help="how the attached processes' kernels share each GPU: time-slice (the CUDA driver's default, "
         "and this default), fair, fifo (one iteration each in turn, as GPEmu), priority (EMUGPU_PRIORITY), "
-        "none (memory only)",
+        "mps (kernels of several processes at once, as NVIDIA's MPS; CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and "
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT apply), none (memory only)",
     )
     d.set_defaults(func=run)
     s = sub.add_parser("smi", help="show emugpud's GPUs and the processes attached, as nvidia-smi does")

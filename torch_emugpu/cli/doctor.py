@@ -38,6 +38,8 @@ OTHER: dict[str, str] = {
     "EMUGPU_PRIORITY": "0 (emugpud's priority policy)",
     "EMUGPU_MIG": "whole GPUs, no MIG layout",
     "EMUGPU_VISIBLE_DEVICES": "CUDA's default choice of devices",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100 (under an emugpud --sharing mps only)",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "no limit (under an emugpud --sharing mps only)",
     "EMUGPU_PROFILE_PATH": "none (the user directory and the packaged profiles)",
     "EMUGPU_PROFILES": "on",
     "EMUGPU_CALIBRATION": "on",

@@ -191,8 +191,15 @@ class _Planner:
         fingerprint = None if name else parameters
         span = _parallel.data_parallel_span(module, batch)
         gpus = span.gpu_count if span is not None else 1
-        entry = profiles.lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint, gpu_count=gpus)
-        if entry is None and span is not None:
+        # A MIG instance or an MPS client capped below its GPU's SMs (a parent_name) runs on fewer SMs
+        # than the GPU's profiles were measured on: the cost model times it.
+        partition = bool(device_module.get_device_properties(device).parent_name)
+        entry = (
+            None
+            if partition
+            else profiles.lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint, gpu_count=gpus)
+        )
+        if entry is None and span is not None and not partition:
             entry = profiles.lookup(model=name, batch_size=batch, gpu=gpu, parameters=fingerprint)
             if entry is not None:
                 gpus = 1

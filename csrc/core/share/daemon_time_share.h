@@ -27,14 +27,18 @@ namespace emugpu::share {
 class DaemonTimeShare final : public TimeShare {
  public:
   // `keep_pace`: this process runs the virtual clock (the real one is shared by construction).
-  DaemonTimeShare(std::shared_ptr<Client> client, uint32_t gpu, bool keep_pace)
-      : client_(std::move(client)), gpu_(gpu), keep_pace_(keep_pace) {}
+  // `sm_fraction`: the device's SMs over the daemon GPU's (an MPS client's
+  // active-thread cap), so that demands reach the daemon in whole-GPU terms.
+  DaemonTimeShare(std::shared_ptr<Client> client, uint32_t gpu, bool keep_pace, double sm_fraction = 1.0)
+      : client_(std::move(client)), gpu_(gpu), keep_pace_(keep_pace), sm_fraction_(sm_fraction) {}
 
   TimeNs report_ns() const override { return client_->welcome().report_ns; }
   TimeNs window_ns() const override { return client_->welcome().window_ns; }
   double report(const Report& r) override {
     const auto busy = static_cast<uint32_t>(std::clamp(r.busy, 0.0, 1.0) * kPpm + 0.5);
-    const ShareReport report{gpu_, busy, std::max<TimeNs>(r.iteration_ns, 0), r.now, r.busy_until};
+    const auto demand = static_cast<uint32_t>(std::clamp(r.demand * sm_fraction_, 0.0, 1.0) * kPpm + 0.5);
+    const ShareReport report{gpu_,         busy,   std::max<TimeNs>(r.iteration_ns, 0), r.now,
+                             r.busy_until, demand, std::max<TimeNs>(r.kernel_ns, 0)};
     ShareGrant grant = client_->share(report);
     const TimeNs skew = window_ns() / 5;
     const auto give_up = std::chrono::steady_clock::now() + kPatience;
@@ -58,6 +62,7 @@ class DaemonTimeShare final : public TimeShare {
   // SharingConfig::patience_ns is the same.
   static constexpr std::chrono::milliseconds kPatience{1000};
   bool keep_pace_;
+  double sm_fraction_;
   TimeNs stuck_ = kNoTime;  // a laggard's time that did not move within kPatience
 };
 

@@ -13,8 +13,9 @@ class Writer {
  public:
   template <typename T>
   Writer& put(T value) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&value);
-    out_.insert(out_.end(), p, p + sizeof(T));
+    const size_t at = out_.size();
+    out_.resize(at + sizeof(T));
+    std::memcpy(out_.data() + at, &value, sizeof(T));
     return *this;
   }
   Writer& text(const std::string& s) {
@@ -207,6 +208,8 @@ std::vector<uint8_t> encode_share(uint32_t id, const ShareReport& r) {
                     .put<int64_t>(r.iteration_ns)
                     .put<int64_t>(r.now_ns)
                     .put<int64_t>(r.busy_until_ns)
+                    .put<uint32_t>(r.demand_ppm)
+                    .put<int64_t>(r.kernel_ns)
                     .take());
 }
 
@@ -299,10 +302,11 @@ ShareReport decode_share(const Message& m) {
   out.iteration_ns = r.get<int64_t>();
   out.now_ns = r.get<int64_t>();
   out.busy_until_ns = r.get<int64_t>();
-  EMUGPU_CHECK(out.iteration_ns >= 0, kRuntime,
-               "emugpud protocol: expected an iteration time >= 0 ns in a share "
-               "report, got ",
-               out.iteration_ns);
+  out.demand_ppm = ppm(r, "an SM demand");
+  out.kernel_ns = r.get<int64_t>();
+  EMUGPU_CHECK(out.iteration_ns >= 0 && out.kernel_ns >= 0, kRuntime,
+               "emugpud protocol: expected iteration and kernel times >= 0 ns in a share report, got ",
+               out.iteration_ns, " and ", out.kernel_ns);
   r.done();
   return out;
 }

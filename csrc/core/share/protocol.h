@@ -18,7 +18,8 @@
 namespace emugpu::share {
 
 constexpr uint32_t kMagic = 0x53474d45;  // "EMGS"
-constexpr uint16_t kVersion = 3;         // 2: time sharing (priority, share reports); 3: MIG instances
+// 2: time sharing (priority, share reports); 3: MIG instances; 4: MPS (SM demand in share reports)
+constexpr uint16_t kVersion = 4;
 constexpr size_t kHeaderBytes = 16;
 // Far above any message (a status of a thousand clients is ~100 kB), small
 // enough that a garbage length is caught at once.
@@ -84,10 +85,12 @@ struct Welcome {
 // time while it launches work (never per op).
 struct ShareReport {
   uint32_t gpu = 0;
-  uint32_t busy_ppm = 0;      // fraction of the recent window its compute engine had work, in millionths
-  int64_t iteration_ns = 0;   // its compute work between host waits, on the GPU alone (recent average)
-  int64_t now_ns = 0;         // its clock's time
-  int64_t busy_until_ns = 0;  // where the compute it launched so far ends
+  uint32_t busy_ppm = 0;       // fraction of the recent window its compute engine had work, in millionths
+  int64_t iteration_ns = 0;    // its compute work between host waits, on the GPU alone (recent average)
+  int64_t now_ns = 0;          // its clock's time
+  int64_t busy_until_ns = 0;   // where the compute it launched so far ends
+  uint32_t demand_ppm = kPpm;  // fraction of the whole GPU's SMs its kernels hold while they run (MPS)
+  int64_t kernel_ns = 0;       // the length of its kernel running at a random moment, alone (MPS)
 };
 
 struct ShareGrant {
