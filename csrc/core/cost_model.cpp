@@ -55,13 +55,20 @@ double element_bytes(DType dtype) {
 
 }  // namespace
 
+namespace {
+constexpr double kWaveBytesPerSm = 2048 * 16;
+}  // namespace
+
 double byte_fill(double bytes, int sm_count) {
-  constexpr double kWaveBytesPerSm = 2048 * 16;
   return std::clamp(bytes / (std::max(sm_count, 1) * kWaveBytesPerSm), 0.0, 1.0);
 }
 
-double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p, double* fill) {
-  if (fill) *fill = 0;
+double byte_waves(double bytes, int sm_count) {
+  return std::max(1.0, std::ceil(bytes / (std::max(sm_count, 1) * kWaveBytesPerSm)));
+}
+
+double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p, GemmWaves* out) {
+  if (out) *out = {};
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0 || g.k <= 0 || rate <= 0) return 0;
   // CTA tiles cuBLAS/CUTLASS pick from, with the fraction of a 128x128
   // tile's throughput each reaches per SM (smaller tiles reuse each loaded
@@ -88,7 +95,7 @@ double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const
       const double s = waves * 2 * t.m * t.n * k / (rate / slots * t.efficiency) * (1 + p.gemm_k_half / k);
       if (s < best) {
         best = s;
-        if (fill) *fill = tiles * split / (waves * slots);
+        if (out) *out = {waves, tiles * split / (waves * slots)};
       }
     };
     if (tiles < slots) consider(std::clamp(std::floor(slots / tiles), 1.0, max_split));
@@ -143,12 +150,13 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     // Its timesteps' small GEMMs hold few SMs (the wavefront overlaps layers).
     const double demand =
         ns > 0 ? byte_fill(cost.bytes / std::max(cost.rnn.seq_len, 1.0), gpu_.sm_count) * t.seconds * 1e9 / ns : 0;
+    const Occupancy occupancy{std::isfinite(demand) ? demand : 1.0, t.seconds * 1e9 / std::max(t.launches, 1)};
     return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs),
             peak_compute_s * 1e9,
             peak_memory_s * 1e9,
             t.compute_seconds > t.seconds - t.compute_seconds,
             std::max(t.launches, 1),
-            std::isfinite(demand) ? demand : 1.0};
+            occupancy};
   }
   double compute_s = 0;
   double memory_s = peak_memory_s / memory_efficiency(cost.family, p);
@@ -165,7 +173,8 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   }
   const bool depthwise = is_depthwise(cost);
   double gemm_fill_s = 0;  // GEMM time weighted by the SMs its waves fill
-  double serial_s = 0;     // kernels that add to the others' time instead of overlapping it
+  double gemm_waves = 0;
+  double serial_s = 0;  // kernels that add to the others' time instead of overlapping it
   if (depthwise) {
     // cuDNN's direct depthwise kernels: bandwidth-bound, far below peak.
     // With large filters the 32-bit ones are compute-bound on CUDA cores
@@ -218,10 +227,11 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
           speedup *= p.attention_efficiency;
         }
         if (tensor && uses_cudnn(cost.family)) speedup *= p.conv_tensor_efficiency;
-        double fill = 0;
-        const double s = gemm_compute_seconds(g, rate, gpu_.sm_count, p, &fill) / speedup;
+        GemmWaves w;
+        const double s = gemm_compute_seconds(g, rate, gpu_.sm_count, p, &w) / speedup;
         compute_s += s;
-        gemm_fill_s += fill * s;
+        gemm_fill_s += w.fill * s;
+        gemm_waves += w.waves;
       }
     } else if (rate > 0) {
       compute_s = cost.flops / rate;  // no shape known (sparse products): the plain rate
@@ -247,15 +257,17 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   const double ns = launches * p.launch_ns + work_s * 1e9;
   // The SMs held while the work runs: a GEMM's waves, else a grid that grows
   // with the bytes; none during the launch gaps.
-  const double fill = gemm_fill_s > 0 && compute_s > memory_s ? gemm_fill_s / compute_s
-                                                              : byte_fill(cost.bytes / launches, gpu_.sm_count);
+  const bool by_gemm = gemm_fill_s > 0 && compute_s > memory_s;
+  const double fill = by_gemm ? gemm_fill_s / compute_s : byte_fill(cost.bytes / launches, gpu_.sm_count);
+  const double waves = by_gemm ? gemm_waves : launches * byte_waves(cost.bytes / launches, gpu_.sm_count);
   const double demand = ns > 0 ? std::clamp(fill * work_s * 1e9 / ns, 0.0, 1.0) : 0.0;
+  const Occupancy occupancy{std::isfinite(demand) ? demand : 1.0, work_s * 1e9 / std::max(waves, 1.0)};
   return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs),
           peak_compute_s * 1e9,
           peak_memory_s * 1e9,
           compute_s > memory_s,
           static_cast<int>(launches),
-          std::isfinite(demand) ? demand : 1.0};
+          occupancy};
 }
 
 CostRule cost_rule(const OpCost& cost, const GpuSpec& gpu) {

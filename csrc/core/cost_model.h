@@ -37,6 +37,17 @@ struct OpCost {
   RnnShape rnn{};  // kRnn and kRnnBackward only
 };
 
+// What a kernel holds of the GPU while it runs alone, for MPS (kernels of
+// several processes at once): `demand`, the fraction of the GPU's SMs its
+// blocks hold over its duration (launch gaps hold none); `hold_ns`, how long
+// one of its blocks holds an SM (its work over its waves): SMs freed while
+// several kernels wait go to each in turn, so the longer a kernel's blocks,
+// the more SMs it holds.
+struct Occupancy {
+  double demand = 1.0;
+  double hold_ns = 0;
+};
+
 // A kernel's charged duration and the same work at the GPU's peak rates.
 struct KernelCost {
   TimeNs duration = 0;
@@ -44,9 +55,7 @@ struct KernelCost {
   double peak_memory_ns = 0;
   bool compute_bound = false;
   int launches = 0;  // kernels launched (an NCHW tensor-core convolution adds its layout transforms); 0: OpCost's
-  // The fraction of the GPU's SMs its blocks hold over its duration alone
-  // (launch gaps hold none): what MPS leaves to other processes' kernels.
-  double demand = 1.0;
+  Occupancy occupancy{};
 };
 
 struct CostModelParams {
@@ -98,12 +107,18 @@ class CostModel {
 // problems use smaller tiles that reuse less, and short reductions pay a
 // pipeline fill (KernelParams::gemm_k_half).
 // Exposed for tests.
-// `fill` (optional): the fraction of the SMs' tile slots the chosen kernel's
-// waves hold on average (a partial last wave holds fewer).
+// The chosen kernel's waves, and the fraction of the SMs' tile slots they
+// hold on average (a partial last wave holds fewer).
+struct GemmWaves {
+  double waves = 0;
+  double fill = 0;
+};
 double gemm_compute_seconds(const GemmShape& g, double rate, int sm_count, const KernelParams& p,
-                            double* fill = nullptr);
-// What share of `sm_count` SMs a kernel moving `bytes` fills: a bandwidth-bound
-// kernel's grid grows with its bytes, 16 bytes per thread, 2048 threads per SM.
+                            GemmWaves* waves = nullptr);
+// A bandwidth-bound kernel's grid grows with its bytes (16 bytes per thread,
+// 2048 threads per SM): the share of `sm_count` SMs a kernel moving `bytes`
+// fills, and the waves it takes.
 double byte_fill(double bytes, int sm_count);
+double byte_waves(double bytes, int sm_count);
 
 }  // namespace emugpu

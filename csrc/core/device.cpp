@@ -159,7 +159,7 @@ void Device::pace_host() {
   last_launch_ = now;
 }
 
-TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now, double demand) {
+TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now, Occupancy occupancy) {
   if ((engine == Engine::kHostToDevice || engine == Engine::kDeviceToHost) && pcie_) {
     const TimeNs ready = timeline_.start_of(stream, engine, now);
     const TimeNs occupancy = ns_from_double(static_cast<double>(estimate) * occupancy_factor_);
@@ -175,8 +175,8 @@ TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, Tim
   if (share_) {
     const auto d = static_cast<double>(alone);
     kernel_sum_ += d;
-    demand_sum_ += std::clamp(demand, 0.0, 1.0) * d;
-    kernel_square_sum_ += d * d;
+    demand_sum_ += std::clamp(occupancy.demand, 0.0, 1.0) * d;
+    hold_sum_ += std::max(occupancy.hold_ns, 0.0) * d;
   }
   return place_locked(stream, engine, start, duration, now);
 }
@@ -197,7 +197,7 @@ void Device::share_time(std::shared_ptr<TimeShare> share) {
   unweighted_ = 1.0;
   iteration_average_ = 0;
   work_since_wait_ = 0;
-  kernel_sum_ = demand_sum_ = kernel_square_sum_ = 0;
+  kernel_sum_ = demand_sum_ = hold_sum_ = 0;
 }
 
 void Device::report_share() {
@@ -239,7 +239,7 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
     unweighted_ *= keep;  // what the average still owes its zero start
     kernel_sum_ *= keep;
     demand_sum_ *= keep;
-    kernel_square_sum_ *= keep;
+    hold_sum_ *= keep;
     share_from_ = now;
   }
   // Bias-corrected, so that a process that just started reports what it did
@@ -254,20 +254,20 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
           now,
           timeline_.engine_ready(Engine::kCompute),
           any ? demand_sum_ / kernel_sum_ : 1.0,
-          any ? ns_from_double(kernel_square_sum_ / kernel_sum_) : 0};
+          any ? ns_from_double(hold_sum_ / kernel_sum_) : 0};
 }
 
-TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate, double demand) {
+TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate, Occupancy occupancy) {
   EMUGPU_CHECK(estimate >= 0, kValue, "device ", index_, ": expected an operation duration >= 0 ns, got ", estimate);
   if (share_ && engine == Engine::kCompute) report_share();
   return place_when_queued([&](TimeNs now) {
     if (!held_.empty()) {
-      held_.push_back({now, nullptr, [this, stream, engine, estimate, demand](TimeNs t) {
-                         launch_locked(stream, engine, estimate, t, demand);
+      held_.push_back({now, nullptr, [this, stream, engine, estimate, occupancy](TimeNs t) {
+                         launch_locked(stream, engine, estimate, t, occupancy);
                        }});
       return kNotYet;
     }
-    return launch_locked(stream, engine, estimate, now, demand);
+    return launch_locked(stream, engine, estimate, now, occupancy);
   });
 }
 

@@ -76,9 +76,9 @@ class Device {
   // profiled region is re-timed. Blocks only while the launch queue is full.
   // Returns the time the work ends on the device, or kNotYet while the
   // device is held (it is placed later).
-  // `demand`: the fraction of the GPU's SMs compute work holds (KernelCost::demand).
+  // `occupancy`: what compute work holds of the GPU (cost_model.h), for MPS.
   static constexpr TimeNs kNotYet = -1;
-  TimeNs launch(int64_t stream, Engine engine, TimeNs estimate, double demand = 1.0);
+  TimeNs launch(int64_t stream, Engine engine, TimeNs estimate, Occupancy occupancy = {});
 
   // Emulates a host that spends `ns` per op it launches (Python, framework,
   // driver): pace_host(), called before such a launch, returns at least `ns`
@@ -221,7 +221,7 @@ class Device {
   // Runs `apply` now, or queues it while the device is held.
   template <typename Apply>
   void apply_or_hold_locked(TimeNs now, Apply&& apply);
-  TimeNs launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now, double demand = 1.0);
+  TimeNs launch_locked(int64_t stream, Engine engine, TimeNs estimate, TimeNs now, Occupancy occupancy = {});
   // point(host time) under the lock: now, or when the held work reaches it.
   template <typename Point>
   std::shared_ptr<PendingTime> pending_point(Point&& point);
@@ -286,8 +286,8 @@ class Device {
   TimeNs iteration_average_ = 0;
   TimeNs work_since_wait_ = 0;  // compute work on the GPU alone since the last sync point
   // Compute launched on the GPU alone, decayed as busy_average_ is: sums of
-  // d, demand * d and d^2 over its kernels (MPS weighs kernels by these).
-  double kernel_sum_ = 0, demand_sum_ = 0, kernel_square_sum_ = 0;
+  // d, demand * d and hold * d over its kernels (their time-weighted means go to MPS).
+  double kernel_sum_ = 0, demand_sum_ = 0, hold_sum_ = 0;
 };
 
 }  // namespace emugpu

@@ -17,7 +17,7 @@ class TimeShare {
     TimeNs now = 0;           // the device's clock
     TimeNs busy_until = 0;    // where the compute launched so far ends
     double demand = 1.0;      // fraction of the device's SMs its kernels hold (time-weighted recent average)
-    TimeNs kernel_ns = 0;     // the length of its kernel running at a random moment, on the GPU alone
+    TimeNs hold_ns = 0;       // how long its kernels' blocks hold an SM (time-weighted recent average)
   };
   virtual ~TimeShare() = default;
   // Real time between reports.

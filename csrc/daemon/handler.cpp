@@ -95,8 +95,8 @@ std::vector<uint8_t> Handler::hello(uint64_t id, Client& c, const Message& m) {
       if (other_id != id && fresh(other, g, real)) world = std::min(world, other.reports[g].now_ns);
     }
   }
-  return encode_welcome(m.id, {id, gpus_, sharing_policy_name(sharing_.policy), sharing_.report_ns, sharing_.window_ns,
-                               world == kNoTime ? 0 : world});
+  return encode_welcome(
+      m.id, {id, gpus_, sharing_.name(), sharing_.report_ns, sharing_.window_ns, world == kNoTime ? 0 : world});
 }
 
 std::vector<uint8_t> Handler::reserve(Client& c, const Message& m) {
@@ -131,7 +131,7 @@ namespace {
 
 Sharer sharer(const ShareReport& r, int32_t priority) {
   return {static_cast<double>(r.busy_ppm) / kPpm, r.iteration_ns, priority, static_cast<double>(r.demand_ppm) / kPpm,
-          r.kernel_ns};
+          r.hold_ns};
 }
 
 }  // namespace
@@ -179,7 +179,7 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
 
 Status Handler::status() const {
   Status s;
-  s.sharing = sharing_policy_name(sharing_.policy);
+  s.sharing = sharing_.name();
   s.gpus = gpus_;
   s.used = used_;
   const TimeNs now = real_now_();

@@ -12,6 +12,7 @@
 #include <boost/asio.hpp>
 
 #include "catalog.h"
+#include "daemon/custom_policy.h"
 #include "daemon/handler.h"
 #include "daemon/policy.h"
 #include "daemon/server.h"
@@ -37,7 +38,9 @@ constexpr const char* kUsage =
     "  --sharing POLICY      time-slice (the CUDA driver's default between processes), fair, fifo\n"
     "                        (one iteration each in turn, as GPEmu and Salus), priority (EMUGPU_PRIORITY),\n"
     "                        mps (kernels of several processes at once, as NVIDIA's MPS), none (each\n"
-    "                        process has the GPU's compute to itself); default: time-slice\n"
+    "                        process has the GPU's compute to itself), plugin:PATH.so (a C function,\n"
+    "                        csrc/daemon/emugpu_policy.h) or exec:COMMAND (a program answering a line\n"
+    "                        per request, custom_policy.h); default: time-slice\n"
     "  --time-slice-us US    time-slice: a slice's length (default 2000)\n"
     "  --context-switch-us US  time-slice: a context switch's cost (default 200)\n"
     "  --mps-overlap F       mps: the fraction of a running kernel's SMs another's still gets (default 0.15)\n"
@@ -90,7 +93,14 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--listen") {
       o.listen = value();
     } else if (arg == "--sharing") {
-      o.sharing.policy = emugpu::share::parse_sharing_policy(value());
+      const std::string spec = value();
+      if (emugpu::share::is_custom_policy(spec)) {
+        o.sharing.policy = emugpu::share::SharingPolicy::kCustom;
+        o.sharing.custom = emugpu::share::load_custom_policy(spec);
+        o.sharing.custom_name = spec;
+      } else {
+        o.sharing.policy = emugpu::share::parse_sharing_policy(spec);
+      }
     } else if (arg == "--time-slice-us") {
       o.sharing.slice_ns = microseconds(arg, value(), 1);
     } else if (arg == "--context-switch-us") {
@@ -157,7 +167,7 @@ int main(int argc, char** argv) {
     } else {
       std::cout << " split as MIG " << options.mig << " (" << handler.gpus().size() << " instances)";
     }
-    std::cout << ", sharing " << emugpu::share::sharing_policy_name(options.sharing.policy) << std::endl;
+    std::cout << ", sharing " << options.sharing.name() << std::endl;
     io.run();
     std::cout << "emugpud: stopped" << std::endl;
     return 0;

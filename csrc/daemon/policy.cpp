@@ -27,7 +27,8 @@ double share_of(const SharingConfig& config, const Sharer& me, const std::vector
   const double switching =
       static_cast<double>(config.slice_ns) / static_cast<double>(config.slice_ns + config.switch_ns);
   switch (config.policy) {
-    case SharingPolicy::kNone: return 1.0;
+    case SharingPolicy::kNone:
+    case SharingPolicy::kCustom: return 1.0;
     case SharingPolicy::kTimeSlice: return count > 0 ? switching / (1.0 + count) : 1.0;
     case SharingPolicy::kFair: return 1.0 / (1.0 + count);
     case SharingPolicy::kFifo: {
@@ -38,7 +39,7 @@ double share_of(const SharingConfig& config, const Sharer& me, const std::vector
       // A higher priority with work takes the GPU (a fraction of it, in mean field).
       return std::max(0.0, 1.0 - higher) * (equal > 0 ? switching / (1.0 + equal) : 1.0);
     case SharingPolicy::kMps: {
-      // `weights` mark the others whose kernels started before this one's.
+      // `weights` mark the others whose kernels hold SMs against this one's.
       double held = 0;
       for (size_t j = 0; j < others.size(); ++j) {
         held += weights[j] * std::clamp(others[j].demand, 0.0, 1.0) * (1.0 - config.mps_overlap);
@@ -50,10 +51,10 @@ double share_of(const SharingConfig& config, const Sharer& me, const std::vector
   return 1.0;
 }
 
-// The probability that `other`'s kernel running now started before `me`'s.
-double older(const Sharer& me, const Sharer& other) {
-  const double a = static_cast<double>(std::max<TimeNs>(other.kernel_ns, 0));
-  const double b = static_cast<double>(std::max<TimeNs>(me.kernel_ns, 0));
+// The probability that `other`'s kernel holds the SMs `me`'s kernel competes for.
+double holds(const Sharer& me, const Sharer& other) {
+  const double a = static_cast<double>(std::max<TimeNs>(other.hold_ns, 0));
+  const double b = static_cast<double>(std::max<TimeNs>(me.hold_ns, 0));
   return a + b > 0 ? a / (a + b) : 0.5;
 }
 
@@ -78,18 +79,27 @@ const char* sharing_policy_name(SharingPolicy policy) {
     case SharingPolicy::kFifo: return "fifo";
     case SharingPolicy::kPriority: return "priority";
     case SharingPolicy::kMps: return "mps";
+    case SharingPolicy::kCustom: return "custom";
   }
   return "unknown";
 }
 
+std::string SharingConfig::name() const {
+  return policy == SharingPolicy::kCustom ? custom_name : sharing_policy_name(policy);
+}
+
 double compute_share(const SharingConfig& config, const Sharer& me, const std::vector<Sharer>& others) {
+  if (config.policy == SharingPolicy::kCustom && config.custom) {
+    const double share = config.custom(me, others);
+    return std::clamp(std::isfinite(share) ? share : 1.0, kMinShare, 1.0);
+  }
   std::vector<double> weights(others.size(), 0.0);
-  // Under MPS only the others whose kernel started first slow this one: the
-  // set enumerated is theirs, each in it with busy x older.
+  // Under MPS only the others whose kernels hold SMs against this one's slow
+  // it: the set enumerated is theirs, each in it with busy x holds.
   std::vector<double> present(others.size());
   for (size_t j = 0; j < others.size(); ++j) {
     const double busy = std::clamp(others[j].busy, 0.0, 1.0);
-    present[j] = config.policy == SharingPolicy::kMps ? busy * older(me, others[j]) : busy;
+    present[j] = config.policy == SharingPolicy::kMps ? busy * holds(me, others[j]) : busy;
   }
   double share = 0;
   if (others.size() <= kExactSharers) {

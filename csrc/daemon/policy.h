@@ -21,11 +21,14 @@
 //    takes the GPU; equal priorities time-slice;
 //  - mps: NVIDIA's Multi-Process Service: kernels of several processes run at
 //    once (mps_share below);
-//  - none: every process has the GPU to itself (memory is still shared).
+//  - none: every process has the GPU to itself (memory is still shared);
+//  - custom: a shared library's or a program's function of the raw reports
+//    (custom_policy.h), which then answers for the expectation itself.
 // A share never drops below kMinShare: a starved process still progresses.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,7 +36,7 @@
 
 namespace emugpu::share {
 
-enum class SharingPolicy { kNone, kTimeSlice, kFair, kFifo, kPriority, kMps };
+enum class SharingPolicy { kNone, kTimeSlice, kFair, kFifo, kPriority, kMps, kCustom };
 
 SharingPolicy parse_sharing_policy(const std::string& name);  // throws (kValue) listing the valid names
 const char* sharing_policy_name(SharingPolicy policy);
@@ -59,6 +62,11 @@ struct SharingConfig {
   // the idle pipes and tails of waves): fitted to our H100's MPS pairs
   // (benchmarks/collocation_emulated.py).
   double mps_overlap = 0.15;
+  // kCustom: a policy from outside the daemon's core (custom_policy.h) and
+  // its --sharing spec, which processes see as the daemon's policy.
+  std::function<double(const struct Sharer&, const std::vector<struct Sharer>&)> custom;
+  std::string custom_name;
+  std::string name() const;
 };
 
 // What a process reported about its compute on one GPU.
@@ -66,24 +74,26 @@ struct Sharer {
   double busy = 0;          // [0, 1]
   TimeNs iteration_ns = 0;  // its compute between host waits, alone on the GPU
   int32_t priority = 0;
-  double demand = 1;     // mps: the fraction of the GPU's SMs its kernels hold while they run
-  TimeNs kernel_ns = 0;  // mps: the length of its kernel running at a random moment, alone
+  double demand = 1;   // mps: the fraction of the GPU's SMs its kernels hold while they run
+  TimeNs hold_ns = 0;  // mps: how long its kernels' blocks hold an SM
 };
 
 constexpr double kMinShare = 0.01;
 constexpr size_t kExactSharers = 12;
 
-// MPS. The GPU's block scheduler hands SMs to the kernels in the order they
-// were launched: a kernel that started earlier keeps the SMs it holds (its
-// demand), a later one gets what is left, and runs at (left / its demand)
-// of its speed alone, never faster than alone. Of the others in S with work,
-// another's current kernel started before this one's with probability
-// L_j / (L_j + L_me) (L: the length of the kernel running at a random
-// moment), so long kernels (big convolutions) hold the GPU more often than
-// short ones (depthwise, elementwise). Older kernels hold their demand less
-// the overlap a concurrent kernel still finds on their SMs (mps_overlap).
-// One resource (SMs): two kernels that each saturate the memory bandwidth
-// with few SMs are not slowed by each other here.
+// MPS. Kernels of several processes run at once. Those that together need
+// fewer SMs than the GPU has run as alone. Beyond that they compete for SMs:
+// a kernel that holds SMs keeps them until its blocks finish, and an SM
+// freed while several kernels wait goes to each in turn, so each holds SMs
+// in proportion to how long its blocks keep one (hold_ns: a big GEMM's long
+// tiles against an elementwise kernel's short blocks). In the model, the
+// share is an expectation over which of the others with work hold SMs
+// against this one, another counting with probability
+// H_other / (H_other + H_me); a kernel gets what those leave, at
+// min(1, left / its demand) of its speed alone. Held SMs leave a fraction
+// (mps_overlap) of their throughput to a concurrent kernel. One resource
+// (SMs): bandwidth-bound kernels that each saturate memory with few SMs do
+// not slow each other here.
 
 // The fraction of the GPU's speed `me` gets while it has work, in [kMinShare, 1].
 double compute_share(const SharingConfig& config, const Sharer& me, const std::vector<Sharer>& others);

@@ -81,18 +81,18 @@ TEST(DeviceShare, ReportsHowBusyTheComputeEngineWasAndItsIterations) {
   EXPECT_EQ(s.share->reports.back().now, s.clock.now());
 }
 
-TEST(DeviceShare, ReportsItsKernelsDemandAndLengthWeighedByTheirTime) {
+TEST(DeviceShare, ReportsItsKernelsOccupancyWeighedByTheirTime) {
   Shared s(1.0);
-  // 1 ms kernels holding the whole GPU, 0.1 ms ones holding a tenth.
+  // 1 ms kernels holding the whole GPU in 100 us blocks, 0.1 ms ones holding a tenth in 10 us blocks.
   for (int i = 0; i < 10; ++i) {
-    s.dev.launch(0, Engine::kCompute, 1 * kMs, 1.0);
-    s.dev.launch(0, Engine::kCompute, kMs / 10, 0.1);
+    s.dev.launch(0, Engine::kCompute, 1 * kMs, {1.0, 100e3});
+    s.dev.launch(0, Engine::kCompute, kMs / 10, {0.1, 10e3});
     s.clock.advance(kMs + kMs / 10);
   }
-  s.dev.launch(0, Engine::kCompute, 0, 0.5);
+  s.dev.launch(0, Engine::kCompute, 0, {0.5, 0});
   const auto& r = s.share->reports.back();
   EXPECT_NEAR(r.demand, (1.0 * 1.0 + 0.1 * 0.1) / 1.1, 0.01);
-  EXPECT_NEAR(static_cast<double>(r.kernel_ns), (1.0 + 0.01) / 1.1 * kMs, 0.01 * kMs);
+  EXPECT_NEAR(static_cast<double>(r.hold_ns), (100e3 * 1.0 + 10e3 * 0.1) / 1.1, 1e3);
 }
 
 TEST(DeviceShare, HalfBusyReportsHalf) {

@@ -92,19 +92,22 @@ TEST(KernelDemand, BigGemmsHoldTheGpuSmallKernelsLittle) {
   OpCost big{2.0 * 8192 * 8192 * 8192, 3 * 8192.0 * 8192 * 2, DType::kBFloat16, OpFamily::kMm};
   big.gemm_count = 1;
   big.gemms[0] = {1, 8192, 8192, 8192};
-  EXPECT_GT(m.kernel_cost(big).demand, 0.9);
-  EXPECT_LE(m.kernel_cost(big).demand, 1.0);
+  EXPECT_GT(m.kernel_cost(big).occupancy.demand, 0.9);
+  EXPECT_LE(m.kernel_cost(big).occupancy.demand, 1.0);
   // A GEMM of a few tiles fills a few SMs, and mostly waits on its launch.
   OpCost few{2.0 * 256 * 256 * 256, 3 * 256.0 * 256 * 2, DType::kBFloat16, OpFamily::kMm};
   few.gemm_count = 1;
   few.gemms[0] = {1, 256, 256, 256};
-  EXPECT_LT(m.kernel_cost(few).demand, 0.05);
+  EXPECT_LT(m.kernel_cost(few).occupancy.demand, 0.05);
   // Elementwise: a grid that grows with the bytes.
   const OpCost large_add{1 << 26, 3.0 * (1 << 28), DType::kFloat32, OpFamily::kElementwise};
   const OpCost small_add{1 << 10, 3.0 * (1 << 12), DType::kFloat32, OpFamily::kElementwise};
-  EXPECT_GT(m.kernel_cost(large_add).demand, 0.9);
-  EXPECT_LT(m.kernel_cost(small_add).demand, 0.01);
+  EXPECT_GT(m.kernel_cost(large_add).occupancy.demand, 0.9);
+  EXPECT_LT(m.kernel_cost(small_add).occupancy.demand, 0.01);
+  // A block of a big GEMM holds its SM far longer than an elementwise block.
+  EXPECT_GT(m.kernel_cost(big).occupancy.hold_ns, 10 * m.kernel_cost(large_add).occupancy.hold_ns);
   EXPECT_DOUBLE_EQ(emugpu::byte_fill(1e12, 132), 1.0);
+  EXPECT_DOUBLE_EQ(emugpu::byte_waves(132 * 2048 * 16 * 2.5, 132), 3.0);
   EXPECT_NEAR(emugpu::byte_fill(132 * 2048 * 16 / 4.0, 132), 0.25, 1e-12);
 }
 

@@ -89,7 +89,7 @@ TEST(SharePolicy, NamesRoundTripAndUnknownOnesListTheValid) {
   }
 }
 
-// MPS: {busy, iteration, priority, demand, kernel length}.
+// MPS: {busy, iteration, priority, demand, block hold time}.
 TEST(SharePolicyMps, KernelsThatFitSideBySideRunAsAlone) {
   const SharingConfig c = config(SharingPolicy::kMps);
   // Together they need fewer SMs than the GPU has.
@@ -102,8 +102,8 @@ TEST(SharePolicyMps, IdenticalGpuBoundJobsGainOverTimeSlicing) {
   c.mps_overlap = 0.15;
   const Sharer job{1.0, 0, 0, 0.9, 1000};
   const double share = compute_share(c, job, {job});
-  // Half the time its kernel came first and runs as alone; else it gets what
-  // the other's leaves: 1 - 0.9 x 0.85 of the GPU, for a demand of 0.9.
+  // Half the time its blocks hold the contested SMs and it runs as alone;
+  // else it gets what the other's leave: 1 - 0.9 x 0.85 of the GPU, for a demand of 0.9.
   EXPECT_NEAR(share, 0.5 + 0.5 * (1 - 0.9 * 0.85) / 0.9, 1e-12);
   EXPECT_GT(share, 0.5);  // better than an equal split of the GPU
   EXPECT_GT(share, compute_share(config(SharingPolicy::kTimeSlice), job, {job}));
@@ -112,25 +112,25 @@ TEST(SharePolicyMps, IdenticalGpuBoundJobsGainOverTimeSlicing) {
   EXPECT_NEAR(compute_share(c, {1.0, 0, 0, 1.0, 1000}, {{1.0, 0, 0, 1.0, 1000}}), 0.5, 1e-12);
 }
 
-TEST(SharePolicyMps, LongKernelsHoldTheGpuMoreOftenThanShortOnes) {
+TEST(SharePolicyMps, LongBlocksHoldMoreSmsThanShortOnes) {
   const SharingConfig c = config(SharingPolicy::kMps);
-  const Sharer big{1.0, 0, 0, 0.95, 400'000};  // large convolutions
-  const Sharer small{1.0, 0, 0, 0.6, 40'000};  // depthwise and elementwise kernels
+  const Sharer big{1.0, 0, 0, 0.95, 400'000};  // large convolutions' tiles
+  const Sharer small{1.0, 0, 0, 0.6, 40'000};  // depthwise and elementwise blocks
   const double small_share = compute_share(c, small, {big});
   const double big_share = compute_share(c, big, {small});
   EXPECT_LT(small_share, 0.5);
   EXPECT_GT(big_share, 0.75);
-  // The big job's kernel came first 10 times in 11.
+  // The big job's blocks hold the contested SMs 10 times in 11.
   EXPECT_NEAR(small_share, 1.0 / 11 + 10.0 / 11 * (1 - 0.95 * 0.85) / 0.6, 1e-12);
 }
 
-TEST(SharePolicyMps, AnIdleProcessOrOneWithoutKernelLengthsCountsAsItShould) {
+TEST(SharePolicyMps, AnIdleProcessOrOneWithoutHoldTimesCountsAsItShould) {
   const SharingConfig c = config(SharingPolicy::kMps);
   // Busy a quarter of the time: slowed only then.
   const double quarter = compute_share(c, {1.0, 0, 0, 1.0, 1000}, {{0.25, 0, 0, 1.0, 1000}});
   const double full = compute_share(c, {1.0, 0, 0, 1.0, 1000}, {{1.0, 0, 0, 1.0, 1000}});
   EXPECT_NEAR(1.0 - quarter, 0.25 * (1.0 - full), 1e-12);
-  // No kernel lengths reported yet: either kernel came first with even odds.
+  // No hold times reported yet: even odds.
   EXPECT_NEAR(compute_share(c, {1.0, 0, 0, 1.0, 0}, {{1.0, 0, 0, 1.0, 0}}), full, 1e-12);
 }
 

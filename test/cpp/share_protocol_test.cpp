@@ -81,7 +81,7 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(report.gpu, 1u);
   EXPECT_EQ(report.busy_until_ns, 987654400);
   EXPECT_EQ(report.demand_ppm, 420000u);
-  EXPECT_EQ(report.kernel_ns, 35000);
+  EXPECT_EQ(report.hold_ns, 35000);
   EXPECT_EQ(report.busy_ppm, 500000u);
   EXPECT_EQ(report.iteration_ns, 123456);
   EXPECT_EQ(report.now_ns, 987654321);

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
+
+from torch_emugpu import sharing_policy
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -50,6 +53,24 @@ def catalog() -> Path:
     raise FileNotFoundError(f"no GPU catalog: expected {_PACKAGE / 'profiles' / 'gpus.json'}")
 
 
+def sharing_spec(sharing: str) -> str:
+    """emugpud's --sharing for `sharing`: a policy's name, plugin:PATH, exec:COMMAND, or python:FILE (run by
+    torch_emugpu.sharing_policy; its file is loaded here first, so that a broken one fails before the daemon starts)."""
+    if sharing.startswith("python:"):
+        file = Path(sharing.removeprefix("python:")).resolve()
+        sharing_policy.load(file)
+        return "exec:" + shlex.join([sys.executable, "-m", "torch_emugpu.sharing_policy", str(file)])
+    return sharing
+
+
+def _sharing(value: str) -> str:
+    if value in SHARING_POLICIES or value.startswith(("python:", "plugin:", "exec:")):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"expected one of {', '.join(SHARING_POLICIES)}, python:FILE, plugin:PATH or exec:COMMAND, got {value!r}"
+    )
+
+
 def command(gpus: str | None, listen: str | None, sharing: str | None = None, mig: str | None = None) -> list[str]:
     """The daemon's command line."""
     cmd = [str(binary()), "--catalog", str(catalog())]
@@ -60,7 +81,7 @@ def command(gpus: str | None, listen: str | None, sharing: str | None = None, mi
     if listen:
         cmd += ["--listen", listen]
     if sharing:
-        cmd += ["--sharing", sharing]
+        cmd += ["--sharing", sharing_spec(sharing)]
     return cmd
 
 
@@ -237,11 +258,14 @@ def add_parsers(sub: Any) -> None:
     )
     d.add_argument(
         "--sharing",
-        choices=SHARING_POLICIES,
+        type=_sharing,
+        metavar="POLICY",
         help="how the attached processes' kernels share each GPU: time-slice (the CUDA driver's default, "
         "and this default), fair, fifo (one iteration each in turn, as GPEmu), priority (EMUGPU_PRIORITY), "
         "mps (kernels of several processes at once, as NVIDIA's MPS; CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and "
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT apply), none (memory only)",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT apply), none (memory only); or your own: python:FILE (its function "
+        "share(me, others), torch_emugpu.sharing_policy), plugin:PATH.so (a C function, csrc/daemon/emugpu_policy.h) "
+        "or exec:COMMAND",
     )
     d.set_defaults(func=run)
     s = sub.add_parser("smi", help="show emugpud's GPUs and the processes attached, as nvidia-smi does")

@@ -36,8 +36,8 @@ std::pair<int64_t, int64_t> shape_cache_stats();
 size_t shape_cache_entries();
 
 // Charges `estimate` to the current stream of `device` on `engine`.
-// `demand`: the fraction of the GPU's SMs compute work holds (KernelCost::demand; MPS sharing).
-TimeNs charge(int device, Engine engine, TimeNs estimate, double demand = 1.0);
+// `occupancy`: what compute work holds of the GPU (KernelCost::occupancy; MPS sharing).
+TimeNs charge(int device, Engine engine, TimeNs estimate, Occupancy occupancy = {});
 // The same, for work the host waits for (a sync point: see Device::launch_and_wait).
 TimeNs charge_and_wait(int device, Engine engine, TimeNs estimate);
 

@@ -73,8 +73,8 @@ Device& paced(int device) {
 
 }  // namespace
 
-TimeNs charge(int device, Engine engine, TimeNs estimate, double demand) {
-  return paced(device).launch(current_stream_id(device), engine, estimate, demand);
+TimeNs charge(int device, Engine engine, TimeNs estimate, Occupancy occupancy) {
+  return paced(device).launch(current_stream_id(device), engine, estimate, occupancy);
 }
 
 TimeNs charge_and_wait(int device, Engine engine, TimeNs estimate) {
@@ -272,7 +272,7 @@ void charge_time(const OpInfo& info, const std::vector<c10::IValue>& args, int d
   }
   if (!info.metadata_only) {
     dev.ledger().record(cost, charged, info.name);
-    translate_errors([&] { charge(device, Engine::kCompute, charged.duration, charged.demand); });
+    translate_errors([&] { charge(device, Engine::kCompute, charged.duration, charged.occupancy); });
   }
 }
 

@@ -127,7 +127,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       const double peak_ns = 2 * bytes / dev.gpu().memory_bandwidth * 1e9;
       dev.ledger().record({0, 2 * bytes, DType::kFloat32, OpFamily::kCopy}, {duration, 0, peak_ns, false},
                           "aten::copy_");
-      charge(d, Engine::kCompute, duration, byte_fill(2 * bytes, dev.gpu().sm_count));
+      charge(d, Engine::kCompute, duration,
+             {byte_fill(2 * bytes, dev.gpu().sm_count),
+              static_cast<double>(duration) / byte_waves(2 * bytes, dev.gpu().sm_count)});
     } else {
       // Peer to peer over NVLink, else PCIe. As PyTorch orders CUDA peer
       // copies, the copy waits for the source's stream, and the source's
@@ -221,7 +223,7 @@ bool equal(const at::Tensor& self, const at::Tensor& other) {
     auto& dev = Runtime::get().device(d);
     const double bytes = transfer_bytes(self) + transfer_bytes(other);
     const KernelCost compare = dev.cost().kernel_cost({0, bytes, DType::kFloat32});
-    charge(d, Engine::kCompute, compare.duration, compare.demand);
+    charge(d, Engine::kCompute, compare.duration, compare.occupancy);
     charge_and_wait(d, Engine::kDeviceToHost, dev.cost().transfer(1, false));
     return self.sizes() == other.sizes() && at::equal(host_values(self), host_values(other));
   });

@@ -109,7 +109,7 @@ void charge_rnn(const at::Tensor& input, const RnnShape& s, bool backward, const
   Device& dev = Runtime::get().device(device);
   const KernelCost charged = translate_errors([&] { return dev.cost().kernel_cost(cost); });
   dev.ledger().record(cost, charged, name);
-  translate_errors([&] { charge(device, Engine::kCompute, charged.duration, charged.demand); });
+  translate_errors([&] { charge(device, Engine::kCompute, charged.duration, charged.occupancy); });
 }
 
 // aten::_cudnn_rnn(input, weight[], weight_stride0, weight_buf?, hx, cx?, mode, hidden_size, proj_size,

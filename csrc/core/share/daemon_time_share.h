@@ -38,7 +38,7 @@ class DaemonTimeShare final : public TimeShare {
     const auto busy = static_cast<uint32_t>(std::clamp(r.busy, 0.0, 1.0) * kPpm + 0.5);
     const auto demand = static_cast<uint32_t>(std::clamp(r.demand * sm_fraction_, 0.0, 1.0) * kPpm + 0.5);
     const ShareReport report{gpu_,         busy,   std::max<TimeNs>(r.iteration_ns, 0), r.now,
-                             r.busy_until, demand, std::max<TimeNs>(r.kernel_ns, 0)};
+                             r.busy_until, demand, std::max<TimeNs>(r.hold_ns, 0)};
     ShareGrant grant = client_->share(report);
     const TimeNs skew = window_ns() / 5;
     const auto give_up = std::chrono::steady_clock::now() + kPatience;

@@ -209,7 +209,7 @@ std::vector<uint8_t> encode_share(uint32_t id, const ShareReport& r) {
                     .put<int64_t>(r.now_ns)
                     .put<int64_t>(r.busy_until_ns)
                     .put<uint32_t>(r.demand_ppm)
-                    .put<int64_t>(r.kernel_ns)
+                    .put<int64_t>(r.hold_ns)
                     .take());
 }
 
@@ -303,10 +303,10 @@ ShareReport decode_share(const Message& m) {
   out.now_ns = r.get<int64_t>();
   out.busy_until_ns = r.get<int64_t>();
   out.demand_ppm = ppm(r, "an SM demand");
-  out.kernel_ns = r.get<int64_t>();
-  EMUGPU_CHECK(out.iteration_ns >= 0 && out.kernel_ns >= 0, kRuntime,
-               "emugpud protocol: expected iteration and kernel times >= 0 ns in a share report, got ",
-               out.iteration_ns, " and ", out.kernel_ns);
+  out.hold_ns = r.get<int64_t>();
+  EMUGPU_CHECK(out.iteration_ns >= 0 && out.hold_ns >= 0, kRuntime,
+               "emugpud protocol: expected iteration and block hold times >= 0 ns in a share report, got ",
+               out.iteration_ns, " and ", out.hold_ns);
   r.done();
   return out;
 }

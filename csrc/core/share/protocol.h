@@ -90,7 +90,7 @@ struct ShareReport {
   int64_t now_ns = 0;          // its clock's time
   int64_t busy_until_ns = 0;   // where the compute it launched so far ends
   uint32_t demand_ppm = kPpm;  // fraction of the whole GPU's SMs its kernels hold while they run (MPS)
-  int64_t kernel_ns = 0;       // the length of its kernel running at a random moment, alone (MPS)
+  int64_t hold_ns = 0;         // how long its kernels' blocks hold an SM, alone (MPS)
 };
 
 struct ShareGrant {
