@@ -1,0 +1,244 @@
+"""Runs one AOTAutograd graph on emugpu, charged as the kernels Inductor would generate.
+
+Every node that stays a library call in Inductor (matmuls, convolutions,
+attention, gathers, copies between devices, anything that mutates) runs as
+the aten op it is, so the eager cost rules time it and the allocator sees its
+output. A fused group (fusion.py) runs no op at all: the values it returns to
+other kernels are allocated as device tensors (placeholders, like any
+computed value in timing mode), its intermediates are never allocated, and
+its time is one kernel of the group's bytes, timed by the C++ cost model
+(`_C._kernel_times`, the bandwidth rule of its family) and charged with
+`_C._emulate_kernel` when its last member is reached.
+
+Values are computed where eager emugpu computes them, on the host: in compute
+mode always, in timing mode for ops whose inputs all hold real bytes and are
+small (docs/execution.md, "Small ops on real bytes are computed"), so that
+control paths see what they would eagerly.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from torch_emugpu import _C
+from torch_emugpu.compile import fusion
+
+# The same bound as eager emugpu's small real ops (torch_emugpu.distributed.DATA_THRESHOLD_BYTES).
+SMALL_REAL_BYTES = 64 * 1024
+
+_DTYPE_CLASS = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4}
+_ELEMENTWISE, _REDUCTION = 0, 1  # csrc/core/op_cost.h OpFamily
+
+
+class _Virtual:
+    """A fused intermediate that no kernel outside its group reads: never allocated nor computed."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<fused intermediate>"
+
+
+VIRTUAL = _Virtual()
+
+_lock = threading.Lock()
+stats = {"graphs": 0, "groups": 0, "fused_ops": 0, "extern_ops": 0, "eager_graphs": 0}
+
+
+def _device_index(node: torch.fx.Node) -> int:
+    for t in fusion._tensors(node.meta.get("val")):
+        if t.device.type == "emugpu":
+            return t.device.index or 0
+    return torch.emugpu.current_device()  # type: ignore[attr-defined]
+
+
+class CompiledGraph:
+    """The callable AOTAutograd gets back for one forward, backward or inference graph (boxed: one list)."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        # On the instance: AOTAutograd wraps the backward in torch._dynamo.disable, whose functools.wraps
+        # copies the instance's attributes only.
+        self._boxed_call = True
+        self.gm = gm
+        self.nodes = list(gm.graph.nodes)
+        self.plan = fusion.plan(gm.graph)
+        self.position = {n: i for i, n in enumerate(self.nodes)}
+        # Values die after their last reader, as eager tensors do, so that peak memory is eager's less
+        # the fused intermediates.
+        last_use: dict[torch.fx.Node, int] = {}
+        for i, n in enumerate(self.nodes):
+            for j in n.all_input_nodes:
+                last_use[j] = i
+        self.free_after: list[list[torch.fx.Node]] = [[] for _ in self.nodes]
+        for n, i in last_use.items():
+            self.free_after[i].append(n)
+        for i, n in enumerate(self.nodes):
+            if n not in last_use and n.op != "output":
+                self.free_after[i].append(n)
+        self.devices = [_device_index(g.nodes[-1]) for g in self.plan.groups]
+        self.durations: list[float] = []
+        self.generation = -1
+        with _lock:
+            stats["graphs"] += 1
+            stats["groups"] += len(self.plan.groups)
+            stats["fused_ops"] += sum(1 for k in self.plan.kinds.values() if k in ("pointwise", "reduction"))
+            stats["extern_ops"] += sum(1 for k in self.plan.kinds.values() if k == "extern")
+
+    def group_durations(self) -> list[float]:
+        """Seconds of each group's kernel on the emulated GPU; again after every (re)configuration."""
+        generation = _C._profiles_generation()
+        if generation != self.generation:
+            durations: list[float] = []
+            for device in sorted(set(self.devices)):
+                params = {k: v for k, v in _C._current_kernel_params(device).items() if k != "source"}
+                gpu = _C._device_properties(device)["name"]
+                indices = [i for i, d in enumerate(self.devices) if d == device]
+                ops = [self.kernel(self.plan.groups[i]) for i in indices]
+                times = _C._kernel_times(gpu, params, ops) if ops else []
+                durations.extend([0.0] * (len(self.devices) - len(durations)))
+                for i, ns in zip(indices, times, strict=True):
+                    # A group whose values all went into other kernels (inlined there) launches nothing.
+                    durations[i] = ns * 1e-9 if self.plan.groups[i].outputs else 0.0
+            self.durations = durations
+            self.generation = generation
+        return self.durations
+
+    def kernel(self, group: fusion.Group) -> dict[str, Any]:
+        """The cost model's view of a fused kernel: one launch, the group's bytes, its family's bandwidth rule."""
+        dtype = torch.float32
+        for n in group.nodes:
+            out = fusion._tensors(n.meta.get("val"))
+            if out and out[0].is_floating_point():
+                dtype = out[0].dtype
+                break
+        return {
+            "family": _REDUCTION if group.reductions else _ELEMENTWISE,
+            "flops": float(group.total),
+            "bytes": float(group.bytes()),
+            "dtype": _DTYPE_CLASS.get(dtype, 5),
+            "kernels": 1,
+            "gemms": [],
+            "conv": (0.0,) * 11,
+        }
+
+    def __call__(self, *call_args: Any) -> Any:
+        # Boxed (one list, which it empties) as AOTAutograd's forward calls it; unboxed from some of its
+        # backward wrappers. A graph's inputs are tensors and numbers, never a list.
+        args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
+        plan = self.plan
+        compute = _C._mode() == "compute"
+        durations = self.group_durations()
+        env: dict[torch.fx.Node, Any] = {}
+        inputs = iter(args)
+        result: Any = None
+        for i, n in enumerate(self.nodes):
+            kind = plan.kinds[n]
+            if n.op == "placeholder":
+                env[n] = next(inputs)
+            elif n.op == "get_attr":
+                env[n] = _fetch_attr(self.gm, str(n.target))
+            elif n.op == "output":
+                result = torch.fx.node.map_arg(n.args[0], lambda a: env[a])
+            elif kind in ("extern", "getitem"):
+                a, kw = _resolve(n, env)
+                env[n] = n.target(*a, **kw)  # type: ignore[operator]
+            elif kind == "view":
+                a, kw = _resolve(n, env)
+                source = a[0]
+                env[n] = VIRTUAL if source is VIRTUAL else n.target(*a, **kw)  # type: ignore[operator]
+            else:
+                env[n] = self.fused(n, env, compute)
+                g = plan.last_member.get(n)
+                if g is not None and durations[g] > 0:
+                    _C._emulate_kernel(self.devices[g], durations[g])
+            for dead in self.free_after[i]:
+                env.pop(dead, None)
+        args.clear()  # the inputs die with the graph's own references, as in Inductor's boxed calls
+        return result
+
+    def fused(self, n: torch.fx.Node, env: dict[torch.fx.Node, Any], compute: bool) -> Any:
+        """A fused op's value: computed on the host where eager emugpu would compute it, else none."""
+        a, kw = _resolve(n, env)
+        leaves = pytree.tree_leaves((a, kw))
+        value: Any = VIRTUAL
+        if not any(v is VIRTUAL for v in leaves):
+            tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+            small = fusion.tensor_bytes(n.meta.get("val")) <= SMALL_REAL_BYTES
+            if compute or (small and all(_real_and_small(t) for t in tensors)):
+                value = _on_host(n, a, kw)
+        if n not in self.plan.needed:
+            return value
+        meta = n.meta["val"]
+        out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=meta.device)
+        if isinstance(value, torch.Tensor):
+            _C._host_view(out).copy_(value)
+            _C._set_materialized(out, True)
+        return out
+
+
+def _real_and_small(t: torch.Tensor) -> bool:
+    if t.device.type != "emugpu":
+        return True  # a host value computed earlier in this graph, or a CPU scalar
+    return t.untyped_storage().nbytes() <= SMALL_REAL_BYTES and _C._is_materialized(t)
+
+
+def _on_host(n: torch.fx.Node, a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    def host(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.device.type == "emugpu":
+            return _C._host_view(v)
+        if isinstance(v, torch.device) and v.type == "emugpu":
+            return torch.device("cpu")
+        return v
+
+    a, kw = pytree.tree_map(host, (a, kw))
+    if "device" in kw:
+        kw["device"] = torch.device("cpu")
+    return n.target(*a, **kw)  # type: ignore[operator]
+
+
+def _resolve(n: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    a = torch.fx.node.map_arg(n.args, lambda x: env[x])
+    kw = torch.fx.node.map_arg(n.kwargs, lambda x: env[x])
+    return a, kw  # type: ignore[return-value]
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+class EagerGraph:
+    """A graph with symbolic shapes: each op runs, and is timed, as eager (the fused groups' sizes are unknown)."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self._boxed_call = True
+        self.gm = gm
+        with _lock:
+            stats["eager_graphs"] += 1
+        warnings.warn(
+            "emugpu: torch.compile gave a graph with dynamic shapes; its ops are timed one by one, as eager, "
+            "not as fused kernels. Pass dynamic=False to torch.compile (or mark no dimension dynamic) to have "
+            "it timed as Inductor's kernels",
+            stacklevel=2,
+        )
+
+    def __call__(self, *call_args: Any) -> Any:
+        args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
+        values = list(args)
+        args.clear()
+        return self.gm(*values)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+    """AOTAutograd's compiler for one graph."""
+    if fusion.has_symbolic_shapes(gm.graph):
+        return EagerGraph(gm)
+    return CompiledGraph(gm)
