@@ -52,11 +52,18 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any)
 
     from torch_emugpu.compile import runner
 
+    # Max pooling stays one op each way: Inductor generates one kernel for each, which the eager rule
+    # times; its decomposition (window offsets, then scatters) would run as many small ops here.
+    decompositions = {
+        op: fn
+        for op, fn in select_decomp_table().items()
+        if "max_pool2d_with_indices" not in str(op) and "max_pool3d_with_indices" not in str(op)
+    }
     compiler = aot_autograd(
         fw_compiler=runner.compile_graph,
         bw_compiler=runner.compile_graph,
         inference_compiler=runner.compile_graph,
-        decompositions=select_decomp_table(),
+        decompositions=decompositions,
         partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
         keep_inference_input_mutations=True,
     )

@@ -57,7 +57,11 @@ _EXTRA_POINTWISE = {
     aten.copy.default,
     aten.clamp.default,
     aten.clamp.Tensor,
+    aten.floor_divide.default,
 }
+# Inductor's own prims (registered when Inductor is imported), by name: max pooling's backward turns the
+# forward's window offsets into indices in a pointwise kernel.
+_EXTRA_POINTWISE_NAMES = {"prims._low_memory_max_pool_offsets_to_indices.default"}
 
 
 def _meta(node: Any) -> Any:
@@ -116,7 +120,7 @@ def kind(node: torch.fx.Node) -> str:
         return "extern"
     if torch.Tag.reduction in target.tags:
         return "reduction"
-    if torch.Tag.pointwise in target.tags or target in _EXTRA_POINTWISE:
+    if torch.Tag.pointwise in target.tags or target in _EXTRA_POINTWISE or str(target) in _EXTRA_POINTWISE_NAMES:
         return "pointwise"
     return "extern"
 
@@ -258,6 +262,15 @@ def plan(graph: torch.fx.Graph) -> Plan:
     for n in nodes:
         if n in group_of:
             group_of[n] = find(group_of[n])
+    # An input mutation (BatchNorm's running statistics: copy_ into a graph input) of a fused value is a
+    # store of the kernel that computes it, not a copy kernel of its own.
+    for n in nodes:
+        if n.op == "call_function" and n.target is aten.copy_.default and len(n.args) >= 2:
+            dst, src = n.args[0], base_of(n.args[1], kinds)
+            if isinstance(dst, torch.fx.Node) and dst.op == "placeholder" and src in group_of:
+                kinds[n] = "store"
+                group_of[n] = group_of[src]
+                groups[group_of[n]].nodes.append(n)
     groups = [g for g in groups if g.nodes and find(g.index) == g.index]
     renumber = {g.index: k for k, g in enumerate(groups)}
     for k, g in enumerate(groups):
@@ -275,8 +288,10 @@ def plan(graph: torch.fx.Graph) -> Plan:
         if g is None:
             continue
         group = groups[g]
-        if n in needed:
+        if n in needed or kinds[n] == "store":
             group.outputs[n] = tensor_bytes(_meta(n))
+        if kinds[n] == "store":
+            continue  # it writes its destination, and reads what its group computed
         for i in n.all_input_nodes:
             b = base_of(i, kinds)
             if group_of.get(b) == g or b in inline:
@@ -329,7 +344,7 @@ def _needed(
         for user in n.users:
             readers.append((user, n))
         for user, value in readers:
-            if user is None or kinds.get(user) not in ("pointwise", "reduction", "member", "view"):
+            if user is None or kinds.get(user) not in ("pointwise", "reduction", "member", "view", "store"):
                 needed.add(value)
             elif kinds[user] == "view":
                 if user in needed:

@@ -152,6 +152,8 @@ class CompiledGraph:
                 a, kw = _resolve(n, env)
                 source = a[0]
                 env[n] = VIRTUAL if source is VIRTUAL else n.target(*a, **kw)  # type: ignore[operator]
+            elif kind == "store":
+                env[n] = _store(env[n.args[0]], env[n.args[1]])  # type: ignore[index]
             else:
                 env[n] = self.fused(n, env, compute)
                 g = plan.last_member.get(n)
@@ -182,6 +184,19 @@ class CompiledGraph:
         return out
 
 
+def _store(dst: torch.Tensor, value: Any) -> torch.Tensor:
+    """A fused kernel writes `value` into a graph input: real bytes where it has them, else a placeholder."""
+    view = _C._host_view(dst)  # a write: copies deferred from `dst` are done first (docs/execution.md)
+    if isinstance(value, torch.Tensor) and value.device.type == "emugpu" and _C._is_materialized(value):
+        value = _C._host_view(value)
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+        view.copy_(value)
+        _C._set_materialized(dst, True)
+    else:
+        _C._set_materialized(dst, False)
+    return dst
+
+
 def _real_and_small(t: torch.Tensor) -> bool:
     if t.device.type != "emugpu":
         return True  # a host value computed earlier in this graph, or a CPU scalar
@@ -196,7 +211,8 @@ def _on_host(n: torch.fx.Node, a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
             return torch.device("cpu")
         return v
 
-    a, kw = pytree.tree_map(host, (a, kw))
+    a, kw = pytree.tree_map(host, (tuple(a), dict(kw)))
+    kw = dict(kw)
     if "device" in kw:
         kw["device"] = torch.device("cpu")
     return n.target(*a, **kw)  # type: ignore[operator]
