@@ -190,7 +190,8 @@ class _Planner:
         if (batch, name, precision) in cached:
             return cached[(batch, name, precision)]
         gpu = device_module.get_device_name(device)
-        label = name or f"{type(module).__name__}({parameters} parameters)"
+        shown = module.__dict__.get("_modules", {}).get("_orig_mod", module)  # torch.compile's wrapper: its model
+        label = name or f"{type(shown).__name__}({parameters} parameters)"
         fingerprint = None if name else parameters
         span = _parallel.data_parallel_span(module, batch)
         gpus = span.gpu_count if span is not None else 1
