@@ -109,10 +109,10 @@ def install() -> None:
         return
     inductor_call = wrapper.__call__
 
-    def __call__(self: Any, model_: Any, inputs_: Any) -> Any:
+    def __call__(self: Any, model_: Any, inputs_: Any, **kwargs: Any) -> Any:
         if _on_emugpu(model_, inputs_):
-            return backend(model_, inputs_)
-        return inductor_call(self, model_, inputs_)
+            return backend(model_, inputs_, **kwargs)
+        return inductor_call(self, model_, inputs_, **kwargs)
 
     __call__._emugpu = True  # type: ignore[attr-defined]
     wrapper.__call__ = __call__  # type: ignore[method-assign]
@@ -131,4 +131,4 @@ def install() -> None:
         return torch_compile(model, **kwargs)
 
     compile._emugpu = True  # type: ignore[attr-defined]
-    torch.compile = compile  # type: ignore[assignment]
+    torch.compile = compile

@@ -170,7 +170,7 @@ def plan(graph: torch.fx.Graph) -> Plan:
     kinds = {n: kind(n) if n.op == "call_function" else n.op for n in nodes}
     # A getitem of a fused multi-output op (var_mean, max.dim, native_dropout) is part of that op.
     for n in nodes:
-        if kinds[n] == "getitem" and kinds.get(n.args[0]) in ("pointwise", "reduction"):  # type: ignore[call-overload]
+        if kinds[n] == "getitem" and kinds.get(n.args[0]) in ("pointwise", "reduction"):
             kinds[n] = "member"
     fused = ("pointwise", "reduction", "member")
     inline = {n for n in nodes if kinds[n] == "pointwise" and not _tensor_inputs(n, kinds)}
@@ -221,17 +221,17 @@ def plan(graph: torch.fx.Graph) -> Plan:
             ancestors[n] = depends
             continue
         if kinds[n] == "member":
-            g = find(group_of[n.args[0]])  # type: ignore[index]
-            group_of[n] = g
-            groups[g].nodes.append(n)
-            ancestors[n] = depends | (1 << g)
+            owner = find(group_of[n.args[0]])
+            group_of[n] = owner
+            groups[owner].nodes.append(n)
+            ancestors[n] = depends | (1 << owner)
             continue
         reduction = kinds[n] == "reduction"
         numel = _numel(_meta(n))
         source = _numel(_meta(n.args[0])) if reduction and n.args else numel
         candidates: list[int] = []
         for i in inputs:
-            g = find(group_of[i]) if i in group_of else None
+            g = find_group(i)
             if g is None or g in candidates or not _fits(groups[g], reduction, numel, source):
                 continue
             # Fusing must not close a cycle: another input must not depend on this group through a kernel outside it.
@@ -271,11 +271,11 @@ def plan(graph: torch.fx.Graph) -> Plan:
                 kinds[n] = "store"
                 group_of[n] = group_of[src]
                 groups[group_of[n]].nodes.append(n)
-    groups = [g for g in groups if g.nodes and find(g.index) == g.index]
-    renumber = {g.index: k for k, g in enumerate(groups)}
-    for k, g in enumerate(groups):
-        g.index = k
-        g.nodes.sort(key=position.__getitem__)
+    groups = [kept for kept in groups if kept.nodes and find(kept.index) == kept.index]
+    renumber = {kept.index: k for k, kept in enumerate(groups)}
+    for k, kept in enumerate(groups):
+        kept.index = k
+        kept.nodes.sort(key=position.__getitem__)
     for n in list(group_of):
         group_of[n] = renumber[group_of[n]]
 
@@ -284,9 +284,9 @@ def plan(graph: torch.fx.Graph) -> Plan:
     # that kernel (Inductor inlines pointwise ops into each reader): it reads their inputs instead.
     absorbs: list[set[int]] = [set() for _ in groups]
     for n in nodes:
-        g = group_of.get(n)
-        if g is None:
+        if n not in group_of:
             continue
+        g = group_of[n]
         group = groups[g]
         if n in needed or kinds[n] == "store":
             group.outputs[n] = tensor_bytes(_meta(n))

@@ -147,13 +147,13 @@ class CompiledGraph:
                 result = torch.fx.node.map_arg(n.args[0], lambda a: env[a])
             elif kind in ("extern", "getitem"):
                 a, kw = _resolve(n, env)
-                env[n] = n.target(*a, **kw)  # type: ignore[operator]
+                env[n] = n.target(*a, **kw)
             elif kind == "view":
                 a, kw = _resolve(n, env)
                 source = a[0]
-                env[n] = VIRTUAL if source is VIRTUAL else n.target(*a, **kw)  # type: ignore[operator]
+                env[n] = VIRTUAL if source is VIRTUAL else n.target(*a, **kw)
             elif kind == "store":
-                env[n] = _store(env[n.args[0]], env[n.args[1]])  # type: ignore[index]
+                env[n] = _store(env[n.args[0]], env[n.args[1]])
             else:
                 env[n] = self.fused(n, env, compute)
                 g = plan.last_member.get(n)
@@ -221,7 +221,7 @@ def _on_host(n: torch.fx.Node, a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
 def _resolve(n: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     a = torch.fx.node.map_arg(n.args, lambda x: env[x])
     kw = torch.fx.node.map_arg(n.kwargs, lambda x: env[x])
-    return a, kw  # type: ignore[return-value]
+    return a, kw
 
 
 def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
