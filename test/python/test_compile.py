@@ -164,3 +164,31 @@ def test_other_backends_still_compile_cpu_graphs():
 def test_an_unknown_backend_fails_at_torch_compile_as_before():
     with pytest.raises(Exception, match="no_such_backend"):
         torch.compile(nn.Linear(2, 2), backend="no_such_backend")
+
+
+def test_dynamic_shapes_are_timed_as_fused_kernels_per_shape():
+    model = _mlp().to("emugpu")
+    static = torch.compile(model, dynamic=False)
+    dynamic = torch.compile(model, dynamic=True)
+    x = torch.randn(96, 256, device="emugpu")
+    kernels_static, ns_static = _busy(lambda: static(x).sum().backward())
+    before = torch_emugpu.compile.stats()
+    kernels_dynamic, ns_dynamic = _busy(lambda: dynamic(x).sum().backward())
+    dynamic(torch.randn(40, 256, device="emugpu")).sum().backward()  # a second shape: traced again
+    after = torch_emugpu.compile.stats()
+    assert after["eager_graphs"] == before["eager_graphs"]
+    assert after["graphs"] - before["graphs"] == 4  # forward and backward, for each of the two shapes
+    assert kernels_dynamic == kernels_static
+    assert ns_dynamic == pytest.approx(ns_static, rel=1e-6)
+
+
+def test_dynamic_shapes_give_eagers_values_in_compute_mode():
+    torch_emugpu.configure(mode="compute")
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16))
+    dev = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16))
+    dev.load_state_dict(cpu.state_dict())
+    compiled = torch.compile(dev.to("emugpu"), dynamic=True)
+    for batch in (3, 5):
+        x = torch.randn(batch, 8)
+        assert torch.allclose(compiled(x.to("emugpu")).cpu(), cpu(x), atol=1e-5)

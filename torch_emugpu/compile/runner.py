@@ -48,7 +48,7 @@ class _Virtual:
 VIRTUAL = _Virtual()
 
 _lock = threading.Lock()
-stats = {"graphs": 0, "groups": 0, "fused_ops": 0, "extern_ops": 0, "eager_graphs": 0}
+stats = {"graphs": 0, "groups": 0, "fused_ops": 0, "extern_ops": 0, "eager_graphs": 0}  # graphs: static ones
 
 
 def _device_index(node: torch.fx.Node) -> int:
@@ -231,30 +231,52 @@ def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
     return value
 
 
-class EagerGraph:
-    """A graph with symbolic shapes: each op runs, and is timed, as eager (the fused groups' sizes are unknown)."""
+class SpecializingGraph:
+    """A graph with symbolic shapes (dynamic=True, or a recompile after a new shape): the groups' sizes
+    are only known at a call. So each new set of input shapes gets the graph traced again with them
+    (make_fx on fake tensors: no kernel runs, nothing is charged), grouped and run as a static graph;
+    where that tracing fails, the ops run and are timed one by one, as eager, with a warning."""
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         self._boxed_call = True
         self.gm = gm
-        with _lock:
-            stats["eager_graphs"] += 1
-        warnings.warn(
-            "emugpu: torch.compile gave a graph with dynamic shapes; its ops are timed one by one, as eager, "
-            "not as fused kernels. Pass dynamic=False to torch.compile (or mark no dimension dynamic) to have "
-            "it timed as Inductor's kernels",
-            stacklevel=2,
-        )
+        self.static: dict[tuple[Any, ...], CompiledGraph | None] = {}
 
     def __call__(self, *call_args: Any) -> Any:
         args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
         values = list(args)
         args.clear()
-        return self.gm(*values)
+        key = tuple(
+            (tuple(v.shape), v.stride(), v.dtype, v.device) if isinstance(v, torch.Tensor) else v for v in values
+        )
+        if key not in self.static:
+            self.static[key] = self.specialize(values)
+        compiled = self.static[key]
+        if compiled is None:
+            return self.gm(*values)
+        return compiled(values)
+
+    def specialize(self, values: list[Any]) -> CompiledGraph | None:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        try:
+            with torch._C._DisableAutocast():
+                static = make_fx(self.gm, tracing_mode="fake")(*values)
+        except Exception as e:  # noqa: BLE001 - any tracing failure: fall back to eager timing, said once
+            with _lock:
+                stats["eager_graphs"] += 1
+            warnings.warn(
+                f"emugpu: a torch.compile graph with dynamic shapes could not be specialised to its inputs' "
+                f"shapes ({type(e).__name__}: {e}); its ops are timed one by one, as eager. Pass dynamic=False "
+                f"to torch.compile to have it timed as Inductor's kernels",
+                stacklevel=3,
+            )
+            return None
+        return CompiledGraph(static)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
     """AOTAutograd's compiler for one graph."""
     if fusion.has_symbolic_shapes(gm.graph):
-        return EagerGraph(gm)
+        return SpecializingGraph(gm)
     return CompiledGraph(gm)
