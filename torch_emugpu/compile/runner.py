@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
 
 from torch_emugpu import _C
 from torch_emugpu.compile import fusion
@@ -34,6 +33,10 @@ SMALL_REAL_BYTES = 64 * 1024
 
 _DTYPE_CLASS = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4}
 _ELEMENTWISE, _REDUCTION = 0, 1  # csrc/core/op_cost.h OpFamily
+
+
+_SKIP, _CALL, _VIEW, _ALLOCATE, _FUSED, _STORE, _PLACEHOLDER, _GET_ATTR, _OUTPUT = range(9)
+_OPS = {"placeholder": _PLACEHOLDER, "get_attr": _GET_ATTR, "output": _OUTPUT}
 
 
 class _Virtual:
@@ -82,6 +85,16 @@ class CompiledGraph:
             if n not in last_use and n.op != "output":
                 self.free_after[i].append(n)
         self.devices = [_device_index(g.nodes[-1]) for g in self.plan.groups]
+        # Static per node, so that a call does little per fused op: only ops with small outputs can
+        # compute real values in timing mode, and a value written to memory needs its layout.
+        self.small = {n for n in self.nodes if fusion.tensor_bytes(n.meta.get("val")) <= SMALL_REAL_BYTES}
+        self.layout: dict[torch.fx.Node, tuple[Any, ...]] = {}
+        self._steps: dict[bool, list[tuple[int, torch.fx.Node, int, int]]] = {}
+        self.inputs_of = {n: list(n.all_input_nodes) for n in self.nodes}
+        for n in self.plan.needed:
+            meta = n.meta.get("val")
+            if isinstance(meta, torch.Tensor):
+                self.layout[n] = (tuple(meta.shape), meta.stride(), meta.dtype, meta.device)
         self.durations: list[float] = []
         self.generation = -1
         with _lock:
@@ -127,61 +140,101 @@ class CompiledGraph:
             "conv": (0.0,) * 11,
         }
 
+    def steps(self, compute: bool) -> list[tuple[int, torch.fx.Node, int, int]]:
+        """(position, node, what to do, group charged after it or -1) per node, decided once per mode: in
+        timing mode a large fused value nobody outside its kernel reads costs no work at all."""
+        cached = self._steps.get(compute)
+        if cached is not None:
+            return cached
+        steps = []
+        for i, n in enumerate(self.nodes):
+            kind = self.plan.kinds[n]
+            if n.op in _OPS:
+                code = _OPS[n.op]
+            elif kind in ("extern", "getitem"):
+                code = _CALL
+            elif kind == "view":
+                code = _VIEW
+            elif kind == "store":
+                code = _STORE
+            elif compute or n in self.small:
+                code = _FUSED
+            else:
+                code = _ALLOCATE if n in self.layout else _SKIP
+            steps.append((i, n, code, self.plan.last_member.get(n, -1)))
+        self._steps[compute] = steps
+        return steps
+
     def __call__(self, *call_args: Any) -> Any:
         # Boxed (one list, which it empties) as AOTAutograd's forward calls it; unboxed from some of its
         # backward wrappers. A graph's inputs are tensors and numbers, never a list.
         args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
-        plan = self.plan
         compute = _C._mode() == "compute"
         durations = self.group_durations()
         env: dict[torch.fx.Node, Any] = {}
         inputs = iter(args)
         result: Any = None
-        for i, n in enumerate(self.nodes):
-            kind = plan.kinds[n]
-            if n.op == "placeholder":
-                env[n] = next(inputs)
-            elif n.op == "get_attr":
-                env[n] = _fetch_attr(self.gm, str(n.target))
-            elif n.op == "output":
-                result = torch.fx.node.map_arg(n.args[0], lambda a: env[a])
-            elif kind in ("extern", "getitem"):
+        free_after = self.free_after
+        for i, n, code, group in self.steps(compute):
+            if code == _SKIP:
+                env[n] = VIRTUAL
+            elif code == _CALL:
                 a, kw = _resolve(n, env)
-                env[n] = n.target(*a, **kw)
-            elif kind == "view":
-                a, kw = _resolve(n, env)
-                source = a[0]
-                env[n] = VIRTUAL if source is VIRTUAL else n.target(*a, **kw)
-            elif kind == "store":
-                env[n] = _store(env[n.args[0]], env[n.args[1]])
-            else:
+                env[n] = n.target(*a, **kw)  # type: ignore[operator]
+            elif code == _VIEW:
+                if env[n.args[0]] is VIRTUAL:  # type: ignore[index]
+                    env[n] = VIRTUAL
+                else:
+                    a, kw = _resolve(n, env)
+                    env[n] = n.target(*a, **kw)  # type: ignore[operator]
+            elif code == _ALLOCATE:
+                shape, stride, dtype, device = self.layout[n]
+                env[n] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            elif code == _FUSED:
                 env[n] = self.fused(n, env, compute)
-                g = plan.last_member.get(n)
-                if g is not None and durations[g] > 0:
-                    _C._emulate_kernel(self.devices[g], durations[g])
-            for dead in self.free_after[i]:
+            elif code == _STORE:
+                env[n] = _store(env[n.args[0]], env[n.args[1]])  # type: ignore[index]
+            elif code == _PLACEHOLDER:
+                env[n] = next(inputs)
+            elif code == _GET_ATTR:
+                env[n] = _fetch_attr(self.gm, str(n.target))
+            else:
+                result = torch.fx.node.map_arg(n.args[0], lambda a: env[a])
+            if group >= 0 and durations[group] > 0:
+                _C._emulate_kernel(self.devices[group], durations[group])
+            for dead in free_after[i]:
                 env.pop(dead, None)
         args.clear()  # the inputs die with the graph's own references, as in Inductor's boxed calls
         return result
 
     def fused(self, n: torch.fx.Node, env: dict[torch.fx.Node, Any], compute: bool) -> Any:
         """A fused op's value: computed on the host where eager emugpu would compute it, else none."""
-        a, kw = _resolve(n, env)
-        leaves = pytree.tree_leaves((a, kw))
         value: Any = VIRTUAL
-        if not any(v is VIRTUAL for v in leaves):
-            tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
-            small = fusion.tensor_bytes(n.meta.get("val")) <= SMALL_REAL_BYTES
-            if compute or (small and all(_real_and_small(t) for t in tensors)):
+        # Cheap test first: an input that is a fused intermediate means no value here.
+        if not any(env[j] is VIRTUAL for j in self.inputs_of[n]):
+            a, kw = _resolve(n, env)
+            if compute or all(_real_and_small(t) for t in _leaves(a, kw) if isinstance(t, torch.Tensor)):
                 value = _on_host(n, a, kw)
-        if n not in self.plan.needed:
+        layout = self.layout.get(n)
+        if layout is None:
             return value
-        meta = n.meta["val"]
-        out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=meta.device)
+        shape, stride, dtype, device = layout
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
         if isinstance(value, torch.Tensor):
             _C._host_view(out).copy_(value)
             _C._set_materialized(out, True)
         return out
+
+
+def _leaves(a: tuple[Any, ...], kw: dict[str, Any]) -> list[Any]:
+    """An aten op's arguments, lists opened (pytree's general walk costs more than the op's bookkeeping)."""
+    out: list[Any] = []
+    for v in (*a, *kw.values()):
+        if isinstance(v, list | tuple):
+            out.extend(v)
+        else:
+            out.append(v)
+    return out
 
 
 def _store(dst: torch.Tensor, value: Any) -> torch.Tensor:
@@ -209,13 +262,15 @@ def _on_host(n: torch.fx.Node, a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
             return _C._host_view(v)
         if isinstance(v, torch.device) and v.type == "emugpu":
             return torch.device("cpu")
+        if isinstance(v, list | tuple):
+            return type(v)(host(x) for x in v)
         return v
 
-    a, kw = pytree.tree_map(host, (tuple(a), dict(kw)))
-    kw = dict(kw)
-    if "device" in kw:
-        kw["device"] = torch.device("cpu")
-    return n.target(*a, **kw)  # type: ignore[operator]
+    host_args = tuple(host(v) for v in a)
+    host_kw = {k: host(v) for k, v in kw.items()}
+    if "device" in host_kw:
+        host_kw["device"] = torch.device("cpu")
+    return n.target(*host_args, **host_kw)  # type: ignore[operator]
 
 
 def _resolve(n: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
