@@ -192,3 +192,29 @@ def test_dynamic_shapes_give_eagers_values_in_compute_mode():
     for batch in (3, 5):
         x = torch.randn(batch, 8)
         assert torch.allclose(compiled(x.to("emugpu")).cpu(), cpu(x), atol=1e-5)
+
+
+def test_every_kernel_of_a_graph_is_charged_once_stores_included(monkeypatch):
+    # BatchNorm in training mode writes its running statistics back (copy_ into graph inputs): those
+    # stores belong to the kernel computing them, which must be charged like any other.
+    from torch_emugpu.compile import runner
+
+    graphs = []
+    original = runner.compile_graph
+
+    def capture(gm, example_inputs):
+        compiled = original(gm, example_inputs)
+        graphs.append(compiled)
+        return compiled
+
+    monkeypatch.setattr(runner, "compile_graph", capture)
+    bn = nn.BatchNorm2d(64).to("emugpu")
+    x = torch.randn(32, 64, 28, 28, device="emugpu")
+    compiled = torch.compile(bn)
+    with torch.no_grad():
+        kernels, busy_ns = _busy(lambda: compiled(x))
+    (graph,) = graphs
+    assert any(graph.plan.kinds[n] == "store" and n in graph.plan.last_member for n in graph.nodes)
+    durations = [d for d in graph.group_durations() if d > 0]
+    assert kernels == len(durations)
+    assert busy_ns == pytest.approx(sum(durations) * 1e9, rel=1e-3)
