@@ -199,6 +199,9 @@ def _register() -> None:
     _ties.install()
     _sharing.install()
     planner.activate()
+    from . import compile as _compile
+
+    _compile.install()
     if torch.distributed.is_available():
         from . import distributed
 

@@ -172,6 +172,9 @@ class _Planner:
         name = self.explicit.get(module)
         if name is None and isinstance(module, torch.nn.DataParallel):
             name = self.explicit.get(module.module)  # use_profile(model, ...) before wrapping it
+        inner = module.__dict__.get("_modules", {}).get("_orig_mod")
+        if name is None and type(module).__name__ == "OptimizedModule" and inner is not None:
+            name = self.explicit.get(inner)  # use_profile(model, ...) before torch.compile(model)
         return name or getattr(self.scoped, "model", None)
 
     def plan_for(self, module: torch.nn.Module, info: tuple[int, int], args: tuple[Any, ...]) -> _Plan | None:
@@ -187,7 +190,8 @@ class _Planner:
         if (batch, name, precision) in cached:
             return cached[(batch, name, precision)]
         gpu = device_module.get_device_name(device)
-        label = name or f"{type(module).__name__}({parameters} parameters)"
+        shown = module.__dict__.get("_modules", {}).get("_orig_mod", module)  # torch.compile's wrapper: its model
+        label = name or f"{type(shown).__name__}({parameters} parameters)"
         fingerprint = None if name else parameters
         span = _parallel.data_parallel_span(module, batch)
         gpus = span.gpu_count if span is not None else 1
@@ -439,16 +443,24 @@ _planner = _Planner()
 
 # The hooks are module-level functions, not the planner's bound methods: a
 # root deep-copied or pickled inside its forward copies them by reference.
+# Each returns at once while Dynamo traces (torch.compile): a traced hook is a no-op, not a graph break.
+# A module compiled with torch.compile(module) still runs them, around the compiled call, at run time.
 def _discover_root(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    if torch.compiler.is_compiling():
+        return
     if threading.get_ident() not in _planner.active:  # else another thread's root brought discovery back
         _planner.pre_hook(module, args)
 
 
 def _root_called_again(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    if torch.compiler.is_compiling():
+        return
     _planner.pre_hook(module, args)
 
 
 def _root_returned(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    if torch.compiler.is_compiling():
+        return
     _planner.post_hook(module, args, output)
 
 
@@ -471,6 +483,8 @@ class _CostModelNotice:
         self.handle: Any = None
 
     def __call__(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if torch.compiler.is_compiling():
+            return
         if _planner.hooks_installed:
             self.remove()
             return
@@ -501,6 +515,12 @@ _notice = _CostModelNotice()
 def activate() -> None:
     """At the package's import: the planner's hooks when profiles exist, else
     the one-shot cost-model notice; the hooks follow once a reload finds some."""
+    # torch.compile(module) warns at every OptimizedModule call while any global hook exists, that the
+    # hook fires for the wrapper too. The planner's do so on purpose (the wrapper is the root it times,
+    # and they are no-ops inside the compiled call), so the warning would only alarm users.
+    warnings.filterwarnings(
+        "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks", category=UserWarning
+    )
     profiles.on_reload(_planner.reloaded)
     if _has_profile_files():
         _planner.install()
