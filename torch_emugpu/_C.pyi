@@ -307,6 +307,9 @@ def _set_materialized(t: torch.Tensor, value: bool) -> None:
 def _daemon_default_address() -> str:
     """emugpud's default socket: unix:$XDG_RUNTIME_DIR/emugpud.sock, else unix:/tmp/emugpud-UID.sock."""
 
+def _daemon_gpu(index: int) -> int:
+    """The emugpud GPU (an index of its status) that emulated device `index` is; -1 without a daemon."""
+
 def _daemon_status(address: str) -> dict[str, Any]:
     """The daemon's GPUs (index, name, capacity, total, used) and attached processes; RuntimeError if none answers."""
 

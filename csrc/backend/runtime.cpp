@@ -329,6 +329,7 @@ void Runtime::configure_locked(const ConfigRequest& request) {
     state->devices.back()->set_host_pace(static_cast<TimeNs>(config.host_op_us * 1e3));
     if (state->daemon) {
       const uint32_t at = daemon_index[visible[i]];
+      state->daemon_gpus.push_back(static_cast<int>(at));
       state->devices.back()->allocator().share(std::make_shared<share::DaemonCapacity>(state->daemon, at));
       if (state->daemon->welcome().sharing != "none") {
         const double sm_fraction = static_cast<double>(state->specs.back().sm_count) / d.spec.sm_count;
@@ -388,6 +389,12 @@ Device& Runtime::device(int index) {
                "emugpu device index out of range: expected 0 <= index < ", s.devices.size(), ", got ", index,
                "; set EMUGPU_DEVICE_COUNT for more devices");
   return *s.devices[index];
+}
+
+int Runtime::daemon_gpu(int index) {
+  device(index);  // checks the index
+  const State& s = state();
+  return s.daemon_gpus.empty() ? -1 : s.daemon_gpus[static_cast<size_t>(index)];
 }
 
 void Runtime::set_mode(Mode mode) { mode_.store(mode); }

@@ -47,6 +47,8 @@ class Runtime {
   // (the error surfaces at the first real use).
   int device_count_or_default() noexcept;
   Device& device(int index);
+  // The emugpud GPU (an index of its status) that device `index` is; -1 without a daemon.
+  int daemon_gpu(int index);
   bool compute_mode() const { return mode_.load(std::memory_order_relaxed) == Mode::kCompute; }
   void set_mode(Mode mode);  // the only setting that may change with tensors alive
   const Catalog& catalog();
@@ -88,6 +90,7 @@ class Runtime {
     std::deque<GpuSpec> specs;  // per device (a MIG instance's own): before the devices that refer to them
     std::vector<std::unique_ptr<Device>> devices;
     std::shared_ptr<share::Client> daemon;  // EMUGPU_DAEMON's connection, else null
+    std::vector<int> daemon_gpus;           // per device: its index at the daemon
   };
   const State& state();
   void configure_locked(const ConfigRequest& request);

@@ -142,3 +142,22 @@ def test_bad_limits_are_refused_naming_the_variable(daemon, name: str, value: st
     assert r.returncode != 0
     assert f"{name}: {message}" in r.stderr
     assert "ValueError" in r.stderr
+
+
+# test_daemon_sharing's JOB, also reporting mid-run the GPU's utilization and its processes as this process sees them.
+UTIL_JOB = JOB.replace(
+    '        me = [p for p in status["processes"] if p["pid"] == os.getpid()][0]\n',
+    '        me = [p for p in status["processes"] if p["pid"] == os.getpid()][0]\n'
+    "        util, procs = torch.emugpu.utilization(), torch.emugpu.process_utilization()\n",
+).replace('"busy": me["busy"][0]}', '"busy": me["busy"][0], "util": util, "procs": procs}')
+
+
+def test_utilization_is_the_daemons_view_of_the_gpu(daemon) -> None:
+    assert UTIL_JOB != JOB
+    d = daemon()
+    a, b = run_together([start(d.address, 30, UTIL_JOB), start(d.address, 30, UTIL_JOB)])
+    for r in (a, b):
+        assert r["util"] >= 99  # the GPU, busy with both, not this process's part
+        assert len(r["procs"]) == 2
+        assert all(p["sm"] > 90 and p["memory"] > 0 for p in r["procs"]), r["procs"]
+        assert any(0 < p["share"] < 1 for p in r["procs"])  # shares as last granted: one at least mid-sharing

@@ -56,7 +56,8 @@ def test_a_python_policy_decides_the_shares(tmp_path: Path) -> None:
     d = Daemon(tmp_path, gpus="h100:1", sharing=f"python:{policy}")
     try:
         assert d.status()["sharing"].startswith("exec:")
-        high, low = run_together([start(d.address, 20, EMUGPU_PRIORITY="1"), start(d.address, 20)])
+        # The low one's mid-run check comes while the high one still runs.
+        high, low = run_together([start(d.address, 40, EMUGPU_PRIORITY="1"), start(d.address, 8)])
         assert high["share"] == pytest.approx(0.75)
         assert low["share"] == pytest.approx(0.25)
     finally:

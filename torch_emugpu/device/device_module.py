@@ -202,9 +202,51 @@ def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
 
 
 def utilization(device: _DeviceLike = None) -> int:
-    """Percent of the last second (host time) during which the emulated GPU's
-    compute engine was busy, as torch.cuda.utilization() reports it from NVML."""
-    return int(_C._utilization(_index(device)))
+    """Percent of the recent time the emulated GPU ran kernels, as torch.cuda.utilization() reports it
+    from NVML: the GPU's, from every process using it. A process's own GPU: the last second (host time)
+    of its compute engine. A GPU of emugpud's: the chance that some attached process had work over the
+    daemon's window (smi's GPU-Util); process_utilization() gives each process's part."""
+    index = _index(device)
+    gpu = _C._daemon_gpu(index)
+    if gpu < 0:
+        return int(_C._utilization(index))
+    from torch_emugpu.cli import daemon as daemon_cli
+
+    return daemon_cli.gpu_utilization(daemon_cli.status(_daemon_address()), gpu)
+
+
+def _daemon_address() -> str:
+    attachment = _C._daemon_attachment()
+    assert attachment is not None, "a device with a daemon GPU belongs to an attached process"
+    return str(attachment["address"])
+
+
+def process_utilization(device: _DeviceLike = None) -> list[dict[str, int | float | str]]:
+    """Per process using the emulated GPU, as nvidia-smi's process table (and NVML's per-process
+    utilization): pid, name, `sm` (percent of the recent window its kernels had work), `share` (the
+    fraction of the GPU's speed its kernels got) and `memory` (bytes its allocator holds). This process
+    alone for a GPU of its own; every attached process for a GPU of emugpud's."""
+    import os
+
+    index = _index(device)
+    gpu = _C._daemon_gpu(index)
+    if gpu < 0:
+        sm = int(_C._utilization(index))
+        return [{"pid": os.getpid(), "name": "", "sm": sm, "share": 1.0, "memory": memory_reserved(index)}]
+    from torch_emugpu.cli import daemon as daemon_cli
+
+    s = daemon_cli.status(_daemon_address())
+    return [
+        {
+            "pid": p["pid"],
+            "name": p["name"],
+            "sm": round(100 * p["busy"][gpu]),
+            "share": p["share"][gpu],
+            "memory": p["bytes"][gpu],
+        }
+        for p in s["processes"]
+        if p["bytes"][gpu] > 0 or p["busy"][gpu] > 0
+    ]
 
 
 def engine_stats(device: _DeviceLike = None) -> dict[str, float | int]:

@@ -97,6 +97,7 @@ void bind_device(py::module_& m) {
   });
   m.def("_device_properties",
         [](int index) { return guarded([&] { return gpu_dict(Runtime::get().device(index).gpu()); }); });
+  m.def("_daemon_gpu", [](int index) { return guarded([&] { return Runtime::get().daemon_gpu(index); }); });
   // Any catalog GPU, matched loosely as EMUGPU_GPU is (e.g. the GPU a measured table came from).
   m.def("_gpu_properties",
         [](const std::string& name) { return guarded([&] { return gpu_dict(Runtime::get().catalog().find(name)); }); });
