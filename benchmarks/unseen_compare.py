@@ -105,9 +105,7 @@ def run_emulated(out: Path, cases: str | None, warmup: int, iterations: int) -> 
         ).stdout.split()
         ids = ",".join(i for i in listed if not i.endswith("/compiled"))
     env = dict(os.environ)
-    env.update(
-        {"EMUGPU_CLOCK": "virtual", "EMUGPU_HOST": "modelled", "EMUGPU_PROFILES": "off", "EMUGPU_GPU": "h100"}
-    )
+    env.update({"EMUGPU_CLOCK": "virtual", "EMUGPU_HOST": "modelled", "EMUGPU_PROFILES": "off", "EMUGPU_GPU": "h100"})
     cmd = [sys.executable, str(HERE / "unseen_models.py"), "--device", "emugpu", "--out", str(out)]
     cmd += ["--cases", ids, "--warmup", str(warmup), "--iterations", str(iterations), "--budget-s", "1e9"]
     cmd += ["--no-progress"]
