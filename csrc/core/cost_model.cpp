@@ -160,7 +160,17 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   }
   double compute_s = 0;
   double memory_s = peak_memory_s / memory_efficiency(cost.family, p);
-  if (cost.family == OpFamily::kBatchNorm && cost.channels > 0) {
+  const bool eval_batch_norm = cost.family == OpFamily::kBatchNorm && cost.running_stats && !cost.backward;
+  if (eval_batch_norm) {
+    // With running statistics nothing is reduced: one elementwise pass over
+    // planes of H*W elements, a block's threads along the plane (small
+    // planes leave them idle), at a rate of elements: a 16-bit one keeps
+    // most of float32's time.
+    memory_s = peak_memory_s / p.batch_norm_eval_efficiency;
+    if (cost.plane > 0) memory_s *= (cost.plane + p.batch_norm_eval_plane) / cost.plane;
+    if (element_bytes(cost.dtype) == 2) memory_s *= 2 * p.batch_norm_eval_16bit;
+  }
+  if (cost.family == OpFamily::kBatchNorm && cost.channels > 0 && !eval_batch_norm) {
     // Its per-channel reductions run a block or a few per channel, so with
     // few channels most SMs idle; the backward reduces two products per
     // channel in a heavier kernel (H100 sweep: half-rate channel counts
@@ -168,7 +178,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     const double half = p.batch_norm_channels_per_sm * gpu_.sm_count * (cost.backward ? 3.0 : 1.0);
     memory_s *= (cost.channels + half) / cost.channels;
   }
-  if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2 && !cost.cudnn) {
+  if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2 && !cost.cudnn && !eval_batch_norm) {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
   }
   const bool depthwise = is_depthwise(cost);
@@ -217,10 +227,14 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
         double speedup = g.winograd && !tensor ? p.winograd_gain : 1.0;
-        if ((tensor && matmul && (std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0)) || unaligned_conv) {
+        if ((tensor && matmul && (g.unaligned_ld || std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0)) ||
+            unaligned_conv) {
           // The fallback kernels load one element at a time, so they move
           // bytes at the element's width: 16-bit operands at half TF32's
           // rate (H100 sweep, GPT-2's 50257-word head: TF32 0.36, bf16 0.19).
+          // cuBLAS picks them when any operand's leading dimension is
+          // unaligned, also for an aligned n and k (H100 trace of GPT-2 bf16:
+          // all three passes of the head run align1 kernels, 4.3-6.7 ms).
           speedup *= p.unaligned_efficiency * element_bytes(cost.dtype) / 4;
         }
         if (cost.family == OpFamily::kAttention || cost.family == OpFamily::kAttentionBackward) {
@@ -252,6 +266,19 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     const double activations = v.n * (v.c * v.h * v.w + v.k * v.p * v.q) * element_bytes(cost.dtype);
     transform_s = cost.gemm_count * 2 * activations / (gpu_.memory_bandwidth * p.memory_efficiency);
     launches += 3 * cost.gemm_count;
+  } else if (tensor && !depthwise && uses_cudnn(cost.family) && cost.conv.channels_last && cost.conv.groups > 1 &&
+             element_bytes(cost.dtype) == 4) {
+    // cuDNN has no NHWC kernel of its own for a 32-bit grouped weight
+    // gradient: it takes as long as on NCHW tensors, transforms included
+    // (H100 sweep, ResNeXt-50's grouped 3x3 layers: NHWC within 10% of NCHW
+    // in every shape, 0.09-0.56 ms, where the 16-bit ones gain 2-4x).
+    const ConvShape& v = cost.conv;
+    const double activations = v.n * (v.c * v.h * v.w + v.k * v.p * v.q) * element_bytes(cost.dtype);
+    for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
+      if (!cost.gemms[static_cast<size_t>(i)].weight_grad) continue;
+      transform_s += 2 * activations / (gpu_.memory_bandwidth * p.memory_efficiency);
+      launches += 3;
+    }
   }
   const double work_s = std::max(compute_s, memory_s) + transform_s + serial_s;
   const double ns = launches * p.launch_ns + work_s * 1e9;
@@ -304,13 +331,16 @@ CostRule cost_rule(const OpCost& cost, const GpuSpec& gpu) {
       const double align = 16 / element_bytes(cost.dtype);
       for (int i = 0; tensor && i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
-        if (std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0) return {"matmul", "unaligned GEMM rule"};
+        if (g.unaligned_ld || std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0) {
+          return {"matmul", "unaligned GEMM rule"};
+        }
       }
       return {"matmul", cost.gemm_count > 0 ? "GEMM tile rule" : "plain FLOP rate"};
     }
     case OpFamily::kAttention:
     case OpFamily::kAttentionBackward: return {"attention", "fused attention tile rule"};
     case OpFamily::kBatchNorm:
+      if (cost.running_stats && !cost.backward) return {"batch norm (eval)", "eval-mode normalisation pass rule"};
       return {"batch norm", cost.cudnn ? "per-channel reduction rule (cuDNN)" : "per-channel reduction rule"};
     case OpFamily::kOptimizer: return {"optimizer", "multi-tensor bandwidth rule"};
     case OpFamily::kUnmodelled: return {"unmodelled", "bandwidth rule (no family known)"};

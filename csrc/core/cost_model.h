@@ -34,6 +34,11 @@ struct OpCost {
   // weights (autocast). bfloat16 and all-half ones run its own kernels,
   // which the 16-bit factors of KernelParams time.
   bool cudnn = false;
+  // A batch norm with running statistics (eval mode): one normalising pass
+  // over the input, no per-channel reductions; `plane` is the elements per
+  // (image, channel) plane (H*W; 0: unknown).
+  bool running_stats = false;
+  double plane = 0;
   RnnShape rnn{};  // kRnn and kRnnBackward only
 };
 

@@ -44,6 +44,18 @@ struct KernelParams {
   // forward, 1.05-1.3x backward). Every 16-bit one is charged float32's bytes.
   double batch_norm_16bit_forward = 1.0;
   double batch_norm_16bit_backward = 1.0;
+  // An eval-mode batch norm (running statistics) is one elementwise pass:
+  // it reads its input and writes its output once, at this fraction of the
+  // peak bandwidth for 32-bit tensors (H100 sweep: 2.35-2.43 TB/s, 0.72),
+  // and a 16-bit one takes this share of the 32-bit one's time (the same
+  // per-element float math; the sweep: 0.74-0.91 of float32's time, not
+  // half). A plane of H*W elements per image and channel smaller than
+  // `batch_norm_eval_plane` leaves the kernel's threads idle: the rate is
+  // scaled by plane / (plane + this) (the sweep at batch 256: 7x7 planes at
+  // 0.18 of the 112x112 planes' element rate, 14x14 at 0.6).
+  double batch_norm_eval_efficiency = 0.7;
+  double batch_norm_eval_16bit = 0.8;
+  double batch_norm_eval_plane = 0;
   // and optimizer steps (foreach and fused multi-tensor kernels).
   double optimizer_efficiency = 0.7;
   // Fraction of the peak bandwidth kernels with scattered reads sustain

@@ -48,6 +48,11 @@ struct GemmShape {
   double k = 0;
   bool winograd = false;     // a 3x3 stride-1 convolution pass cuDNN may run as Winograd
   bool weight_grad = false;  // a convolution's weight gradient (a reduction over N*P*Q per filter tap)
+  // An operand's leading dimension (its row stride in memory) is not in
+  // 16-byte groups, whatever m, n and k are: a transposed view of a matrix
+  // with an odd width (GPT-2 head's weight gradient reads dY^T, whose
+  // leading dimension is the 50257 words).
+  bool unaligned_ld = false;
 };
 
 // A 2-D convolution: N images of C x H x W, K filters of C/groups x R x S,

@@ -124,10 +124,17 @@ RnnTime rnn_time(const RnnShape& s, bool backward, const RnnRates& r, const Kern
   auto step_gemm = [&](double n, double k) { return 2 * s.batch * n * k / r.gemm_rate; };
   double step = p.rnn_step_ns * 1e-9 * (backward ? 1.5 : 1.0) + step_gemm(gh, out);
   if (s.proj_size > 0) step += step_gemm(s.proj_size, s.hidden_size);
-  // With one direction the layers overlap as a wavefront; the two
-  // directions of a bidirectional layer run side by side, but the next
-  // layer waits for both.
-  const double path_steps = s.bidirectional ? s.layers * s.seq_len : s.seq_len + s.layers - 1;
+  // The forward runs every layer and direction in series on one stream
+  // (H100: the sweep's 2- and 4-layer forward calls, and the synchronised
+  // forwards of the unseen runs' LSTM language models, take the serial sum
+  // of their steps: 2 x 256 steps of ~21 us in ~11 ms). The backward
+  // overlaps the layers as a wavefront (the traced iteration is ~10 ms
+  // shorter than its kernels' sum, and the unseen runs' backwards match
+  // T + L - 1 steps); the two directions of a bidirectional layer run side
+  // by side there, but the next layer waits for both.
+  const double path_steps = !backward         ? d * s.layers * s.seq_len
+                            : s.bidirectional ? s.layers * s.seq_len
+                                              : s.seq_len + s.layers - 1;
   double seconds = path_steps * step;
   t.launches += static_cast<int>(std::min(d * s.layers * s.seq_len * (backward ? 4.0 : 2.0), 1e6));
   for (int l = 0; l < layers; ++l) {

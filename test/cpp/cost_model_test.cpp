@@ -105,6 +105,26 @@ TEST(CostModel, UnalignedSixteenBitGemmsKeepHalfTheRateUnalignedTf32Keeps) {
   EXPECT_NEAR(slowdown(DType::kFloat32), 1.0, 0.01);  // CUDA cores: no vectorised tensor-core loads to lose
 }
 
+TEST(CostModel, AnUnalignedLeadingDimensionSlowsAnAlignedShape) {
+  auto g = gpu();
+  g.major = 8;
+  g.bf16_flops = 200e12;
+  KernelParams p = ideal();
+  p.unaligned_efficiency = 0.4;
+  const emugpu::CostModel m(g, {}, p);
+  // GPT-2 head's weight gradient: 50257 x 768 over 8192 tokens, aligned m,
+  // n and k sizes aside from m, but dY^T's leading dimension is 50257.
+  OpCost aligned = gemm(50257, 768, 8192, DType::kBFloat16);
+  OpCost transposed = aligned;
+  transposed.gemms[0].unaligned_ld = true;
+  const double slowdown =
+      static_cast<double>(m.kernel(transposed) - 500) / static_cast<double>(m.kernel(aligned) - 500);
+  EXPECT_NEAR(slowdown, 1 / 0.2, 0.1);
+  // CUDA cores lose nothing.
+  transposed.dtype = aligned.dtype = DType::kFloat32;
+  EXPECT_EQ(m.kernel(transposed), m.kernel(aligned));
+}
+
 TEST(CostModel, TensorCoreConvolutionsOnNchwPayLayoutTransformsAndTheirOwnEfficiency) {
   auto g = gpu();
   g.major = 8;
@@ -228,6 +248,36 @@ TEST(CostModel, SixteenBitBatchNormsTakeTheirOwnFactorsOverFloat32) {
   OpCost ln{0, 1e9, DType::kBFloat16, OpFamily::kNorm};
   p.norm_efficiency = 0.5;
   EXPECT_EQ(emugpu::CostModel(g, {}, p).kernel(ln), 500 + 2'000'000);
+}
+
+TEST(CostModel, EvalBatchNormIsOnePassAtItsOwnRateWithoutChannelLimits) {
+  const auto g = gpu();
+  KernelParams p = ideal();
+  p.batch_norm_efficiency = 0.5;
+  p.batch_norm_channels_per_sm = 1;
+  p.batch_norm_16bit_forward = 1.5;
+  p.batch_norm_eval_efficiency = 0.8;
+  p.batch_norm_eval_16bit = 0.75;
+  p.batch_norm_eval_plane = 100;
+  const emugpu::CostModel m(g, {}, p);
+  OpCost bn{0, 1e9, DType::kFloat32, OpFamily::kBatchNorm};
+  bn.running_stats = true;
+  bn.channels = 80;  // no per-channel reduction: few channels cost nothing
+  EXPECT_EQ(m.kernel(bn), 500 + 1'250'000);
+  // Planes smaller than a block's threads: plane / (plane + 100) of the rate.
+  bn.plane = 100;
+  EXPECT_EQ(m.kernel(bn), 500 + 2'500'000);
+  bn.plane = 0;
+  // 16-bit: a rate of elements, 0.75 of float32's time for half the bytes;
+  // the training forward's 16-bit factor does not apply.
+  bn.dtype = DType::kBFloat16;
+  EXPECT_EQ(m.kernel(bn), 500 + 1'875'000);
+  bn.cudnn = true;
+  EXPECT_EQ(m.kernel(bn), 500 + 1'875'000);
+  // Training mode keeps the reduction rule.
+  bn.running_stats = false;
+  bn.dtype = DType::kFloat32;
+  EXPECT_EQ(m.kernel(bn), 500 + 4'000'000);
 }
 
 TEST(CostModel, WinogradSpeedsUpOnlyEligibleFp32Passes) {

@@ -52,6 +52,10 @@ TEST(CostRule, MatmulsRnnsAndBandwidthFamilies) {
   EXPECT_EQ(emugpu::cost_rule(mm, g).rule, "GEMM tile rule");
   mm.gemms[0].n = 50257;  // GPT-2's head
   EXPECT_EQ(emugpu::cost_rule(mm, g).rule, "unaligned GEMM rule");
+  mm.gemms[0] = {1, 50257, 768, 8192};  // its weight gradient, through dY^T
+  EXPECT_EQ(emugpu::cost_rule(mm, g).rule, "GEMM tile rule");
+  mm.gemms[0].unaligned_ld = true;
+  EXPECT_EQ(emugpu::cost_rule(mm, g).rule, "unaligned GEMM rule");
   OpCost lstm;
   lstm.family = OpFamily::kRnnBackward;
   lstm.rnn.mode = emugpu::RnnMode::kLstm;
@@ -61,6 +65,15 @@ TEST(CostRule, MatmulsRnnsAndBandwidthFamilies) {
   add.family = OpFamily::kElementwise;
   EXPECT_EQ(emugpu::cost_rule(add, g).family, "elementwise");
   EXPECT_EQ(emugpu::cost_rule(add, g).rule, "bandwidth rule");
+}
+
+TEST(CostRule, EvalBatchNormNamesItsOwnRule) {
+  OpCost bn{0, 1e9, DType::kFloat32, OpFamily::kBatchNorm};
+  bn.running_stats = true;
+  EXPECT_EQ(emugpu::cost_rule(bn, hopper()).family, "batch norm (eval)");
+  EXPECT_EQ(emugpu::cost_rule(bn, hopper()).rule, "eval-mode normalisation pass rule");
+  bn.running_stats = false;
+  EXPECT_EQ(emugpu::cost_rule(bn, hopper()).family, "batch norm");
 }
 
 }  // namespace

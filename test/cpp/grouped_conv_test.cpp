@@ -50,4 +50,30 @@ TEST(GroupedConv, FewChannelsPerGroupTakeNoUnalignedPenalty) {
   EXPECT_GT(with_penalty.kernel(conv(4, 1)), 2 * without.kernel(conv(4, 1)));
 }
 
+TEST(GroupedConv, Fp32WeightGradientTakesAsLongOnNhwcAsOnNchw) {
+  const auto g = gpu();
+  const emugpu::CostModel m(g, {}, KernelParams{});
+  auto wgrad = [](bool channels_last, DType dtype, double groups) {
+    OpCost o;
+    o.family = OpFamily::kConvBackward;
+    o.dtype = dtype;
+    o.conv = {64, 256, 28, 28, 256, 3, 3, 28, 28, groups, 1, channels_last};
+    o.gemm_count = emugpu::conv_gemms(o.conv, false, false, true, o.gemms.data());
+    o.flops = emugpu::matmul_flops(o.gemms[0].batch, o.gemms[0].m, o.gemms[0].k, o.gemms[0].n);
+    o.bytes = 2 * 64 * 256 * 28 * 28 * 4.0;
+    return o;
+  };
+  // 32-bit grouped: no NHWC gain.
+  EXPECT_EQ(m.kernel(wgrad(true, DType::kTensorFloat32, 32)), m.kernel(wgrad(false, DType::kTensorFloat32, 32)));
+  // 16-bit grouped and 32-bit ungrouped ones keep theirs.
+  EXPECT_LT(m.kernel(wgrad(true, DType::kBFloat16, 32)), m.kernel(wgrad(false, DType::kBFloat16, 32)));
+  EXPECT_LT(m.kernel(wgrad(true, DType::kTensorFloat32, 1)), m.kernel(wgrad(false, DType::kTensorFloat32, 1)));
+  // The input gradient of a 32-bit grouped convolution keeps its NHWC gain.
+  OpCost dgrad = wgrad(true, DType::kTensorFloat32, 32);
+  dgrad.gemm_count = emugpu::conv_gemms(dgrad.conv, false, true, false, dgrad.gemms.data());
+  OpCost dgrad_nchw = dgrad;
+  dgrad_nchw.conv.channels_last = false;
+  EXPECT_LT(m.kernel(dgrad), m.kernel(dgrad_nchw));
+}
+
 }  // namespace

@@ -206,3 +206,19 @@ def test_recurrent_layers_train():
         out.sum().backward()
         assert out.shape == (5, 3, 16)
         assert all(p.grad is not None for p in layer.parameters())
+
+
+def test_convolutions_keep_cudnns_channels_last_format():
+    # As cuDNN does on CUDA: a channels-last input (or weight) gives a channels-last output and gradients,
+    # so that a channels_last model stays NHWC after its first layer.
+    cl = torch.channels_last
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1).to("emugpu").to(memory_format=cl)
+    x = emu(2, 8, 6, 6).contiguous(memory_format=cl).requires_grad_()
+    y = conv(x)
+    assert y.is_contiguous(memory_format=cl)
+    y.sum().backward()
+    assert x.grad is not None and x.grad.is_contiguous(memory_format=cl)
+    assert conv.weight.grad is not None and conv.weight.grad.is_contiguous(memory_format=cl)
+    # Contiguous tensors stay contiguous.
+    plain = torch.nn.Conv2d(8, 16, 3, padding=1).to("emugpu")
+    assert plain(emu(2, 8, 6, 6)).is_contiguous()

@@ -184,11 +184,22 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
     cost.gemm_count = 1;
     cost.gemms[0] = {batch, m, n, k, false};
   };
+  // cuBLAS reads each operand along its leading dimension (the row stride of
+  // a row-major matrix, the column stride of a transposed view): one that is
+  // not in 16-byte groups sends it to its align1 kernels.
+  auto unaligned_ld = [&](size_t arg) {
+    if (arg >= args.size() || !args[arg].isTensor()) return false;
+    const at::Tensor& t = args[arg].toTensor();
+    if (!t.defined() || t.dim() < 2 || t.size(-1) <= 1 || t.size(-2) <= 1) return false;
+    const int64_t ld = t.stride(-1) == 1 ? t.stride(-2) : t.stride(-2) == 1 ? t.stride(-1) : 0;
+    return ld > 0 && (ld * static_cast<int64_t>(t.element_size())) % 16 != 0;
+  };
+  auto mark_ld = [&](size_t a, size_t b) { cost.gemms[0].unaligned_ld = unaligned_ld(a) || unaligned_ld(b); };
   switch (info.family) {
-    case OpFamily::kMm: set_gemm(1, size(0, 0), size(0, 1), size(1, 1)); break;
-    case OpFamily::kAddmm: set_gemm(1, size(1, 0), size(1, 1), size(2, 1)); break;
-    case OpFamily::kBmm: set_gemm(size(0, 0), size(0, 1), size(0, 2), size(1, 2)); break;
-    case OpFamily::kBaddbmm: set_gemm(size(1, 0), size(1, 1), size(1, 2), size(2, 2)); break;
+    case OpFamily::kMm: set_gemm(1, size(0, 0), size(0, 1), size(1, 1)), mark_ld(0, 1); break;
+    case OpFamily::kAddmm: set_gemm(1, size(1, 0), size(1, 1), size(2, 1)), mark_ld(1, 2); break;
+    case OpFamily::kBmm: set_gemm(size(0, 0), size(0, 1), size(0, 2), size(1, 2)), mark_ld(0, 1); break;
+    case OpFamily::kBaddbmm: set_gemm(size(1, 0), size(1, 1), size(1, 2), size(2, 2)), mark_ld(1, 2); break;
     case OpFamily::kConv:
     case OpFamily::kConvBackward: set_conv(cost, info, outputs, args); break;
     case OpFamily::kAttention:
@@ -217,6 +228,21 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
       // normalisation); layer, group and RMS norms keep a row on chip.
       if (!inputs.empty() && info.family == OpFamily::kBatchNorm) {
         if (inputs.front().dim() >= 2) cost.channels = dim(inputs.front(), 1);
+        // Eval mode (running statistics: native_batch_norm's `training`
+        // false, or the no_training op) normalises in one pass; the core
+        // times it from its own bytes (cost_model.cpp).
+        cost.running_stats =
+            info.name == "aten::_native_batch_norm_legit_no_training" ||
+            ((info.name == "aten::native_batch_norm" || info.name == "aten::_native_batch_norm_legit") &&
+             args.size() > 5 && args[5].isBool() && !args[5].toBool());
+        if (cost.running_stats) {
+          const at::Tensor& x = inputs.front();
+          if (x.dim() >= 2 && x.size(0) > 0 && x.size(1) > 0) {
+            cost.plane = static_cast<double>(x.numel()) / (dim(x, 0) * dim(x, 1));
+          }
+          cost.cudnn = batch_norm_on_cudnn(args, false);
+          break;
+        }
         cost.bytes += numel_bytes(inputs.front());
         // Its kernels run at a rate of elements: 16-bit inputs take as long
         // as 32-bit ones (the H100 sweep: 0.9-1.8x the float32 time).

@@ -112,6 +112,42 @@ void run_data_dependent(const OpInfo& info, const c10::OperatorHandle& op, torch
                               "or report the operator to torch-emugpu.");
 }
 
+// cuDNN's memory-format rule for convolutions (PyTorch's
+// cudnn_conv_suggest_memory_format): the output, and a backward's input and
+// weight gradients, are channels-last when the input or the weight is. The
+// Meta kernel leaves them contiguous, so without this a channels_last model
+// would turn NCHW after its first convolution and be charged NCHW's layout
+// transforms in every later one.
+at::MemoryFormat cudnn_conv_memory_format(const at::Tensor& input, const at::Tensor& weight) {
+  if (!input.defined() || !weight.defined()) return at::MemoryFormat::Contiguous;
+  const at::MemoryFormat in = input.suggest_memory_format(), w = weight.suggest_memory_format();
+  if (weight.dim() == 4 && (in == at::MemoryFormat::ChannelsLast || w == at::MemoryFormat::ChannelsLast)) {
+    return at::MemoryFormat::ChannelsLast;
+  }
+  if (weight.dim() == 5 && (in == at::MemoryFormat::ChannelsLast3d || w == at::MemoryFormat::ChannelsLast3d)) {
+    return at::MemoryFormat::ChannelsLast3d;
+  }
+  return at::MemoryFormat::Contiguous;
+}
+
+void follow_cudnn_conv_format(const OpInfo& info, const std::vector<c10::IValue>& args, std::vector<OutDesc>& outs) {
+  const bool forward = info.name == "aten::convolution";
+  if (!forward && info.name != "aten::convolution_backward") return;
+  const size_t in = forward ? 0 : 1, w = forward ? 1 : 2;
+  if (args.size() <= w || !args[in].isTensor() || !args[w].isTensor()) return;
+  const at::Tensor& weight = args[w].toTensor();
+  const at::MemoryFormat format = cudnn_conv_memory_format(args[in].toTensor(), weight);
+  if (format == at::MemoryFormat::Contiguous) return;
+  // The output; or the input and weight gradients (the bias gradient is 1-D).
+  const size_t count = forward ? 1 : 2;
+  for (size_t i = 0; i < count && i < outs.size(); ++i) {
+    if (outs[i].kind != OutDesc::Kind::kTensor || outs[i].tensors.size() != 1) continue;
+    TensorDesc& d = outs[i].tensors[0];
+    if (static_cast<int64_t>(d.sizes.size()) != weight.dim()) continue;
+    d = TensorDesc::of(at::empty(d.sizes, at::TensorOptions().device(at::kMeta).dtype(d.dtype).memory_format(format)));
+  }
+}
+
 }  // namespace
 
 std::vector<OutDesc> run_shape_rule(const OpInfo& info, const c10::OperatorHandle& op,
@@ -161,6 +197,7 @@ std::vector<OutDesc> run_shape_rule(const OpInfo& info, const c10::OperatorHandl
       o.other = m;
     }
   }
+  follow_cudnn_conv_format(info, args, outs);
   return outs;
 }
 
