@@ -27,7 +27,7 @@ aggregate throughput over one job alone, the epoch time of a dataset of
 PNG (collocation_<gpu>.json, collocation_<gpu>.png).
 
     python examples/collocation/collocation_study.py [--gpu a100] [--jobs resnet18:64:32 resnet50:128:224]
-        [--modes time-slice mps mps-capped mig] [--counts 2 3 4] [--iterations 16]
+        [--modes time-slice mps mps-capped mig] [--counts 2 4] [--iterations 12]
 
 A job is MODEL:BATCH:IMAGE (a torchvision classification model, its batch
 size, its square input size; inputs of 64 pixels or less get 10 classes, as
@@ -65,15 +65,17 @@ PUBLISHED = {
     "best_aggregate": "up to 4x (collocated training, A100)",
 }
 
-# One job. It builds its model and batch on the emulated GPU and runs `warmup` iterations, then says
-# "ready" (or, when the GPU's memory ran out, one JSON line {"oom": ...}); on a line from stdin it
-# times `iters` iterations (virtual clock) and prints {"times": [ms...], "peak": bytes, ...}.
+# One job. On a first line from stdin it builds its model and batch on the emulated GPU and runs
+# `warmup` iterations, then says "ready" (or, when the GPU's memory ran out, one JSON line
+# {"oom": ...}, and exits); on a second line it times `iters` iterations (virtual clock) and prints
+# {"times": [ms...], "peak": bytes, ...}.
 WORKER = """
 import json, sys, time
 import torch, torchvision
 import torch_emugpu
 name, batch, size, iters, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 classes = 10 if size <= 64 else 1000
+sys.stdin.readline()
 
 def oom(e):
     print(json.dumps({"oom": str(e).splitlines()[0]}), flush=True)
@@ -133,8 +135,11 @@ class Job:
 
 
 def run_group(address: str, job: Job, envs: list[dict[str, str]], iterations: int, warmup: int) -> list[dict[str, Any]]:
-    """len(envs) copies of `job` (each with its extra environment) started together on the daemon at
-    `address`: per job, {"status": "ok", "ms": median iteration, "peak_gib": ...} or {"status": "oom"}."""
+    """len(envs) copies of `job` (each with its extra environment) on the daemon at `address`: per job,
+    {"status": "ok", "ms": median iteration, "peak_gib": ...} or {"status": "oom"}. The processes start
+    (import) at once, build and warm up one after another (as jobs submitted in turn: each one's memory
+    is held before the next asks, so which ones do not fit is decided by order, not by a race) and
+    start their timed loops together."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("EMUGPU_", "CUDA_MPS_"))}
     base.update(EMUGPU_DAEMON=address, EMUGPU_CLOCK="virtual", EMUGPU_HOST="modelled")
     procs: list[subprocess.Popen] = []
@@ -162,7 +167,9 @@ def run_group(address: str, job: Job, envs: list[dict[str, str]], iterations: in
 
         first = []
         for k, p in enumerate(procs):
-            assert p.stdout is not None
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write("build\n")
+            p.stdin.flush()
             line = p.stdout.readline().strip()
             if line != "ready" and not line.startswith("{"):
                 p.wait(60)
@@ -237,7 +244,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
             if "mps" in args.modes:
                 add(("mps", None), "mps", [{}] * n)
             if "mps-capped" in args.modes:
-                add(("mps", None), "mps-capped", [{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": f"{100 / n:g}"}] * n)
+                add(("mps", None), "mps-capped", [{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 // n)}] * n)
             if "mig" in args.modes:
                 layout = ",".join([mig[n]] * n)
                 add(("time-slice", layout), "mig-solo", [{"EMUGPU_VISIBLE_DEVICES": "0:0"}])
@@ -318,7 +325,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in rows:
         ok = [j for j in r["jobs"] if j["status"] == "ok"]
-        rates = ", ".join(f"{v:.0f}" for v in sorted(set(round(x, 1) for x in r["images_s"]))) or "-"
+        rates = ", ".join(str(v) for v in sorted({round(x) for x in r["images_s"]})) or "-"
         agg = "-" if r["aggregate"] is None else f"{r['aggregate']:.2f}x"
         epoch = f"{statistics.mean(r['epoch_s']):.1f}" if r["epoch_s"] else "-"
         oom = f"{r['oom']} of {r['n']}" if r["oom"] else "no"
@@ -378,8 +385,8 @@ def main() -> None:
         "(default: resnet18:64:32, CIFAR-10-sized; resnet50:128:224, ImageNet-sized)",
     )
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="sharing modes (default: all)")
-    p.add_argument("--counts", nargs="+", type=int, default=[2, 3, 4], help="jobs collocated (default 2 3 4)")
-    p.add_argument("--iterations", type=int, default=16, help="timed iterations per job (default 16)")
+    p.add_argument("--counts", nargs="+", type=int, default=[2, 4], help="jobs collocated, 1 to 4 (default 2 4)")
+    p.add_argument("--iterations", type=int, default=12, help="timed iterations per job (default 12)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
     p.add_argument("--dataset", type=int, default=50_000, help="images per epoch (default 50000, CIFAR-10's)")
     p.add_argument("--out", type=Path, default=HERE, help="where the JSON and the PNG go (default: this folder)")
