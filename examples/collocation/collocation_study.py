@@ -2,13 +2,13 @@
 """The collocation study: small training jobs sharing one GPU under time slicing, MPS and MIG.
 
 Robroek, Yousefzadeh-Asl-Miandoab and Tozun ("An Analysis of Collocation on
-GPUs for Deep Learning Training", EuroMLSys'24; on MIG alone, a 2022
-preprint by the same group: Kaas, Paleykov, Robroek and Tozun, "Deep
-Learning Training on Multi-Instance GPUs") trained several ResNets at once on one A100 and found
+GPUs for Deep Learning Training", EuroMLSys'24; on MIG alone, a 2022 preprint
+by the same group: Kaas, Paleykov, Robroek and Tozun, "Deep Learning Training
+on Multi-Instance GPUs") trained several models at once on one A100 and found
 that collocating small jobs multiplies the GPU's training throughput (about
-3x on MIG in the preprint, up to 4x in the paper) while each job's epoch gets longer,
-that jobs that already fill the GPU gain little, that MIG partitions do not
-interfere but are rigid, and that MPS is the best general choice.
+3x on MIG in the preprint, up to 4x in the paper) while each job's epoch gets
+longer, that jobs that already fill the GPU gain little, that MIG partitions
+do not interfere but are rigid, and that MPS is the best general choice.
 
 This script runs the same kind of experiment on an emulated A100 or H100
 owned by emugpud: N identical jobs (a torchvision model on a fixed synthetic
