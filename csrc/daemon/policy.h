@@ -59,8 +59,9 @@ struct SharingConfig {
   TimeNs patience_ns = 1'000'000'000;
   // mps: the fraction of the SMs a running kernel holds that a concurrent
   // kernel of another process still gets (blocks of both resident on one SM,
-  // the idle pipes and tails of waves): fitted to our H100's MPS pairs
-  // (benchmarks/collocation_emulated.py).
+  // the idle pipes and tails of waves): chosen on our H100's MPS pairs
+  // (benchmarks/collocation_emulated.py; 0 fits the identical pairs better,
+  // 0.15 the mixed ones; docs/gpu-sharing.md).
   double mps_overlap = 0.15;
   // kCustom: a policy from outside the daemon's core (custom_policy.h) and
   // its --sharing spec, which processes see as the daemon's policy.
