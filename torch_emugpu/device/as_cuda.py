@@ -265,6 +265,8 @@ def _cuda_functions() -> dict[str, Any]:
             "max_memory_cached": emu.max_memory_reserved,
             "get_arch_list": _arch_list,
             "get_device_properties": emu.get_device_properties,
+            # No CUDA graph capture is emulated; Dynamo asks before tracing each frame.
+            "is_current_stream_capturing": lambda: False,
         }
     )
     return names
@@ -367,9 +369,17 @@ def _device_type_first(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+# Frames that stand between current_accelerator's caller and the test below: torch.compiler.disable's wrapper.
+_pass_through: set[Any] = set()
+
+
 def _called_from_torch() -> bool:
-    """Whether the caller of the caller is torch's own code (not a script's or another library's)."""
-    name = sys._getframe(2).f_globals.get("__name__", "")
+    """Whether the code asking for the accelerator is torch's own (not a script's or another library's):
+    the first frame outside this module and the wrappers around it."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_globals is globals() or frame.f_code in _pass_through):
+        frame = frame.f_back  # type: ignore[assignment]
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
     return name == "torch" or name.startswith("torch.")
 
 
@@ -378,14 +388,17 @@ def _current_accelerator(original: Callable[..., Any]) -> Callable[..., Any]:
     their CUDA paths (`if device.type == "cuda": torch.cuda.set_device(...)`); torch's own callers
     go on getting emugpu, which they hand to C++ (pinned memory, streams) where "cuda" would fail."""
 
-    @functools.wraps(original)
     def current_accelerator(*args: Any, **kwargs: Any) -> Any:
         device = original(*args, **kwargs)
         if device is not None and device.type == "emugpu" and not _called_from_torch():
             return torch.device("cuda", device.index) if device.index is not None else torch.device("cuda")
         return device
 
-    return current_accelerator
+    # Compiled code calls it at run time (Dynamo's stream guards, through torch.accelerator.current_stream):
+    # Dynamo would compile this frame as a function of its own and break its graph at sys._getframe.
+    disabled = torch.compiler.disable(functools.wraps(original)(current_accelerator))
+    _pass_through.add(disabled.__code__)
+    return disabled
 
 
 # --- install ---------------------------------------------------------------------
