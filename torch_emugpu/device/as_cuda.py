@@ -470,6 +470,14 @@ def install() -> None:
 
     torch.serialization.register_package(_SERIALIZATION_PRIORITY, _never_tag, _cuda_deserialize)
 
+    # Inductor finds Triton's devices through torch.cuda, here the emulated GPUs': it would set Triton's CUDA
+    # driver up (no libcuda: every compile fails, CPU graphs' too). Emulated graphs never reach Triton
+    # (torch_emugpu.compile), and run mode leaves no real CUDA device to a script.
+    from torch._inductor import config as inductor_config
+
+    _replaced.append((inductor_config, "triton_disable_device_detection", inductor_config.triton_disable_device_detection))
+    inductor_config.triton_disable_device_detection = True
+
     if torch.distributed.is_available():
         import torch.distributed as dist
         import torch.distributed.device_mesh as device_mesh
