@@ -475,8 +475,9 @@ def install() -> None:
     # (torch_emugpu.compile), and run mode leaves no real CUDA device to a script.
     from torch._inductor import config as inductor_config
 
-    _replaced.append((inductor_config, "triton_disable_device_detection", inductor_config.triton_disable_device_detection))
-    inductor_config.triton_disable_device_detection = True
+    detection = "triton_disable_device_detection"
+    _replaced.append((inductor_config, detection, getattr(inductor_config, detection)))
+    setattr(inductor_config, detection, True)
 
     if torch.distributed.is_available():
         import torch.distributed as dist
