@@ -135,3 +135,25 @@ def test_cpu_graphs_still_compile_with_inductor_under_run_mode():
     r = run_python(textwrap.dedent(code), env={"EMUGPU_AS_CUDA": "1", "EMUGPU_AS_CUDA_QUIET": "1"})
     seen = _last_json(r)
     assert seen == {"equal": True, "cpp": True, "emugpu_graphs": 0}
+
+
+@pytest.mark.slow
+def test_where_a_script_names_cuda_inside_a_compiled_function_is_no_graph_break():
+    code = """
+    import json, torch, torch_emugpu
+    from torch._dynamo.utils import counters
+
+    def f(x):
+        y = x + torch.zeros(16, device="cuda") + torch.ones(16).to("cuda") + torch.ones(16).cuda()
+        y = y + x.new_zeros(16, device=torch.device("cuda", 0)) + torch.arange(16, device=x.device)
+        if torch.cuda.is_available() and torch.cuda.current_device() == 0:
+            y = y * 2
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return y @ y.T
+
+    out = torch.compile(f)(torch.randn(8, 16, device="cuda"))
+    print(json.dumps({"breaks": sum(counters["graph_break"].values()), "graphs": counters["stats"]["unique_graphs"],
+                      "out": [str(out.device), str(out.dtype)]}))
+    """
+    r = run_python(textwrap.dedent(code), env={"EMUGPU_AS_CUDA": "1", "EMUGPU_PROFILES": "off"})
+    assert _last_json(r) == {"breaks": 0, "graphs": 1, "out": ["emugpu:0", "torch.bfloat16"]}
