@@ -75,6 +75,7 @@ def test_dynamos_checks_see_the_emulated_gpu_and_the_script_still_sees_cuda():
     code = """
     import json, torch
     import torch.utils._triton as triton_utils
+    torch.compile(lambda t: t)  # prepares run mode for Dynamo; nothing is traced before a call
     seen = {}
     seen["capturing"] = torch.cuda.is_current_stream_capturing()
     seen["stream"] = str(torch.accelerator.current_stream(torch.device("emugpu", 0)).device)

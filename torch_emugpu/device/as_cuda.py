@@ -369,7 +369,7 @@ def _device_type_first(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-# Frames that stand between current_accelerator's caller and the test below: torch.compiler.disable's wrapper.
+# Frames between current_accelerator's caller and the test below: torch.compiler.disable's wrapper (prepare_compile).
 _pass_through: set[Any] = set()
 
 
@@ -388,17 +388,41 @@ def _current_accelerator(original: Callable[..., Any]) -> Callable[..., Any]:
     their CUDA paths (`if device.type == "cuda": torch.cuda.set_device(...)`); torch's own callers
     go on getting emugpu, which they hand to C++ (pinned memory, streams) where "cuda" would fail."""
 
+    @functools.wraps(original)
     def current_accelerator(*args: Any, **kwargs: Any) -> Any:
         device = original(*args, **kwargs)
         if device is not None and device.type == "emugpu" and not _called_from_torch():
             return torch.device("cuda", device.index) if device.index is not None else torch.device("cuda")
         return device
 
-    # Compiled code calls it at run time (Dynamo's stream guards, through torch.accelerator.current_stream):
-    # Dynamo would compile this frame as a function of its own and break its graph at sys._getframe.
-    disabled = torch.compiler.disable(functools.wraps(original)(current_accelerator))
+    return current_accelerator
+
+
+_compile_prepared = False
+
+
+def prepare_compile() -> None:
+    """What torch.compile needs of run mode, done at its first call (torch_emugpu.compile's torch.compile):
+    at install, importing Dynamo would add seconds to every `import torch`."""
+    global _compile_prepared
+    if not _installed or _compile_prepared:
+        return
+    # Compiled code calls current_accelerator at run time (its stream guard, through
+    # torch.accelerator.current_stream): Dynamo would compile the wrapper as a frame of its own and break
+    # it at sys._getframe, which then sees the wrong caller.
+    disabled = torch.compiler.disable(torch.accelerator.current_accelerator)
     _pass_through.add(disabled.__code__)
-    return disabled
+    _replace(torch.accelerator, "current_accelerator", disabled)
+
+    # Inductor finds Triton's devices through torch.cuda, here the emulated GPUs': it would set Triton's
+    # CUDA driver up (no libcuda: every compile fails, CPU graphs' too). Emulated graphs never reach Triton
+    # (torch_emugpu.compile), and run mode leaves no real CUDA device to a script.
+    from torch._inductor import config as inductor_config
+
+    detection = "triton_disable_device_detection"
+    _replaced.append((inductor_config, detection, getattr(inductor_config, detection)))
+    setattr(inductor_config, detection, True)
+    _compile_prepared = True
 
 
 # --- install ---------------------------------------------------------------------
@@ -470,15 +494,6 @@ def install() -> None:
 
     torch.serialization.register_package(_SERIALIZATION_PRIORITY, _never_tag, _cuda_deserialize)
 
-    # Inductor finds Triton's devices through torch.cuda, here the emulated GPUs': it would set Triton's CUDA
-    # driver up (no libcuda: every compile fails, CPU graphs' too). Emulated graphs never reach Triton
-    # (torch_emugpu.compile), and run mode leaves no real CUDA device to a script.
-    from torch._inductor import config as inductor_config
-
-    detection = "triton_disable_device_detection"
-    _replaced.append((inductor_config, detection, getattr(inductor_config, detection)))
-    setattr(inductor_config, detection, True)
-
     if torch.distributed.is_available():
         import torch.distributed as dist
         import torch.distributed.device_mesh as device_mesh
@@ -496,7 +511,7 @@ def install() -> None:
 
 def uninstall() -> None:
     """Puts back everything install() replaced: the benchmark alternates run mode and native emugpu in one process."""
-    global _installed, _visible
+    global _installed, _visible, _compile_prepared
     while _replaced:
         owner, name, previous = _replaced.pop()
         if previous is _MISSING:
@@ -511,6 +526,7 @@ def uninstall() -> None:
     _devices.cuda_ordinal_error = None
     _emugpu_device.cache_clear()
     _installed = False
+    _compile_prepared = False
     _visible = None
 
 
