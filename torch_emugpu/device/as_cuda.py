@@ -14,7 +14,9 @@ on emugpu (no TorchFunctionMode or dispatch mode sees every op):
   `torch.set_default_device`, `with torch.device("cuda")`, autocast and
   GradScaler, `torch.load`'s CUDA locations, and backend `nccl` of
   torch.distributed translate "cuda", "cuda:N" and torch.device("cuda", N)
-  to the emugpu device of the same index.
+  to the emugpu device of the same index;
+- at the first `torch.compile`, what Dynamo and Inductor ask of `torch.cuda`
+  (`prepare_compile`: docs/compile.md, "Under torch-emugpu run").
 
 `torch.device("cuda")` itself stays a CUDA device: it is a C type that
 isinstance checks, pickling and TorchScript rely on, and scripts compare its
