@@ -123,6 +123,9 @@ def install() -> None:
     # (Dynamo's registry hands out its functions by value, so they cannot be wrapped where they live).
     @functools.wraps(torch_compile)
     def compile(model: Any = None, **kwargs: Any) -> Any:
+        from torch_emugpu.device import as_cuda
+
+        as_cuda.prepare_compile()  # run mode: what Dynamo and Inductor ask of torch.cuda
         name = kwargs.get("backend", "inductor")
         if name == "emugpu":
             kwargs["backend"] = backend

@@ -14,7 +14,9 @@ on emugpu (no TorchFunctionMode or dispatch mode sees every op):
   `torch.set_default_device`, `with torch.device("cuda")`, autocast and
   GradScaler, `torch.load`'s CUDA locations, and backend `nccl` of
   torch.distributed translate "cuda", "cuda:N" and torch.device("cuda", N)
-  to the emugpu device of the same index.
+  to the emugpu device of the same index;
+- at the first `torch.compile`, what Dynamo and Inductor ask of `torch.cuda`
+  (`prepare_compile`: docs/compile.md, "Under torch-emugpu run").
 
 `torch.device("cuda")` itself stays a CUDA device: it is a C type that
 isinstance checks, pickling and TorchScript rely on, and scripts compare its
@@ -265,6 +267,8 @@ def _cuda_functions() -> dict[str, Any]:
             "max_memory_cached": emu.max_memory_reserved,
             "get_arch_list": _arch_list,
             "get_device_properties": emu.get_device_properties,
+            # No CUDA graph capture is emulated; Dynamo asks before tracing each frame.
+            "is_current_stream_capturing": lambda: False,
         }
     )
     return names
@@ -367,9 +371,17 @@ def _device_type_first(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+# Frames between current_accelerator's caller and the test below: torch.compiler.disable's wrapper (prepare_compile).
+_pass_through: set[Any] = set()
+
+
 def _called_from_torch() -> bool:
-    """Whether the caller of the caller is torch's own code (not a script's or another library's)."""
-    name = sys._getframe(2).f_globals.get("__name__", "")
+    """Whether the code asking for the accelerator is torch's own (not a script's or another library's):
+    the first frame outside this module and the wrappers around it."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_globals is globals() or frame.f_code in _pass_through):
+        frame = frame.f_back  # type: ignore[assignment]
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
     return name == "torch" or name.startswith("torch.")
 
 
@@ -386,6 +398,33 @@ def _current_accelerator(original: Callable[..., Any]) -> Callable[..., Any]:
         return device
 
     return current_accelerator
+
+
+_compile_prepared = False
+
+
+def prepare_compile() -> None:
+    """What torch.compile needs of run mode, done at its first call (torch_emugpu.compile's torch.compile):
+    at install, importing Dynamo would add seconds to every `import torch`."""
+    global _compile_prepared
+    if not _installed or _compile_prepared:
+        return
+    # Compiled code calls current_accelerator at run time (its stream guard, through
+    # torch.accelerator.current_stream): Dynamo would compile the wrapper as a frame of its own and break
+    # it at sys._getframe, which then sees the wrong caller.
+    disabled = torch.compiler.disable(torch.accelerator.current_accelerator)
+    _pass_through.add(disabled.__code__)
+    _replace(torch.accelerator, "current_accelerator", disabled)
+
+    # Inductor finds Triton's devices through torch.cuda, here the emulated GPUs': it would set Triton's
+    # CUDA driver up (no libcuda: every compile fails, CPU graphs' too). Emulated graphs never reach Triton
+    # (torch_emugpu.compile), and run mode leaves no real CUDA device to a script.
+    from torch._inductor import config as inductor_config
+
+    detection = "triton_disable_device_detection"
+    _replaced.append((inductor_config, detection, getattr(inductor_config, detection)))
+    setattr(inductor_config, detection, True)
+    _compile_prepared = True
 
 
 # --- install ---------------------------------------------------------------------
@@ -474,7 +513,7 @@ def install() -> None:
 
 def uninstall() -> None:
     """Puts back everything install() replaced: the benchmark alternates run mode and native emugpu in one process."""
-    global _installed, _visible
+    global _installed, _visible, _compile_prepared
     while _replaced:
         owner, name, previous = _replaced.pop()
         if previous is _MISSING:
@@ -489,6 +528,7 @@ def uninstall() -> None:
     _devices.cuda_ordinal_error = None
     _emugpu_device.cache_clear()
     _installed = False
+    _compile_prepared = False
     _visible = None
 
 
