@@ -50,8 +50,9 @@ torch.emugpu.synchronize()
 print("ready", flush=True)
 sys.stdin.readline()
 times = []
-t0 = time.perf_counter()
-for _ in range(int(sys.argv[3])):
+iterations, seconds = int(sys.argv[3]), float(sys.argv[4])
+start = t0 = time.perf_counter()
+while len(times) < iterations or t0 - start < seconds:
     trainer.step()
     torch.emugpu.synchronize()
     t1 = time.perf_counter()
@@ -61,14 +62,20 @@ print(json.dumps(times), flush=True)
 """
 
 
-def run_group(address: str, jobs: list[str], iterations: int) -> list[float]:
-    """Median iteration time (ms, virtual clock) of each job of a group started together."""
+def run_group(address: str, jobs: list[str], iterations: int, seconds: float = 0.0) -> list[float]:
+    """Median iteration time (ms, virtual clock) of each job of a group started together.
+
+    Each job runs at least `iterations` iterations and for at least `seconds`
+    of its (virtual) time: a group's jobs run for the same time, as the
+    measured ones did, so that a job slowed less than its partner does not
+    finish early and leave the partner's later iterations alone. The last
+    iteration, which may end after the partner stopped, is left out."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
     env.update(EMUGPU_DAEMON=address, EMUGPU_CLOCK="virtual", EMUGPU_HOST="modelled")
     procs = []
     for job in jobs:
         p = subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(HERE), job, str(iterations)],
+            [sys.executable, "-c", WORKER, str(HERE), job, str(iterations), str(seconds)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -91,7 +98,8 @@ def run_group(address: str, jobs: list[str], iterations: int) -> list[float]:
             raise RuntimeError(stderr)
         # The first iterations run before the daemon knows every job's busy fraction: skip a quarter.
         times = json.loads(stdout.strip().splitlines()[-1])
-        out.append(statistics.median(times[len(times) // 4 :]))
+        kept = times[len(times) // 4 : -1] if len(jobs) > 1 else times[len(times) // 4 :]
+        out.append(statistics.median(kept))
     return out
 
 
@@ -131,7 +139,9 @@ def main() -> None:
                     alone[job] = run_group(address, [job], args.iterations)[0]
                     bar.update()
                 for pair in pairs:
-                    together = run_group(address, pair["jobs"], args.iterations)
+                    # Long enough for the slowest job to run its iterations at 3x its time alone.
+                    seconds = args.iterations * max(alone[j] for j in pair["jobs"]) * 3 / 1e3
+                    together = run_group(address, pair["jobs"], args.iterations, seconds)
                     solo = measured["solo_mps" if mode == "mps" else "solo"]
                     for job, member, emu in zip(pair["jobs"], pair["members"], together, strict=True):
                         real = member["median_ms"] / solo[job]["median_ms"]

@@ -174,9 +174,12 @@ TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, Tim
   work_since_wait_ += alone;
   if (share_) {
     const auto d = static_cast<double>(alone);
-    kernel_sum_ += d;
-    demand_sum_ += std::clamp(occupancy.demand, 0.0, 1.0) * d;
-    hold_sum_ += std::max(occupancy.hold_ns, 0.0) * d;
+    const double demand = std::clamp(occupancy.demand, 0.0, 1.0);
+    const auto bin = static_cast<size_t>(demand_bin(demand));
+    kernel_sum_[bin] += d;
+    demand_sum_[bin] += demand * d;
+    hold_sum_[bin] += std::max(occupancy.hold_ns, 0.0) * d;
+    duration_sum_[bin] += d * d;
   }
   return place_locked(stream, engine, start, duration, now);
 }
@@ -197,7 +200,7 @@ void Device::share_time(std::shared_ptr<TimeShare> share) {
   unweighted_ = 1.0;
   iteration_average_ = 0;
   work_since_wait_ = 0;
-  kernel_sum_ = demand_sum_ = hold_sum_ = 0;
+  kernel_sum_ = demand_sum_ = hold_sum_ = duration_sum_ = {};
 }
 
 void Device::report_share() {
@@ -237,9 +240,12 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
     const double keep = std::exp(-span / static_cast<double>(share_->window_ns()));
     busy_average_ = busy_average_ * keep + (static_cast<double>(busy) / span) * (1.0 - keep);
     unweighted_ *= keep;  // what the average still owes its zero start
-    kernel_sum_ *= keep;
-    demand_sum_ *= keep;
-    hold_sum_ *= keep;
+    for (size_t i = 0; i < kernel_sum_.size(); ++i) {
+      kernel_sum_[i] *= keep;
+      demand_sum_[i] *= keep;
+      hold_sum_[i] *= keep;
+      duration_sum_[i] *= keep;
+    }
     share_from_ = now;
   }
   // Bias-corrected, so that a process that just started reports what it did
@@ -248,13 +254,26 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
   // An iteration under way counts as soon as it is longer than the average
   // (a share that starts small must not keep a long iteration's weight small).
   // Kernels weighed by their time: the kernel running at a random moment.
-  const bool any = kernel_sum_ > 0;
-  return {std::clamp(busy, 0.0, 1.0),
-          std::max(iteration_average_, work_since_wait_),
-          now,
-          timeline_.engine_ready(Engine::kCompute),
-          any ? demand_sum_ / kernel_sum_ : 1.0,
-          any ? ns_from_double(hold_sum_ / kernel_sum_) : 0};
+  double kernels = 0, demand = 0, hold = 0;
+  for (size_t i = 0; i < kernel_sum_.size(); ++i) {
+    kernels += kernel_sum_[i];
+    demand += demand_sum_[i];
+    hold += hold_sum_[i];
+  }
+  const bool any = kernels > 0;
+  TimeShare::Report report{std::clamp(busy, 0.0, 1.0),
+                           std::max(iteration_average_, work_since_wait_),
+                           now,
+                           timeline_.engine_ready(Engine::kCompute),
+                           any ? demand / kernels : 1.0,
+                           any ? ns_from_double(hold / kernels) : 0,
+                           {}};
+  for (size_t i = 0; any && i < kernel_sum_.size(); ++i) {
+    if (kernel_sum_[i] <= 0) continue;
+    report.bins[i] = {kernel_sum_[i] / kernels, demand_sum_[i] / kernel_sum_[i],
+                      ns_from_double(hold_sum_[i] / kernel_sum_[i]), ns_from_double(duration_sum_[i] / kernel_sum_[i])};
+  }
+  return report;
 }
 
 TimeNs Device::launch(int64_t stream, Engine engine, TimeNs estimate, Occupancy occupancy) {

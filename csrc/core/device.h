@@ -23,6 +23,7 @@
 // Thread-safe: autograd's device threads and the host thread share it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -286,8 +287,9 @@ class Device {
   TimeNs iteration_average_ = 0;
   TimeNs work_since_wait_ = 0;  // compute work on the GPU alone since the last sync point
   // Compute launched on the GPU alone, decayed as busy_average_ is: sums of
-  // d, demand * d and hold * d over its kernels (their time-weighted means go to MPS).
-  double kernel_sum_ = 0, demand_sum_ = 0, hold_sum_ = 0;
+  // Per demand bin (time_share.h), d, demand * d, hold * d and d * d over
+  // its kernels of duration d: their time-weighted means go to MPS.
+  std::array<double, kDemandBins> kernel_sum_{}, demand_sum_{}, hold_sum_{}, duration_sum_{};
 };
 
 }  // namespace emugpu

@@ -5,9 +5,28 @@
 // locally at the last share.
 #pragma once
 
+#include <algorithm>
+#include <array>
+
 #include "clock.h"
 
 namespace emugpu {
+
+// MPS: a process's kernels grouped by the fraction of the GPU's SMs they
+// hold, so that the daemon's expectation runs over which kernels meet: two
+// jobs whose mean demands add up to one GPU still collide when each has
+// kernels that fill it. Bin i holds the demands in [i, i + 1) / kDemandBins.
+constexpr int kDemandBins = 4;
+struct DemandBin {
+  double fraction = 0;  // of the process's kernel time (time-weighted recent average)
+  double demand = 0;    // the bin's kernels' time-weighted mean demand
+  TimeNs hold_ns = 0;   // and their blocks' time-weighted mean hold time
+  TimeNs kernel_ns = 0; // and their time-weighted mean duration alone
+};
+using DemandHistogram = std::array<DemandBin, kDemandBins>;
+inline int demand_bin(double demand) {
+  return std::clamp(static_cast<int>(demand * kDemandBins), 0, kDemandBins - 1);
+}
 
 class TimeShare {
  public:
@@ -18,6 +37,7 @@ class TimeShare {
     TimeNs busy_until = 0;    // where the compute launched so far ends
     double demand = 1.0;      // fraction of the device's SMs its kernels hold (time-weighted recent average)
     TimeNs hold_ns = 0;       // how long its kernels' blocks hold an SM (time-weighted recent average)
+    DemandHistogram bins{};   // its kernels by demand (all fractions 0 before its first kernel)
   };
   virtual ~TimeShare() = default;
   // Real time between reports.

@@ -43,7 +43,7 @@ constexpr const char* kUsage =
     "                        per request, custom_policy.h); default: time-slice\n"
     "  --time-slice-us US    time-slice: a slice's length (default 2000)\n"
     "  --context-switch-us US  time-slice: a context switch's cost (default 200)\n"
-    "  --mps-overlap F       mps: the fraction of a running kernel's SMs another's still gets (default 0.15)\n"
+    "  --mps-overlap F       mps: the fraction of a running kernel's SMs another's still gets (default 0)\n"
     "  --listen ADDRESS      unix:PATH (only this user may attach) or tcp:HOST:PORT\n"
     "                        (default: $XDG_RUNTIME_DIR/emugpud.sock, else /tmp/emugpud-UID.sock)\n"
     "  --catalog PATH        the GPU catalog (gpus.json); torch-emugpu daemon passes the package's\n"

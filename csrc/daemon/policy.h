@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "clock.h"
+#include "time_share.h"
 
 namespace emugpu::share {
 
@@ -58,11 +59,11 @@ struct SharingConfig {
   // long: DaemonTimeShare::kPatience).
   TimeNs patience_ns = 1'000'000'000;
   // mps: the fraction of the SMs a running kernel holds that a concurrent
-  // kernel of another process still gets (blocks of both resident on one SM,
-  // the idle pipes and tails of waves): chosen on our H100's MPS pairs
-  // (benchmarks/collocation_emulated.py; 0 fits the identical pairs better,
-  // 0.15 the mixed ones; docs/gpu-sharing.md).
-  double mps_overlap = 0.15;
+  // kernel of another process still gets (blocks of both resident on one
+  // SM, the pipes the first leaves idle). 0: the tails of waves, which the
+  // model counts by itself, fit our H100's identical MPS pairs within 4.5%
+  // (benchmarks/collocation_emulated.py, docs/gpu-sharing.md).
+  double mps_overlap = 0.0;
   // kCustom: a policy from outside the daemon's core (custom_policy.h) and
   // its --sharing spec, which processes see as the daemon's policy.
   std::function<double(const struct Sharer&, const std::vector<struct Sharer>&)> custom;
@@ -77,24 +78,33 @@ struct Sharer {
   int32_t priority = 0;
   double demand = 1;   // mps: the fraction of the GPU's SMs its kernels hold while they run
   TimeNs hold_ns = 0;  // mps: how long its kernels' blocks hold an SM
+  // mps: its kernels by demand (time_share.h); all fractions 0: its means
+  // stand for every kernel.
+  DemandHistogram bins{};
 };
 
 constexpr double kMinShare = 0.01;
 constexpr size_t kExactSharers = 12;
 
 // MPS. Kernels of several processes run at once. Those that together need
-// fewer SMs than the GPU has run as alone. Beyond that they compete for SMs:
-// a kernel that holds SMs keeps them until its blocks finish, and an SM
-// freed while several kernels wait goes to each in turn, so each holds SMs
-// in proportion to how long its blocks keep one (hold_ns: a big GEMM's long
-// tiles against an elementwise kernel's short blocks). In the model, the
-// share is an expectation over which of the others with work hold SMs
-// against this one, another counting with probability
-// H_other / (H_other + H_me); a kernel gets what those leave, at
-// min(1, left / its demand) of its speed alone. Held SMs leave a fraction
-// (mps_overlap) of their throughput to a concurrent kernel. One resource
-// (SMs): bandwidth-bound kernels that each saturate memory with few SMs do
-// not slow each other here.
+// fewer SMs than the GPU has run as alone. Beyond that the later kernel gets
+// the SMs the earlier one leaves: the block scheduler dispatches a kernel's
+// blocks before a later kernel's (the left-over policy of concurrent
+// kernels). The model runs over kernels, not processes: a process's kernels
+// come in classes (its demand histogram), and for each class of this
+// process's kernels the expectation runs over what each other process is
+// doing: no work, or a kernel of one of its classes (by its share of that
+// process's kernel time) that is ahead of this one, with probability
+// T_other / (T_other + T_mine) for kernels of durations T. A kernel gets
+// what those ahead leave, at min(1, left / its demand) of its speed alone;
+// held SMs leave a fraction (mps_overlap) of their throughput to a
+// concurrent kernel. Per class the speed is that expectation, and the
+// process's share its kernel time alone over its expected time shared.
+// Exact over every combination of the others' states while there are at
+// most kExactMpsStates of them, mean field beyond. One resource (SMs):
+// bandwidth-bound kernels that each saturate memory with few SMs do not
+// slow each other here.
+constexpr size_t kExactMpsStates = 4096;
 
 // The fraction of the GPU's speed `me` gets while it has work, in [kMinShare, 1].
 double compute_share(const SharingConfig& config, const Sharer& me, const std::vector<Sharer>& others);

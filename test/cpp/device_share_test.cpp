@@ -93,6 +93,15 @@ TEST(DeviceShare, ReportsItsKernelsOccupancyWeighedByTheirTime) {
   const auto& r = s.share->reports.back();
   EXPECT_NEAR(r.demand, (1.0 * 1.0 + 0.1 * 0.1) / 1.1, 0.01);
   EXPECT_NEAR(static_cast<double>(r.hold_ns), (100e3 * 1.0 + 10e3 * 0.1) / 1.1, 1e3);
+  // And by class: the GPU-filling kernels in the top demand bin, the small ones in the lowest.
+  EXPECT_NEAR(r.bins[emugpu::kDemandBins - 1].fraction, 1.0 / 1.1, 0.01);
+  EXPECT_NEAR(r.bins[emugpu::kDemandBins - 1].demand, 1.0, 1e-9);
+  EXPECT_NEAR(static_cast<double>(r.bins[emugpu::kDemandBins - 1].hold_ns), 100e3, 1);
+  EXPECT_NEAR(static_cast<double>(r.bins[emugpu::kDemandBins - 1].kernel_ns), 1.0 * kMs, 1);
+  EXPECT_NEAR(r.bins[0].fraction, 0.1 / 1.1, 0.01);
+  EXPECT_NEAR(r.bins[0].demand, 0.1, 1e-9);
+  EXPECT_NEAR(static_cast<double>(r.bins[0].kernel_ns), 0.1 * kMs, 1);
+  for (int i = 1; i < emugpu::kDemandBins - 1; ++i) EXPECT_EQ(r.bins[i].fraction, 0.0);
 }
 
 TEST(DeviceShare, HalfBusyReportsHalf) {

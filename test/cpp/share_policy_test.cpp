@@ -9,6 +9,8 @@
 namespace {
 
 using namespace emugpu::share;
+using emugpu::kDemandBins;
+using emugpu::TimeNs;
 
 SharingConfig config(SharingPolicy policy) {
   SharingConfig c;
@@ -89,7 +91,7 @@ TEST(SharePolicy, NamesRoundTripAndUnknownOnesListTheValid) {
   }
 }
 
-// MPS: {busy, iteration, priority, demand, block hold time}.
+// MPS: {busy, iteration, priority, demand, block hold time, demand histogram}.
 TEST(SharePolicyMps, KernelsThatFitSideBySideRunAsAlone) {
   const SharingConfig c = config(SharingPolicy::kMps);
   // Together they need fewer SMs than the GPU has.
@@ -112,16 +114,23 @@ TEST(SharePolicyMps, IdenticalGpuBoundJobsGainOverTimeSlicing) {
   EXPECT_NEAR(compute_share(c, {1.0, 0, 0, 1.0, 1000}, {{1.0, 0, 0, 1.0, 1000}}), 0.5, 1e-12);
 }
 
-TEST(SharePolicyMps, LongBlocksHoldMoreSmsThanShortOnes) {
-  const SharingConfig c = config(SharingPolicy::kMps);
-  const Sharer big{1.0, 0, 0, 0.95, 400'000};  // large convolutions' tiles
-  const Sharer small{1.0, 0, 0, 0.6, 40'000};  // depthwise and elementwise blocks
-  const double small_share = compute_share(c, small, {big});
-  const double big_share = compute_share(c, big, {small});
-  EXPECT_LT(small_share, 0.5);
-  EXPECT_GT(big_share, 0.75);
-  // The big job's blocks hold the contested SMs 10 times in 11.
-  EXPECT_NEAR(small_share, 1.0 / 11 + 10.0 / 11 * (1 - 0.95 * 0.85) / 0.6, 1e-12);
+TEST(SharePolicyMps, KernelsInTheirLastWaveLeaveSmsAsTheyDrain) {
+  SharingConfig c = config(SharingPolicy::kMps);
+  c.mps_overlap = 0;
+  const Sharer small{1.0, 0, 0, 0.6, 40'000};  // no histogram: its mean stands for every kernel
+  const auto against = [&](TimeNs hold_ns, TimeNs kernel_ns) {
+    Sharer big{1.0, 0, 0, 0.95, hold_ns, {}};
+    big.bins[kDemandBins - 1] = {1.0, 0.95, hold_ns, kernel_ns};
+    return compute_share(c, small, {big});
+  };
+  // Half the time the big kernel is ahead. In 4 waves it holds its SMs for
+  // 3.5 of them: 0.95 x 0.875 of the GPU, leaving the small one 0.16875 of
+  // its 0.6.
+  EXPECT_NEAR(against(250'000, 1'000'000), 0.5 + 0.5 * (1 - 0.95 * 0.875) / 0.6, 1e-12);
+  // One wave: half of it drained on average; many (durations unknown): all of it held.
+  EXPECT_NEAR(against(1'000'000, 1'000'000), 0.5 + 0.5 * (1 - 0.95 * 0.5) / 0.6, 1e-12);
+  EXPECT_NEAR(against(1'000'000, 0), 0.5 + 0.5 * (1 - 0.95) / 0.6, 1e-12);
+  EXPECT_GT(against(1'000'000, 1'000'000), against(250'000, 1'000'000));
 }
 
 TEST(SharePolicyMps, AnIdleProcessOrOneWithoutHoldTimesCountsAsItShould) {
@@ -130,8 +139,64 @@ TEST(SharePolicyMps, AnIdleProcessOrOneWithoutHoldTimesCountsAsItShould) {
   const double quarter = compute_share(c, {1.0, 0, 0, 1.0, 1000}, {{0.25, 0, 0, 1.0, 1000}});
   const double full = compute_share(c, {1.0, 0, 0, 1.0, 1000}, {{1.0, 0, 0, 1.0, 1000}});
   EXPECT_NEAR(1.0 - quarter, 0.25 * (1.0 - full), 1e-12);
-  // No hold times reported yet: even odds.
+  // No kernel durations reported (no histogram): even odds.
   EXPECT_NEAR(compute_share(c, {1.0, 0, 0, 1.0, 0}, {{1.0, 0, 0, 1.0, 0}}), full, 1e-12);
+}
+
+// A job whose kernels alternate between filling the GPU and holding little of it.
+Sharer bimodal(double busy) {
+  Sharer s{busy, 0, 0, 0.5, 1000, {}};
+  s.bins[0] = {0.5, 0.05, 1000, 0};
+  s.bins[kDemandBins - 1] = {0.5, 0.95, 1000, 0};
+  return s;
+}
+
+TEST(SharePolicyMps, KernelsMeetByClassNotByMean) {
+  SharingConfig c = config(SharingPolicy::kMps);
+  c.mps_overlap = 0.15;
+  const Sharer job = bimodal(1.0);
+  // By their means (0.5 each) the two would fit side by side...
+  Sharer means = job;
+  means.bins = {};
+  EXPECT_DOUBLE_EQ(compute_share(c, means, {means}), 1.0);
+  // ...but their GPU-filling kernels collide: half of this job's time is in
+  // such kernels, and each meets the other's filling kernel (held 0.95 x 0.85)
+  // a quarter of the time (half its kernels, even odds of holding the SMs).
+  const double left = (1 - 0.95 * 0.85) / 0.95;
+  const double filling = 0.75 + 0.25 * left;  // mean speed of a filling kernel
+  EXPECT_NEAR(compute_share(c, job, {job}), 1.0 / (0.5 + 0.5 / filling), 1e-12);
+  EXPECT_LT(compute_share(c, job, {job}), 0.9);
+}
+
+TEST(SharePolicyMps, EachClassIsSlowedByWhatItMeets) {
+  const SharingConfig c = config(SharingPolicy::kMps);
+  // Its kernels are small (0.2 of the SMs); the other's fill the GPU; both run 10 waves.
+  Sharer small{1.0, 0, 0, 0.2, 100, {}};
+  small.bins[0] = {1.0, 0.2, 100, 1000};
+  Sharer big{1.0, 0, 0, 1.0, 900, {}};
+  big.bins[kDemandBins - 1] = {1.0, 1.0, 900, 9000};
+  const double small_share = compute_share(c, small, {big});
+  // Half the time the big kernel is ahead and leaves the 5% of SMs of its last half-wave.
+  EXPECT_NEAR(small_share, 0.5 + 0.5 * (1 - 0.95) / 0.2, 1e-12);
+  // The big one loses what the small kernels hold the half of the time they are ahead.
+  EXPECT_NEAR(compute_share(c, big, {small}), 0.5 + 0.5 * (1 - 0.2 * 0.95), 1e-12);
+  // An idle other slows neither.
+  EXPECT_DOUBLE_EQ(compute_share(c, small, {Sharer{0.0, 0, 0, 1.0, 900, big.bins}}), 1.0);
+}
+
+TEST(SharePolicyMps, ManyOthersFallBackToTheirMeanHeld) {
+  const SharingConfig c = config(SharingPolicy::kMps);
+  const Sharer job = bimodal(0.5);
+  // Others of 3 states each: exact up to 7 (2187 combinations), mean field
+  // for 12 (531441). More others never speed it up.
+  double last = 1.0;
+  for (size_t n : {1u, 2u, 6u, 7u, 12u}) {
+    const double share = compute_share(c, job, std::vector<Sharer>(n, job));
+    EXPECT_GE(share, kMinShare);
+    EXPECT_LT(share, 1.0);
+    EXPECT_LE(share, last) << n << " others";
+    last = share;
+  }
 }
 
 TEST(SharePolicyMps, ParsedByName) {

@@ -85,6 +85,16 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(report.busy_ppm, 500000u);
   EXPECT_EQ(report.iteration_ns, 123456);
   EXPECT_EQ(report.now_ns, 987654321);
+  EXPECT_EQ(report.bins[0].fraction_ppm, 0u);  // none sent
+  ShareReport binned{0, kPpm, 1, 2, 3, 500000, 40, {}};
+  binned.bins[0] = {250000, 100000, 1000, 20000};
+  binned.bins[3] = {750000, 990000, 90000, 400000};
+  const ShareReport bins_back = decode_share(parse_one(encode_share(9, binned)));
+  EXPECT_EQ(bins_back.bins[0].fraction_ppm, 250000u);
+  EXPECT_EQ(bins_back.bins[0].kernel_ns, 20000);
+  EXPECT_EQ(bins_back.bins[3].demand_ppm, 990000u);
+  EXPECT_EQ(bins_back.bins[3].hold_ns, 90000);
+  EXPECT_EQ(bins_back.bins[1].fraction_ppm, 0u);
   const ShareGrant grant = decode_share_reply(parse_one(encode_share_reply(8, {kPpm / 3, 2, 1234})));
   EXPECT_EQ(grant.rate_ppm, kPpm / 3);
   EXPECT_EQ(grant.sharers, 2u);
@@ -98,6 +108,14 @@ TEST(ShareProtocol, FractionsAboveOneAndZeroSharesAreRefused) {
   EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, 0, -5, 0}))), emugpu::Error);
   EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, 0, 0, 0, 0, kPpm + 1, 0}))), emugpu::Error);
   EXPECT_THROW(decode_share(parse_one(encode_share(1, {0, 0, 0, 0, 0, kPpm, -1}))), emugpu::Error);
+  ShareReport bins{};
+  bins.bins[0].fraction_ppm = bins.bins[1].fraction_ppm = kPpm / 2 + 10;  // more than all of its kernel time
+  EXPECT_THROW(decode_share(parse_one(encode_share(1, bins))), emugpu::Error);
+  bins.bins[1] = {};
+  bins.bins[2].hold_ns = -1;
+  EXPECT_THROW(decode_share(parse_one(encode_share(1, bins))), emugpu::Error);
+  bins.bins[2] = {0, kPpm + 1, 0, 0};
+  EXPECT_THROW(decode_share(parse_one(encode_share(1, bins))), emugpu::Error);
   EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {0, 0, 0}))), emugpu::Error);
   EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {kPpm + 1, 0, 0}))), emugpu::Error);
   EXPECT_THROW(decode_welcome(parse_one(encode_welcome(1, {1, {{"g", 1, 1, 0, -1, "", ""}}, "fair", 0, 1, 0}))),

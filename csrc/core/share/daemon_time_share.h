@@ -36,9 +36,18 @@ class DaemonTimeShare final : public TimeShare {
   TimeNs window_ns() const override { return client_->welcome().window_ns; }
   double report(const Report& r) override {
     const auto busy = static_cast<uint32_t>(std::clamp(r.busy, 0.0, 1.0) * kPpm + 0.5);
-    const auto demand = static_cast<uint32_t>(std::clamp(r.demand * sm_fraction_, 0.0, 1.0) * kPpm + 0.5);
-    const ShareReport report{gpu_,         busy,   std::max<TimeNs>(r.iteration_ns, 0), r.now,
-                             r.busy_until, demand, std::max<TimeNs>(r.hold_ns, 0)};
+    const auto whole_gpu = [this](double demand) {
+      return static_cast<uint32_t>(std::clamp(demand * sm_fraction_, 0.0, 1.0) * kPpm + 0.5);
+    };
+    ShareReport report{gpu_,         busy,
+                       std::max<TimeNs>(r.iteration_ns, 0), r.now,
+                       r.busy_until, whole_gpu(r.demand),
+                       std::max<TimeNs>(r.hold_ns, 0),      {}};
+    for (size_t i = 0; i < r.bins.size(); ++i) {
+      const DemandBin& b = r.bins[i];
+      report.bins[i] = {static_cast<uint32_t>(std::clamp(b.fraction, 0.0, 1.0) * kPpm + 0.5), whole_gpu(b.demand),
+                        std::max<TimeNs>(b.hold_ns, 0), std::max<TimeNs>(b.kernel_ns, 0)};
+    }
     ShareGrant grant = client_->share(report);
     const TimeNs skew = window_ns() / 5;
     const auto give_up = std::chrono::steady_clock::now() + kPatience;

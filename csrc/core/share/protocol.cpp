@@ -201,16 +201,18 @@ std::vector<uint8_t> encode_error(uint32_t id, const std::string& message) {
 }
 
 std::vector<uint8_t> encode_share(uint32_t id, const ShareReport& r) {
-  return encode(MessageType::kShare, id,
-                Writer()
-                    .put<uint32_t>(r.gpu)
+  Writer w;
+  w.put<uint32_t>(r.gpu)
                     .put<uint32_t>(r.busy_ppm)
                     .put<int64_t>(r.iteration_ns)
                     .put<int64_t>(r.now_ns)
                     .put<int64_t>(r.busy_until_ns)
                     .put<uint32_t>(r.demand_ppm)
-                    .put<int64_t>(r.hold_ns)
-                    .take());
+                    .put<int64_t>(r.hold_ns);
+  for (const auto& b : r.bins) {
+    w.put<uint32_t>(b.fraction_ppm).put<uint32_t>(b.demand_ppm).put<int64_t>(b.hold_ns).put<int64_t>(b.kernel_ns);
+  }
+  return encode(MessageType::kShare, id, w.take());
 }
 
 std::vector<uint8_t> encode_share_reply(uint32_t id, const ShareGrant& g) {
@@ -307,6 +309,22 @@ ShareReport decode_share(const Message& m) {
   EMUGPU_CHECK(out.iteration_ns >= 0 && out.hold_ns >= 0, kRuntime,
                "emugpud protocol: expected iteration and block hold times >= 0 ns in a share report, got ",
                out.iteration_ns, " and ", out.hold_ns);
+  uint64_t fractions = 0;
+  for (auto& b : out.bins) {
+    b.fraction_ppm = ppm(r, "a demand bin's fraction");
+    b.demand_ppm = ppm(r, "a demand bin's SM demand");
+    b.hold_ns = r.get<int64_t>();
+    b.kernel_ns = r.get<int64_t>();
+    EMUGPU_CHECK(b.hold_ns >= 0 && b.kernel_ns >= 0, kRuntime,
+                 "emugpud protocol: expected a demand bin's block hold time and kernel duration >= 0 ns in a share "
+                 "report, got ",
+                 b.hold_ns, " and ", b.kernel_ns);
+    fractions += b.fraction_ppm;
+  }
+  // Rounded millionths of fractions that add up to one.
+  EMUGPU_CHECK(fractions <= kPpm + out.bins.size(), kRuntime,
+               "emugpud protocol: expected demand bin fractions that add up to at most 1 in a share report, got ",
+               static_cast<double>(fractions) / kPpm);
   r.done();
   return out;
 }
