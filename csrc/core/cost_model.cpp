@@ -193,9 +193,10 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     memory_s = std::max(memory_s, cost.elements / cost.columns * p.norm_row_ns * 1e-9 / std::max(gpu_.sm_count, 1));
   }
   if (cost.family == OpFamily::kReduction && cost.columns > 0) {
-    // A column reduction: each thread walks down a few columns, so narrow
-    // rows leave the loads in flight too few to fill the bandwidth.
-    memory_s *= (cost.columns + p.column_reduction_half) / cost.columns;
+    // A column reduction: each thread's loads run along a row, so narrow
+    // rows leave too few of them in flight to fill the bandwidth.
+    const double row_bytes = cost.columns * element_bytes(cost.dtype);
+    memory_s *= (row_bytes + p.column_reduction_half_bytes) / row_bytes;
   }
   const bool eval_batch_norm = cost.family == OpFamily::kBatchNorm && cost.running_stats && !cost.backward;
   if (eval_batch_norm) {

@@ -98,13 +98,13 @@ struct KernelParams {
   // Every architecture takes these H100 values until a calibration fits its own.
   double rnn_bias_grad_efficiency = 0.14;
   // PyTorch's column reductions (a sum over rows that keeps the contiguous
-  // columns: bias and scale gradients) spread each thread's work over the
-  // columns, so narrow rows leave most of the GPU's loads idle: the
-  // bandwidth share falls as columns / (columns + this). H100 traces:
+  // columns: bias and scale gradients) spread each thread's loads along a
+  // row, so narrow rows leave too few loads in flight: the bandwidth share
+  // falls as row bytes / (row bytes + this). H100 traces, each within 5%:
   // 10000 fp32 columns at 0.82 of the peak (an LSTM head's bias gradient),
-  // 768-3072 bf16 columns at 0.30-0.35 (GPT-2, ViT-B/16), 96-3072 fp32 at
-  // 0.24 (ConvNeXt-T). Every architecture takes this H100 value.
-  double column_reduction_half = 1'500;
+  // 768-3072 bf16 columns at 0.30-0.35 (GPT-2, ViT-B/16), 96-3072 fp32 ones
+  // at 0.24 (ConvNeXt-T). Every architecture takes this H100 value.
+  double column_reduction_half_bytes = 3'000;
   // PyTorch's layer norm kernels run a block per row, whose barriers and
   // block-wide sums take about this long per SM whatever the row's width:
   // short rows (ConvNeXt's 96-768 channels) leave the bandwidth idle. H100

@@ -285,16 +285,21 @@ TEST(CostModel, ColumnReductionsOfNarrowRowsRunBelowTheBandwidth) {
   const auto g = gpu();
   KernelParams p = ideal();
   p.reduction_efficiency = 0.8;
-  p.column_reduction_half = 1000;
+  p.column_reduction_half_bytes = 4000;
   const emugpu::CostModel m(g, {}, p);
   OpCost sum{0, 1e9, DType::kFloat32, OpFamily::kReduction};
   const emugpu::TimeNs row_sum = m.kernel(sum);  // along rows: the plain bandwidth share
   EXPECT_EQ(row_sum, 500 + 1'250'000);
-  // A bias gradient of 1000 columns: half the rate; of 9000, 0.9 of it.
+  // A bias gradient of 1000 fp32 columns (4000 bytes a row): half the
+  // rate; of 9000, 0.9 of it.
   sum.columns = 1000;
   EXPECT_EQ(m.kernel(sum), 500 + 2'500'000);
   sum.columns = 9000;
   EXPECT_NEAR(static_cast<double>(m.kernel(sum)), 500 + 1.25e6 / 0.9, 2);
+  // 16-bit rows of the same columns are half as wide: a third of the rate.
+  sum.columns = 1000;
+  sum.dtype = DType::kBFloat16;
+  EXPECT_EQ(m.kernel(sum), 500 + 3'750'000);
   EXPECT_EQ(emugpu::cost_rule(sum, g).rule, "column reduction rule");
   // Other families ignore it.
   OpCost add{0, 1e9, DType::kFloat32, OpFamily::kElementwise};

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -161,20 +162,29 @@ double reduction_extra_bytes(const OpInfo& info, const std::vector<c10::IValue>&
 }
 
 // Whether PyTorch's TensorIterator runs an elementwise op or copy in its
-// vectorised kernel: every operand dense, of the output's sizes and strides
-// (and, but for copies, its dtype: copies have vectorised casts). A
-// broadcast, strided or mixed-dtype operand takes the kernel that loads one
-// element at a time. Single elements (scalars) do not count.
+// vectorised kernel: every operand dense, of the output's sizes and strides,
+// and, but for copies (vectorised casts), of one floating dtype (bool masks
+// and comparisons' outputs need no cast). A broadcast, strided or
+// mixed-dtype operand takes the kernel that loads one element at a time.
+// Single elements (scalars) do not count.
 bool vectorizable(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs, bool copy) {
   if (outputs.empty() || !outputs.front().defined()) return true;
   const at::Tensor& out = outputs.front();
   if (out.numel() <= 1) return true;
   if (!out.is_non_overlapping_and_dense()) return false;
+  std::optional<at::ScalarType> floating;
+  bool mixed = false;
   auto same = [&](const at::Tensor& t) {
-    return !t.defined() || t.numel() <= 1 ||
-           ((copy || t.scalar_type() == out.scalar_type()) && t.sizes() == out.sizes() && t.strides() == out.strides());
+    if (!t.defined() || t.numel() <= 1) return true;
+    if (at::isFloatingType(t.scalar_type())) {
+      mixed = mixed || (floating && *floating != t.scalar_type());
+      floating = t.scalar_type();
+    }
+    return t.sizes() == out.sizes() && t.strides() == out.strides();
   };
-  return std::all_of(inputs.begin(), inputs.end(), same) && std::all_of(outputs.begin(), outputs.end(), same);
+  const bool dense =
+      std::all_of(inputs.begin(), inputs.end(), same) && std::all_of(outputs.begin(), outputs.end(), same);
+  return dense && (copy || !mixed);
 }
 
 // A sum or mean over outer dimensions that keeps the contiguous inner ones
