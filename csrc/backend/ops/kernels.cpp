@@ -131,8 +131,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       copy.elements = static_cast<double>(dst.numel());
       const TimeNs duration = dev.cost().kernel(copy);
       const double peak_ns = 2 * bytes / dev.gpu().memory_bandwidth * 1e9;
-      dev.ledger().record({0, 2 * bytes, DType::kFloat32, OpFamily::kCopy}, {duration, 0, peak_ns, false},
-                          "aten::copy_");
+      dev.ledger().record(copy, {duration, 0, peak_ns, false}, "aten::copy_");
       charge(d, Engine::kCompute, duration,
              {byte_fill(2 * bytes, dev.gpu().sm_count),
               static_cast<double>(duration) / byte_waves(2 * bytes, dev.gpu().sm_count)});
