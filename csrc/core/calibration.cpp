@@ -123,6 +123,12 @@ std::vector<OpCost> point_ops(const json& m, const std::string& path, const std:
   auto d = [&](const char* key) { return dim(shape, key, path, where); };
   if (family == "launch" || family == "elementwise") {
     c.family = OpFamily::kElementwise;
+    // A per-channel scale broadcast over NCHW planes: PyTorch's
+    // non-vectorised kernel, as estimate() marks it.
+    if (op == "mul_broadcast") {
+      c.strided = true;
+      c.elements = d("N") * d("C") * d("H") * d("W");
+    }
   } else if (family == "reduction") {
     c.family = OpFamily::kReduction;
   } else if (family == "softmax" || family == "cross_entropy") {
@@ -159,11 +165,15 @@ std::vector<OpCost> point_ops(const json& m, const std::string& path, const std:
   } else if (family == "optimizer") {
     c.family = OpFamily::kOptimizer;
   } else if (family == "norm") {
-    // estimate() charges an eval-mode batch norm as a training one (a
-    // statistics pass, then normalisation); fitting that form to points that
-    // make one pass would make training batch norms too fast. Measured, not
-    // fitted, until the cost model has a rule of its own for them.
-    if (op == "batch_norm_eval") return {};
+    // An eval-mode batch norm, as estimate() charges it: one normalising
+    // pass over planes of H*W elements (the eval rule's parameters).
+    if (op == "batch_norm_eval") {
+      c.family = OpFamily::kBatchNorm;
+      c.running_stats = true;
+      c.channels = d("C");
+      c.plane = d("H") * d("W");
+      return {c};
+    }
     c.family = op.starts_with("batch_norm") ? OpFamily::kBatchNorm : OpFamily::kNorm;
     // estimate() charges batch norm's second read of its input (statistics, then normalisation).
     // and charges 16-bit batch norms as 32-bit ones (their kernels run at a rate of elements).

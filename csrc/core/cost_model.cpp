@@ -16,6 +16,23 @@ bool is_depthwise(const OpCost& cost) {
   return uses_cudnn(cost.family) && cost.conv.groups > 1 && cost.conv.c <= cost.conv.groups;
 }
 
+// Channels per group that cuDNN's tensor-core grouped kernels can tile: a
+// CTA tile's 32-128 channels hold a whole number of groups (a power of two
+// up to 128) or a group spans whole tiles (a multiple of 32), as in CUTLASS's
+// grouped convolutions. Others (RegNet's 24 per group) have no such kernel.
+bool tileable_per_group(double channels) {
+  if (channels <= 0) return true;
+  const bool power_of_two = std::exp2(std::round(std::log2(channels))) == channels;
+  return (power_of_two && channels <= 128) || std::fmod(channels, 32) == 0;
+}
+
+// A grouped (not depthwise) convolution cuDNN runs in its direct grouped
+// kernels on CUDA cores: its input or output channels per group cannot be tiled.
+bool is_direct_grouped(const OpCost& cost) {
+  if (!uses_cudnn(cost.family) || cost.conv.groups <= 1 || is_depthwise(cost)) return false;
+  return !tileable_per_group(cost.conv.c / cost.conv.groups) || !tileable_per_group(cost.conv.k / cost.conv.groups);
+}
+
 // Whether `dtype` runs on tensor cores on `gpu` (cuBLAS and cuDNN use them
 // by default for FP16 from Volta, for BF16 and TF32 from Ampere on).
 bool on_tensor_cores(const GpuSpec& gpu, DType dtype) {
@@ -133,8 +150,12 @@ KernelParams CostModel::kernel_params() const {
 KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   const KernelParams p = kernel_params();
   const double peak_rate = gpu_.peak_flops(cost.dtype);
-  const bool tensor = on_tensor_cores(gpu_, cost.dtype);
-  const double rate = peak_rate * (tensor ? p.tensor_efficiency : p.simt_efficiency);
+  // A grouped convolution with no tensor-core kernel runs on CUDA cores
+  // and needs no NHWC transforms (see the GEMM loop below).
+  const bool direct_grouped = on_tensor_cores(gpu_, cost.dtype) && is_direct_grouped(cost);
+  const bool tensor = on_tensor_cores(gpu_, cost.dtype) && !direct_grouped;
+  const double rate = direct_grouped ? gpu_.peak_flops(DType::kFloat32) * p.simt_efficiency
+                                     : peak_rate * (tensor ? p.tensor_efficiency : p.simt_efficiency);
   const double peak_compute_s = peak_rate > 0 ? cost.flops / peak_rate : 0;
   const double peak_memory_s = cost.bytes / gpu_.memory_bandwidth;
   constexpr double kMaxKernelNs = 86'400e9;  // sizes from files or absurd shapes: a kernel lasts at most a day
@@ -160,6 +181,23 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   }
   double compute_s = 0;
   double memory_s = peak_memory_s / memory_efficiency(cost.family, p);
+  if ((cost.family == OpFamily::kElementwise || cost.family == OpFamily::kCopy) && cost.strided &&
+      p.strided_elements_per_sm_ns > 0) {
+    // PyTorch's non-vectorised elementwise kernel (strided, broadcast or
+    // mixed-dtype operands): one element per thread and load, at a rate of
+    // elements that 16-bit operands do not double.
+    memory_s = std::max(memory_s, cost.elements / (p.strided_elements_per_sm_ns * 1e9 * gpu_.sm_count));
+  }
+  if (cost.family == OpFamily::kNorm && cost.columns > 0 && cost.elements > 0) {
+    // A block per row: short rows cost their blocks' fixed time, not bytes.
+    memory_s = std::max(memory_s, cost.elements / cost.columns * p.norm_row_ns * 1e-9 / std::max(gpu_.sm_count, 1));
+  }
+  if (cost.family == OpFamily::kReduction && cost.columns > 0) {
+    // A column reduction: each thread's loads run along a row, so narrow
+    // rows leave too few of them in flight to fill the bandwidth.
+    const double row_bytes = cost.columns * element_bytes(cost.dtype);
+    memory_s *= (row_bytes + p.column_reduction_half_bytes) / row_bytes;
+  }
   const bool eval_batch_norm = cost.family == OpFamily::kBatchNorm && cost.running_stats && !cost.backward;
   if (eval_batch_norm) {
     // With running statistics nothing is reduced: one elementwise pass over
@@ -226,7 +264,22 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
                                   std::fmod(cost.conv.c, align) != 0;
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
         const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
-        double speedup = g.winograd && !tensor ? p.winograd_gain : 1.0;
+        if (direct_grouped && !g.weight_grad) {
+          // cuDNN's direct grouped kernels loop over a group's C/g x R x S
+          // inputs per output, a load per multiply-add, as the large-filter
+          // depthwise kernels do: their FP32 rate, slower on NCHW tensors.
+          // The weight gradient reduces over N*P*Q, a long GEMM-like
+          // reduction: the per-group GEMM at the CUDA-core rate.
+          const double s = matmul_flops(g.batch, g.m, g.k, g.n) /
+                           (gpu_.peak_flops(DType::kFloat32) * p.depthwise_compute_efficiency *
+                            (cost.conv.channels_last ? 1.0 : p.depthwise_nchw_factor));
+          compute_s += s;
+          gemm_fill_s += s;
+          gemm_waves += byte_waves(cost.bytes, gpu_.sm_count);
+          continue;
+        }
+        // cuDNN's Winograd kernels take no groups its direct kernels cannot tile.
+        double speedup = g.winograd && !tensor && !direct_grouped ? p.winograd_gain : 1.0;
         if ((tensor && matmul && (g.unaligned_ld || std::fmod(g.n, align) != 0 || std::fmod(g.k, align) != 0)) ||
             unaligned_conv) {
           // The fallback kernels load one element at a time, so they move
@@ -315,6 +368,7 @@ CostRule cost_rule(const OpCost& cost, const GpuSpec& gpu) {
         return {"conv depthwise " + filter(), large ? "large-kernel depthwise rule" : "depthwise bandwidth rule"};
       }
       const std::string family = cost.conv.groups > 1 ? "conv grouped " + filter() : "conv " + filter();
+      if (tensor && is_direct_grouped(cost)) return {family, "direct grouped rule (no tensor-core tiling)"};
       const double align = 16 / element_bytes(cost.dtype);
       if (tensor && cost.conv.groups == 1 && cost.conv.c > 0 && std::fmod(cost.conv.c, align) != 0) {
         return {family, "implicit-GEMM tile rule, unaligned channels"};
@@ -344,11 +398,14 @@ CostRule cost_rule(const OpCost& cost, const GpuSpec& gpu) {
       return {"batch norm", cost.cudnn ? "per-channel reduction rule (cuDNN)" : "per-channel reduction rule"};
     case OpFamily::kOptimizer: return {"optimizer", "multi-tensor bandwidth rule"};
     case OpFamily::kUnmodelled: return {"unmodelled", "bandwidth rule (no family known)"};
-    case OpFamily::kElementwise:
     case OpFamily::kReduction:
+      return {op_family_name(cost.family), cost.columns > 0 ? "column reduction rule" : "bandwidth rule"};
+    case OpFamily::kElementwise:
+    case OpFamily::kCopy:
+      return {op_family_name(cost.family), cost.strided ? "strided elementwise rule" : "bandwidth rule"};
     case OpFamily::kNorm:
-    case OpFamily::kGather:
-    case OpFamily::kCopy: return {op_family_name(cost.family), "bandwidth rule"};
+      return {op_family_name(cost.family), cost.columns > 0 ? "bandwidth rule, per-row floor" : "bandwidth rule"};
+    case OpFamily::kGather: return {op_family_name(cost.family), "bandwidth rule"};
   }
   return {op_family_name(cost.family), "bandwidth rule"};
 }

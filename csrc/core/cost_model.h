@@ -39,6 +39,17 @@ struct OpCost {
   // (image, channel) plane (H*W; 0: unknown).
   bool running_stats = false;
   double plane = 0;
+  // A reduction over a tensor's outer dimensions that keeps its contiguous
+  // inner ones (a bias gradient sums rows of `columns` elements into one):
+  // the kept elements per row; 0 for a reduction along rows or unknown. A
+  // layer norm: the elements of a normalised row (its input's are `elements`).
+  double columns = 0;
+  // An elementwise op or copy PyTorch cannot vectorise (operands strided,
+  // broadcast or of mixed dtypes): its fallback kernel moves one element
+  // per thread and load, at a rate of elements; `elements` is how many
+  // (a layer norm's: its input's).
+  bool strided = false;
+  double elements = 0;
   RnnShape rnn{};  // kRnn and kRnnBackward only
 };
 

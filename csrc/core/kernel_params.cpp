@@ -208,6 +208,9 @@ const std::vector<KernelParamField>& kernel_param_fields() {
       {"unaligned_efficiency", &KernelParams::unaligned_efficiency, 0.05, 1.0},
       {"rnn_step_ns", &KernelParams::rnn_step_ns, 0, 200'000},
       {"rnn_bias_grad_efficiency", &KernelParams::rnn_bias_grad_efficiency, 0.01, 1.0},
+      {"column_reduction_half_bytes", &KernelParams::column_reduction_half_bytes, 0, 1'000'000},
+      {"norm_row_ns", &KernelParams::norm_row_ns, 0, 10'000},
+      {"strided_elements_per_sm_ns", &KernelParams::strided_elements_per_sm_ns, 0.1, 100},
       {"launch_ns", &KernelParams::launch_ns, 500, 100'000},
       {"gemm_k_half", &KernelParams::gemm_k_half, 0, 1024},
   };

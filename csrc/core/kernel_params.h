@@ -97,6 +97,25 @@ struct KernelParams {
   // language model: 268 MB in 575 us, 0.14).
   // Every architecture takes these H100 values until a calibration fits its own.
   double rnn_bias_grad_efficiency = 0.14;
+  // PyTorch's column reductions (a sum over rows that keeps the contiguous
+  // columns: bias and scale gradients) spread each thread's loads along a
+  // row, so narrow rows leave too few loads in flight: the bandwidth share
+  // falls as row bytes / (row bytes + this). H100 traces, each within 5%:
+  // 10000 fp32 columns at 0.82 of the peak (an LSTM head's bias gradient),
+  // 768-3072 bf16 columns at 0.30-0.35 (GPT-2, ViT-B/16), 96-3072 fp32 ones
+  // at 0.24 (ConvNeXt-T). Every architecture takes this H100 value.
+  double column_reduction_half_bytes = 3'000;
+  // PyTorch's layer norm kernels run a block per row, whose barriers and
+  // block-wide sums take about this long per SM whatever the row's width:
+  // short rows (ConvNeXt's 96-768 channels) leave the bandwidth idle. H100
+  // trace of ConvNeXt-T fp32: 1.34 M rows per iteration's forward in 2.24 ms
+  // on 132 SMs.
+  double norm_row_ns = 220;
+  // The elements per nanosecond and SM PyTorch's non-vectorised elementwise
+  // kernels (strided, broadcast or mixed-dtype operands) process: H100
+  // sweep, 16-bit broadcast multiplies at 375 G elements/s (1.5 TB/s where
+  // contiguous ones reach 2.8), 2.8 per SM.
+  double strided_elements_per_sm_ns = 2.8;
   // Device time of a kernel that does no work: launch, ramp-up and drain.
   double launch_ns = 4'000;
   // A GEMM's reduction length at which its tiles' main loop is as long as

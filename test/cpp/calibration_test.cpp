@@ -187,7 +187,7 @@ TEST(Calibration, UnknownFamilyIsSkippedWithWarning) {
 
 TEST(Calibration, NewFamiliesAreFittedOnlyWhereTheCostModelHasTheirRule) {
   const auto gpu = h100();
-  const auto cal = emugpu::parse_calibration(document(gpu.name, R"([
+  auto cal = emugpu::parse_calibration(document(gpu.name, R"([
     {"family": "rnn", "op": "lstm_forward_backward", "shape": {"seq": 256, "batch": 64, "input": 1024,
      "hidden": 1024, "layers": 2}, "dtype": "float32", "flags": {"cudnn_tf32": true}, "time_s": 0.02,
      "flops": 1.6e12, "bytes": 1e9, "kernels": 3000, "peak_bytes": 900000000, "backend": "cudnn"},
@@ -199,11 +199,19 @@ TEST(Calibration, NewFamiliesAreFittedOnlyWhereTheCostModelHasTheirRule) {
     {"family": "attention", "op": "forward", "shape": {"B": 8, "H": 32, "Hkv": 8, "L": 1024, "E": 128},
      "dtype": "bfloat16", "flags": {"causal": true, "gqa": true}, "time_s": 2e-4, "flops": 1.4e11,
      "bytes": 1.7e8, "kernels": 1, "backend": "flash"}])"),
-                                             "cal.json", gpu);
-  // No eval-mode batch norm rule yet: measured, skipped, and no warning (it is known).
-  EXPECT_EQ(cal.skipped, 1);
+                                       "cal.json", gpu);
+  // An eval-mode batch norm is fitted with the eval rule's form: one pass
+  // over planes of H*W elements, running statistics.
+  EXPECT_EQ(cal.skipped, 0);
   EXPECT_TRUE(cal.unknown.empty());
-  ASSERT_EQ(cal.cases.size(), 3u);
+  ASSERT_EQ(cal.cases.size(), 4u);
+  const OpCost& eval = cal.cases[1].ops.at(0);
+  EXPECT_EQ(eval.family, OpFamily::kBatchNorm);
+  EXPECT_TRUE(eval.running_stats);
+  EXPECT_FALSE(eval.backward);
+  EXPECT_EQ(eval.plane, 112 * 112);
+  EXPECT_EQ(eval.bytes, 8e8);  // read and written once, as measured
+  cal.cases.erase(cal.cases.begin() + 1);
   // An RNN's forward and backward are the two cuDNN calls the rule times (rnn_cost.h).
   const auto& rnn = cal.cases[0].ops;
   ASSERT_EQ(rnn.size(), 2u);
@@ -217,6 +225,21 @@ TEST(Calibration, NewFamiliesAreFittedOnlyWhereTheCostModelHasTheirRule) {
   const OpCost& gqa = cal.cases[2].ops.at(0);
   EXPECT_EQ(gqa.family, OpFamily::kAttention);
   EXPECT_EQ(gqa.gemms[0].batch, 8 * 32 * 0.5);  // by query heads, causal
+}
+
+TEST(Calibration, BroadcastMultipliesAreStridedElementwiseKernels) {
+  const auto gpu = h100();
+  const auto cal = emugpu::parse_calibration(document(gpu.name, R"([
+    {"family": "elementwise", "op": "mul_broadcast", "shape": {"N": 64, "C": 144, "H": 56, "W": 56},
+     "dtype": "bfloat16", "time_s": 7.7e-5, "flops": 2.9e7, "bytes": 1.2e8},
+    {"family": "elementwise", "op": "mul", "shape": {"numel": 1048576}, "dtype": "bfloat16",
+     "time_s": 1.6e-5, "flops": 1048576, "bytes": 6291456}])"),
+                                             "cal.json", gpu);
+  ASSERT_EQ(cal.cases.size(), 2u);
+  // PyTorch cannot vectorise a broadcast operand: the strided rule, by elements.
+  EXPECT_TRUE(cal.cases[0].ops.at(0).strided);
+  EXPECT_EQ(cal.cases[0].ops.at(0).elements, 64.0 * 144 * 56 * 56);
+  EXPECT_FALSE(cal.cases[1].ops.at(0).strided);
 }
 
 TEST(Calibration, TheFitRecoversTheParametersThatMadeTheData) {

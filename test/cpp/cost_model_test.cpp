@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "cost_rule.h"
 #include "error.h"
 
 namespace {
@@ -278,6 +279,68 @@ TEST(CostModel, EvalBatchNormIsOnePassAtItsOwnRateWithoutChannelLimits) {
   bn.running_stats = false;
   bn.dtype = DType::kFloat32;
   EXPECT_EQ(m.kernel(bn), 500 + 4'000'000);
+}
+
+TEST(CostModel, ColumnReductionsOfNarrowRowsRunBelowTheBandwidth) {
+  const auto g = gpu();
+  KernelParams p = ideal();
+  p.reduction_efficiency = 0.8;
+  p.column_reduction_half_bytes = 4000;
+  const emugpu::CostModel m(g, {}, p);
+  OpCost sum{0, 1e9, DType::kFloat32, OpFamily::kReduction};
+  const emugpu::TimeNs row_sum = m.kernel(sum);  // along rows: the plain bandwidth share
+  EXPECT_EQ(row_sum, 500 + 1'250'000);
+  // A bias gradient of 1000 fp32 columns (4000 bytes a row): half the
+  // rate; of 9000, 0.9 of it.
+  sum.columns = 1000;
+  EXPECT_EQ(m.kernel(sum), 500 + 2'500'000);
+  sum.columns = 9000;
+  EXPECT_NEAR(static_cast<double>(m.kernel(sum)), 500 + 1.25e6 / 0.9, 2);
+  // 16-bit rows of the same columns are half as wide: a third of the rate.
+  sum.columns = 1000;
+  sum.dtype = DType::kBFloat16;
+  EXPECT_EQ(m.kernel(sum), 500 + 3'750'000);
+  EXPECT_EQ(emugpu::cost_rule(sum, g).rule, "column reduction rule");
+  // Other families ignore it.
+  OpCost add{0, 1e9, DType::kFloat32, OpFamily::kElementwise};
+  const emugpu::TimeNs plain = m.kernel(add);
+  add.columns = 1000;
+  EXPECT_EQ(m.kernel(add), plain);
+}
+
+TEST(CostModel, StridedElementwiseKernelsRunAtARateOfElements) {
+  const auto g = gpu();  // 80 SMs
+  KernelParams p = ideal();
+  p.strided_elements_per_sm_ns = 2.5;  // 200 elements per ns on the GPU
+  const emugpu::CostModel m(g, {}, p);
+  // 1e8 16-bit elements read and written: 0.4 GB, 0.4 ms at the bandwidth.
+  OpCost copy{0, 4e8, DType::kBFloat16, OpFamily::kCopy};
+  copy.elements = 1e8;
+  EXPECT_EQ(m.kernel(copy), 500 + 400'000);
+  // Not vectorisable: 1e8 elements at 200 per ns, 0.5 ms, not 0.4.
+  copy.strided = true;
+  EXPECT_EQ(m.kernel(copy), 500 + 500'000);
+  EXPECT_EQ(emugpu::cost_rule(copy, g).rule, "strided elementwise rule");
+  // 32-bit ones move twice the bytes: the bandwidth bounds them.
+  copy.bytes = 8e8;
+  copy.dtype = DType::kFloat32;
+  EXPECT_EQ(m.kernel(copy), 500 + 800'000);
+}
+
+TEST(CostModel, LayerNormsOfShortRowsCostTheirRowsNotTheirBytes) {
+  const auto g = gpu();  // 80 SMs
+  KernelParams p = ideal();
+  p.norm_efficiency = 1;
+  p.norm_row_ns = 200;
+  const emugpu::CostModel m(g, {}, p);
+  // 1e8 fp32 elements in and out: 0.8 ms at the bandwidth.
+  OpCost ln{0, 8e8, DType::kFloat32, OpFamily::kNorm};
+  ln.elements = 1e8;
+  ln.columns = 1000;  // 1e5 rows: 0.25 ms of blocks, under the bandwidth's time
+  EXPECT_EQ(m.kernel(ln), 500 + 800'000);
+  ln.columns = 96;  // ConvNeXt's first stage: 1.04 M rows, 2.6 ms
+  EXPECT_NEAR(static_cast<double>(m.kernel(ln)), 500 + 1e8 / 96 * 200 / 80, 2);
+  EXPECT_EQ(emugpu::cost_rule(ln, g).rule, "bandwidth rule, per-row floor");
 }
 
 TEST(CostModel, WinogradSpeedsUpOnlyEligibleFp32Passes) {

@@ -288,6 +288,31 @@ def test_the_rule_of_each_family_is_the_one_that_timed_it() -> None:
     assert any(rule == "bandwidth rule" for _, rule in rules)
 
 
+def test_column_sums_strided_operands_and_layer_norm_rows_take_their_rules() -> None:
+    from torch_emugpu import _C
+
+    x = torch.randn(256, 96, device="emugpu")
+    h = torch.randn(256, 96, device="emugpu", dtype=torch.bfloat16)
+    torch.emugpu.synchronize()
+    _C._cost_trace_start(0, 64)
+    x.sum(0)  # a bias gradient: 96 columns kept
+    x.sum(1)  # along rows
+    x.t().contiguous()  # a transposed copy
+    x + 1  # contiguous, one dtype
+    x + h  # bf16 into fp32: casts
+    x * x[0]  # a broadcast row
+    torch.nn.functional.dropout(h, 0.1, training=True)  # a bool mask is no second dtype
+    torch.nn.functional.layer_norm(x, (96,))
+    torch.emugpu.synchronize()
+    ops = _C._cost_trace(0)
+    rules = [(t["name"], t["rule"], t["columns"]) for t in ops]
+    assert rules[0] == ("aten::sum", "column reduction rule", 96)
+    assert rules[1] == ("aten::sum", "bandwidth rule", 0)
+    strided = [t["strided"] for t in ops if t["name"] != "aten::native_layer_norm"][2:]
+    assert strided == [True, False, True, True, False]
+    assert ops[-1]["rule"] == "bandwidth rule, per-row floor" and ops[-1]["columns"] == 96
+
+
 def test_profiled_regions_say_how_their_targets_were_made() -> None:
     from torch_emugpu.cli.explain import format_profiled_regions
 

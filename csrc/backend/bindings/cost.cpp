@@ -48,6 +48,9 @@ py::dict op_cost_dict(const OpCost& c) {
   d["channels_last"] = v.channels_last;
   d["channels"] = c.channels;
   d["backward"] = c.backward;
+  d["columns"] = c.columns;
+  d["strided"] = c.strided;
+  d["elements"] = c.elements;
   return d;
 }
 
@@ -78,6 +81,9 @@ OpCost op_cost_from_dict(const py::dict& d) {
   for (size_t i = 0; i < 11; ++i) *fields[i] = v[i].cast<double>();
   c.channels = d.contains("channels") ? d["channels"].cast<double>() : 0.0;
   c.backward = d.contains("backward") && d["backward"].cast<bool>();
+  c.columns = d.contains("columns") ? d["columns"].cast<double>() : 0.0;
+  c.strided = d.contains("strided") && d["strided"].cast<bool>();
+  c.elements = d.contains("elements") ? d["elements"].cast<double>() : 0.0;
   c.conv.channels_last = d.contains("channels_last") && d["channels_last"].cast<bool>();
   return c;
 }

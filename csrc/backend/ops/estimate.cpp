@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "backend/ops/sparse_layout.h"
 #include "backend/ops/tensor_util.h"
@@ -157,6 +161,60 @@ double reduction_extra_bytes(const OpInfo& info, const std::vector<c10::IValue>&
   return 0;
 }
 
+// Whether PyTorch's TensorIterator runs an elementwise op or copy in its
+// vectorised kernel: every operand dense, of the output's sizes and strides,
+// and, but for copies (vectorised casts), of one floating dtype (bool masks
+// and comparisons' outputs need no cast). A broadcast, strided or
+// mixed-dtype operand takes the kernel that loads one element at a time.
+// Single elements (scalars) do not count.
+bool vectorizable(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs, bool copy) {
+  if (outputs.empty() || !outputs.front().defined()) return true;
+  const at::Tensor& out = outputs.front();
+  if (out.numel() <= 1) return true;
+  if (!out.is_non_overlapping_and_dense()) return false;
+  std::optional<at::ScalarType> floating;
+  bool mixed = false;
+  auto same = [&](const at::Tensor& t) {
+    if (!t.defined() || t.numel() <= 1) return true;
+    if (at::isFloatingType(t.scalar_type())) {
+      mixed = mixed || (floating && *floating != t.scalar_type());
+      floating = t.scalar_type();
+    }
+    return t.sizes() == out.sizes() && t.strides() == out.strides();
+  };
+  const bool dense =
+      std::all_of(inputs.begin(), inputs.end(), same) && std::all_of(outputs.begin(), outputs.end(), same);
+  return dense && (copy || !mixed);
+}
+
+// A sum or mean over outer dimensions that keeps the contiguous inner ones
+// (PyTorch's column reduction: a bias gradient sums the rows of dY): the kept
+// elements inner to every reduced dimension; 0 for other reductions.
+double reduction_columns(const OpInfo& info, const std::vector<c10::IValue>& args) {
+  if ((info.name != "aten::sum" && info.name != "aten::mean") || args.size() < 2 || !args[0].isTensor() ||
+      !args[1].isIntList()) {
+    return 0;
+  }
+  const at::Tensor& x = args[0].toTensor();
+  const auto dims = args[1].toIntVector();
+  if (!x.defined() || x.dim() < 2 || dims.empty()) return 0;
+  std::vector<bool> reduced(static_cast<size_t>(x.dim()), false);
+  for (const int64_t d : dims) reduced[static_cast<size_t>(at::maybe_wrap_dim(d, x.dim()))] = true;
+  int64_t innermost_reduced = std::numeric_limits<int64_t>::max();
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (reduced[static_cast<size_t>(i)] && x.size(i) > 1) innermost_reduced = std::min(innermost_reduced, x.stride(i));
+  }
+  if (innermost_reduced == std::numeric_limits<int64_t>::max()) return 0;
+  double columns = 1;
+  bool contiguous_kept = false;
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (reduced[static_cast<size_t>(i)] || x.size(i) <= 1 || x.stride(i) >= innermost_reduced) continue;
+    columns *= dim(x, i);
+    contiguous_kept = contiguous_kept || x.stride(i) == 1;
+  }
+  return contiguous_kept ? columns : 0;
+}
+
 }  // namespace
 
 OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
@@ -250,6 +308,16 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
         if (element < 4) cost.bytes *= 4.0 / static_cast<double>(element);
         cost.cudnn = batch_norm_on_cudnn(args, cost.backward);
       }
+      // Layer norms run a block per row of the normalised shape.
+      if (info.name == "aten::native_layer_norm" || info.name == "aten::native_layer_norm_backward") {
+        const size_t x = cost.backward ? 1 : 0;
+        if (args.size() > x + 1 && args[x].isTensor() && args[x + 1].isIntList()) {
+          double width = 1;
+          for (const int64_t n : args[x + 1].toIntVector()) width *= static_cast<double>(n);
+          cost.columns = width;
+          cost.elements = static_cast<double>(args[x].toTensor().numel());
+        }
+      }
       // Layer norm's backward runs the weight and bias gradients in a
       // kernel of their own (column sums): it reads dy and x once more.
       if (info.name == "aten::native_layer_norm_backward" && info.mask_arg >= 0 && args[0].isTensor() &&
@@ -261,10 +329,18 @@ OpCost estimate(const OpInfo& info, const std::vector<at::Tensor>& inputs, const
       }
       break;
     case OpFamily::kOptimizer: cost.kernels = foreach_kernels(args); break;
-    case OpFamily::kReduction: cost.bytes = std::max(cost.bytes + reduction_extra_bytes(info, args), 0.0); break;
+    case OpFamily::kReduction:
+      cost.bytes = std::max(cost.bytes + reduction_extra_bytes(info, args), 0.0);
+      cost.columns = reduction_columns(info, args);
+      break;
     case OpFamily::kElementwise:
-    case OpFamily::kGather:
     case OpFamily::kCopy:
+      // Concatenations run batched copies of their own, vectorised where aligned.
+      cost.strided = info.name != "aten::cat" && info.name != "aten::stack" &&
+                     !vectorizable(inputs, outputs, info.family == OpFamily::kCopy);
+      cost.elements = out_numel;
+      break;
+    case OpFamily::kGather:
     case OpFamily::kUnmodelled: break;
   }
   const bool tf32 = (uses_cublas(info.family) && at::globalContext().allowTF32CuBLAS()) ||

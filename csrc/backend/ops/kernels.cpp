@@ -123,10 +123,15 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     const double bytes = transfer_bytes(dst);
     const int s = self.device().index();
     if (s == d) {
-      const TimeNs duration = dev.cost().device_copy(bytes);
+      // A copy between layouts (a permuted tensor's .contiguous()) is not
+      // vectorised: PyTorch's strided kernel, at a rate of elements.
+      OpCost copy{0, 2 * bytes, DType::kFloat32, OpFamily::kCopy};
+      copy.strided = self.numel() > 1 && (self.sizes() != dst.sizes() || self.strides() != dst.strides() ||
+                                          !dst.is_non_overlapping_and_dense());
+      copy.elements = static_cast<double>(dst.numel());
+      const TimeNs duration = dev.cost().kernel(copy);
       const double peak_ns = 2 * bytes / dev.gpu().memory_bandwidth * 1e9;
-      dev.ledger().record({0, 2 * bytes, DType::kFloat32, OpFamily::kCopy}, {duration, 0, peak_ns, false},
-                          "aten::copy_");
+      dev.ledger().record(copy, {duration, 0, peak_ns, false}, "aten::copy_");
       charge(d, Engine::kCompute, duration,
              {byte_fill(2 * bytes, dev.gpu().sm_count),
               static_cast<double>(duration) / byte_waves(2 * bytes, dev.gpu().sm_count)});
