@@ -18,15 +18,13 @@ namespace emugpu {
 // kernels that fill it. Bin i holds the demands in [i, i + 1) / kDemandBins.
 constexpr int kDemandBins = 4;
 struct DemandBin {
-  double fraction = 0;  // of the process's kernel time (time-weighted recent average)
-  double demand = 0;    // the bin's kernels' time-weighted mean demand
-  TimeNs hold_ns = 0;   // and their blocks' time-weighted mean hold time
-  TimeNs kernel_ns = 0; // and their time-weighted mean duration alone
+  double fraction = 0;   // of the process's kernel time (time-weighted recent average)
+  double demand = 0;     // the bin's kernels' time-weighted mean demand
+  TimeNs hold_ns = 0;    // and their blocks' time-weighted mean hold time
+  TimeNs kernel_ns = 0;  // and their time-weighted mean duration alone
 };
 using DemandHistogram = std::array<DemandBin, kDemandBins>;
-inline int demand_bin(double demand) {
-  return std::clamp(static_cast<int>(demand * kDemandBins), 0, kDemandBins - 1);
-}
+inline int demand_bin(double demand) { return std::clamp(static_cast<int>(demand * kDemandBins), 0, kDemandBins - 1); }
 
 class TimeShare {
  public:

@@ -130,8 +130,8 @@ std::vector<uint8_t> Handler::release(Client& c, const Message& m) {
 namespace {
 
 Sharer sharer(const ShareReport& r, int32_t priority) {
-  Sharer s{static_cast<double>(r.busy_ppm) / kPpm, r.iteration_ns, priority, static_cast<double>(r.demand_ppm) / kPpm,
-           r.hold_ns, {}};
+  Sharer s{static_cast<double>(r.busy_ppm) / kPpm,   r.iteration_ns, priority,
+           static_cast<double>(r.demand_ppm) / kPpm, r.hold_ns,      {}};
   for (size_t i = 0; i < r.bins.size(); ++i) {
     s.bins[i] = {static_cast<double>(r.bins[i].fraction_ppm) / kPpm, static_cast<double>(r.bins[i].demand_ppm) / kPpm,
                  r.bins[i].hold_ns, r.bins[i].kernel_ns};

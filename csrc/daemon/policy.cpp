@@ -63,8 +63,7 @@ std::vector<KernelClass> kernel_classes(const Sharer& s) {
                        static_cast<double>(std::max<TimeNs>(b.kernel_ns, 0))});
   }
   if (classes.empty()) {  // no histogram: the means stand for every kernel
-    classes.push_back(
-        {1.0, std::clamp(s.demand, 0.0, 1.0), static_cast<double>(std::max<TimeNs>(s.hold_ns, 0)), 0.0});
+    classes.push_back({1.0, std::clamp(s.demand, 0.0, 1.0), static_cast<double>(std::max<TimeNs>(s.hold_ns, 0)), 0.0});
   }
   return classes;
 }

@@ -39,10 +39,14 @@ class DaemonTimeShare final : public TimeShare {
     const auto whole_gpu = [this](double demand) {
       return static_cast<uint32_t>(std::clamp(demand * sm_fraction_, 0.0, 1.0) * kPpm + 0.5);
     };
-    ShareReport report{gpu_,         busy,
-                       std::max<TimeNs>(r.iteration_ns, 0), r.now,
-                       r.busy_until, whole_gpu(r.demand),
-                       std::max<TimeNs>(r.hold_ns, 0),      {}};
+    ShareReport report{gpu_,
+                       busy,
+                       std::max<TimeNs>(r.iteration_ns, 0),
+                       r.now,
+                       r.busy_until,
+                       whole_gpu(r.demand),
+                       std::max<TimeNs>(r.hold_ns, 0),
+                       {}};
     for (size_t i = 0; i < r.bins.size(); ++i) {
       const DemandBin& b = r.bins[i];
       report.bins[i] = {static_cast<uint32_t>(std::clamp(b.fraction, 0.0, 1.0) * kPpm + 0.5), whole_gpu(b.demand),

@@ -203,12 +203,12 @@ std::vector<uint8_t> encode_error(uint32_t id, const std::string& message) {
 std::vector<uint8_t> encode_share(uint32_t id, const ShareReport& r) {
   Writer w;
   w.put<uint32_t>(r.gpu)
-                    .put<uint32_t>(r.busy_ppm)
-                    .put<int64_t>(r.iteration_ns)
-                    .put<int64_t>(r.now_ns)
-                    .put<int64_t>(r.busy_until_ns)
-                    .put<uint32_t>(r.demand_ppm)
-                    .put<int64_t>(r.hold_ns);
+      .put<uint32_t>(r.busy_ppm)
+      .put<int64_t>(r.iteration_ns)
+      .put<int64_t>(r.now_ns)
+      .put<int64_t>(r.busy_until_ns)
+      .put<uint32_t>(r.demand_ppm)
+      .put<int64_t>(r.hold_ns);
   for (const auto& b : r.bins) {
     w.put<uint32_t>(b.fraction_ppm).put<uint32_t>(b.demand_ppm).put<int64_t>(b.hold_ns).put<int64_t>(b.kernel_ns);
   }
