@@ -38,7 +38,7 @@ double share_of(const SharingConfig& config, const Sharer& me, const std::vector
     case SharingPolicy::kPriority:
       // A higher priority with work takes the GPU (a fraction of it, in mean field).
       return std::max(0.0, 1.0 - higher) * (equal > 0 ? switching / (1.0 + equal) : 1.0);
-    case SharingPolicy::kMps: return 1.0;  // mps_share
+    case SharingPolicy::kMps: return 1.0;  // not reached: compute_share asks mps_share
   }
   return 1.0;
 }
