@@ -1,8 +1,9 @@
 """Thin setuptools shim: CMake builds torch_emugpu._C against the installed torch, and the wheel then
 requires exactly that torch (`torch==X.Y.Z`, as torchvision's does): the extension loads in no other.
 
-The build backend (build_backend/emugpu_build.py) lets pip's build isolation see the torch already
-installed; where no torch can be seen, building the extension stops with the commands to run."""
+The build backend (build_backend/emugpu_build.py) lets an isolated build see the torch already installed,
+or has the frontend install the tested one; where still no torch can be seen, building the extension stops
+with the commands to run."""
 
 import os
 import shutil

@@ -242,6 +242,56 @@ def test_under_pips_build_isolation_the_backend_builds_against_the_installed_tor
     assert f"Requires-Dist: torch=={PUBLIC_TORCH}" in metadata, r.stderr[-3000:]
 
 
+ISOLATED_REQUIRES = """
+import sys; sys.path = [p for p in sys.path if 'site-packages' not in p and 'shared-site' not in p]
+sys.path[:0] = [{overlay!r}, {backend!r}]
+import importlib.util; assert importlib.util.find_spec('torch') is None, 'isolated: no torch'
+import emugpu_build
+wheel = [r for r in emugpu_build.get_requires_for_build_wheel() if r.startswith('torch')]
+editable = [r for r in emugpu_build.get_requires_for_build_editable() if r.startswith('torch')]
+print('RESULT', emugpu_build.TESTED_TORCH, wheel, editable, sep='|')
+"""
+
+
+def test_an_isolated_build_asks_for_the_tested_torch_only_where_it_sees_none(tmp_path: Path):
+    # `python -m build` (isolated, its own interpreter): where neither the environment nor an activated
+    # venv has a torch, the backend asks the frontend for the tested release, which it installs; an
+    # activated venv's torch is used as pip's target environment's is, with nothing fetched.
+    shared = _shared_site(tmp_path, lambda n: _not_ours(n) and n != "torch" and not n.startswith("torch-"))
+    python = _venv(tmp_path, shared)
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    for entry in SITE.iterdir():
+        if entry.name.startswith(("setuptools", "wheel", "_distutils_hack", "pkg_resources", "packaging")):
+            (overlay / entry.name).symlink_to(entry)
+    code = ISOLATED_REQUIRES.format(overlay=str(overlay), backend=str(REPO / "build_backend"))
+
+    def requires(**extra: str) -> list[str]:
+        env = {k: v for k, v in _env(**extra).items() if k != "VIRTUAL_ENV" or "VIRTUAL_ENV" in extra}
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+        r = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (line,) = (line for line in r.stdout.splitlines() if line.startswith("RESULT|"))
+        return line.split("|")[1:]
+
+    tested, wheel_requires, editable_requires = requires()
+    assert wheel_requires == editable_requires == str([f"torch=={tested}"])
+    assert requires(EMUGPU_BUILD_WITH_TORCH="2.13.0")[1] == str(["torch==2.13.0"])
+    assert requires(EMUGPU_BUILD_WITH_TORCH="")[1] == "[]"  # opted out: setup.py then says what to run
+    assert requires(VIRTUAL_ENV=sys.prefix)[1:] == ["[]", "[]"]  # the activated venv has torch
+
+
+def test_the_tested_torch_is_the_one_setup_installs():
+    sys.path.insert(0, str(REPO / "build_backend"))
+    try:
+        import emugpu_build
+    finally:
+        sys.path.remove(str(REPO / "build_backend"))
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert f"torch=={emugpu_build.TESTED_TORCH} " in setup
+    assert emugpu_build.TESTED_TORCH == PUBLIC_TORCH, "the project's venv runs another torch than the tested one"
+
+
 def test_a_build_that_sees_no_torch_says_what_to_run(tmp_path: Path):
     shared = _shared_site(tmp_path, lambda n: _not_ours(n) and n != "torch" and not n.startswith("torch-"))
     python = _venv(tmp_path, shared)

@@ -53,7 +53,7 @@ OTHER: dict[str, str] = {
     "EMUGPU_AS_CUDA_GPUS": "unset",
     "EMUGPU_AUTOLOAD": "load unless a real CUDA GPU is present",
 }
-BUILD_ONLY = {"EMUGPU_BUILD_TYPE"}  # setup.py's CMake build type: known, not shown
+BUILD_ONLY = {"EMUGPU_BUILD_TYPE", "EMUGPU_BUILD_WITH_TORCH"}  # build-time (setup.py, build backend): not shown
 
 
 @dataclass
