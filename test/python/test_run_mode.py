@@ -368,7 +368,7 @@ def test_a_process_that_stays_on_the_cpu_is_warned_once():
         x = torch.randn(256, 256)
         end = time.process_time() + 4
         while time.process_time() < end:
-            model(x)
+            model(x).sum().backward()  # starts autograd's device threads, as any CPU training does
         {extra}
         """
     r = run_mode(burn.format(extra=""))
@@ -377,3 +377,34 @@ def test_a_process_that_stays_on_the_cpu_is_warned_once():
     r = run_mode(burn.format(extra="model.cuda()"))
     assert r.returncode == 0, r.stderr
     assert "never allocated" not in r.stderr
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_data_parallel_of_a_cuda_script_runs_on_the_emulated_gpus(gpus: int):
+    # pytorch/examples' imagenet: `nn.DataParallel(model).cuda()`; DataParallel asks torch for the
+    # available device type, whose "cuda" would make cuda:0 its source device.
+    r = run_mode(
+        """
+        import json, torch
+        model = torch.nn.DataParallel(torch.nn.Linear(16, 4)).cuda()
+        y = model(torch.randn(8, 16).cuda())
+        y.sum().backward()
+        print(json.dumps([str(y.device), str(next(model.parameters()).device), model.device_ids]))
+        """,
+        EMUGPU_DEVICE_COUNT=str(gpus),
+    )
+    assert last_json(r) == ["emugpu:0", "emugpu:0", list(range(gpus))]
+
+
+def test_the_report_lists_only_the_gpus_a_process_used():
+    r = run_mode(
+        """
+        import torch
+        model = torch.nn.Linear(16, 4).cuda()
+        model(torch.randn(8, 16, device="cuda")).sum().backward()
+        """,
+        EMUGPU_DEVICE_COUNT="2",
+        EMUGPU_AS_CUDA_REPORT="1",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "cuda:0" in r.stderr and "cuda:1" not in r.stderr, r.stderr

@@ -45,6 +45,10 @@ def _flush_device_threads() -> None:
         return
     engine = torch.autograd.Variable._execution_engine
     for index in range(device_module.device_count()):
+        # A device that never allocated ran no backward on its thread: nothing to flush, and a tensor
+        # made there would make it look used (run mode's CPU warning, --report).
+        if int(_C._memory_stats(index)["allocation"]["all"]["allocated"]) == 0:
+            continue
         x = torch.zeros((), device=torch.device("emugpu", index), requires_grad=True)
         y = x * 1
         # The engine directly: no Python context is stashed in the task.

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -400,6 +401,19 @@ def _current_accelerator(original: Callable[..., Any]) -> Callable[..., Any]:
     return current_accelerator
 
 
+def _available_device_type(original: Callable[[], Any]) -> Callable[[], Any]:
+    """torch._utils._get_available_device_type() answers "cuda" (torch.cuda.is_available() is True),
+    which DataParallel turns into its source device, cuda:0, where the parameters the script moved
+    with `.cuda()` are on emugpu:0: torch's own callers get emugpu, as they would without run mode."""
+
+    @functools.wraps(original)
+    def _get_available_device_type() -> Any:
+        device_type = original()
+        return "emugpu" if device_type == "cuda" and _called_from_torch() else device_type
+
+    return _get_available_device_type
+
+
 _compile_prepared = False
 
 
@@ -488,6 +502,13 @@ def install() -> None:
     for name, value in _cuda_functions().items():
         _replace(torch.cuda, name, value)
     _replace(torch.accelerator, "current_accelerator", _current_accelerator(torch.accelerator.current_accelerator))
+    # DataParallel (and torch._utils' device helpers) bound the name at import; modules imported later
+    # (distributed checkpointing) take torch._utils' wrapped one.
+    data_parallel = importlib.import_module("torch.nn.parallel.data_parallel")  # the attribute is a function
+
+    available = _available_device_type(torch._utils._get_available_device_type)
+    _replace(torch._utils, "_get_available_device_type", available)
+    _replace(data_parallel, "_get_available_device_type", available)
 
     _patch_init(torch.amp.autocast_mode.autocast, "device_type", 0, _translate_device_type)
     _patch_init(torch.amp.GradScaler, "device", 0, _translate_device_type)
