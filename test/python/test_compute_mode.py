@@ -130,3 +130,27 @@ def test_losses_match_cpu_without_resize_warnings(loss: str, reduction: str) -> 
     assert out.shape == want.shape
     torch.testing.assert_close(out.cpu(), want.detach())
     torch.testing.assert_close(xe.grad.cpu(), xc.grad)
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("kwargs", [{}, {"bias": False, "batch_first": True, "bidirectional": True}])
+def test_lstm_and_gru_compute_the_cpus_values_and_gradients(cls: type, kwargs: dict) -> None:
+    # PyTorch's per-timestep decomposition calls the fused cells on every accelerator; they have
+    # no CPU kernel to compute with, so emugpu makes them of device ops.
+    torch.manual_seed(0)
+    rnn = cls(8, 16, num_layers=2, **kwargs).double()
+    x = torch.randn(5, 3, 8, dtype=torch.double, requires_grad=True)
+    out, state = rnn(x)
+    hidden = state[0] if isinstance(state, tuple) else state
+    (out.sum() + hidden.square().sum()).backward()
+    expected = [x.grad] + [p.grad for p in rnn.parameters()]
+
+    emu = copy.deepcopy(rnn).to("emugpu")
+    emu.zero_grad()
+    xe = x.detach().to("emugpu").requires_grad_()
+    out_e, state_e = emu(xe)
+    hidden_e = state_e[0] if isinstance(state_e, tuple) else state_e
+    (out_e.sum() + hidden_e.square().sum()).backward()
+    torch.testing.assert_close(out_e.cpu(), out)
+    for got, want in zip([xe.grad] + [p.grad for p in emu.parameters()], expected, strict=True):
+        torch.testing.assert_close(got.cpu(), want)
