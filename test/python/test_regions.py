@@ -307,3 +307,30 @@ def test_without_any_profile_one_notice_says_times_come_from_the_cost_model(tmp_
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("comes from the per-op cost model") == 1
     assert "hooks left 0" in r.stdout  # module calls are back on PyTorch's fast path
+
+
+def test_a_module_that_cannot_list_its_parameters_runs_and_its_local_parts_are_timed():
+    # torch.distributed.rpc's RemoteModule raises from named_modules(); a model holding one (pytorch/examples'
+    # rpc/ddp_rpc) must run as natively, its local layers timed.
+    class Remote(torch.nn.Module):
+        def named_modules(self, *args, **kwargs):
+            raise ValueError("Method named_modules not supported for RemoteModule")
+
+    class Hybrid(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.remote = Remote()
+            self.fc = torch.nn.Linear(16, 4).to("emugpu")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    model = Hybrid()
+    with pytest.raises(ValueError):
+        list(model.parameters())
+    torch_emugpu.reset_cost_report()
+    y = model(torch.randn(8, 16, device="emugpu"))
+    y.sum().backward()
+    torch.emugpu.synchronize()
+    assert y.shape == (8, 4) and model.fc.weight.grad is not None
+    assert sum(r["ops"] for r in torch_emugpu.cost_report(reset=True)) > 0

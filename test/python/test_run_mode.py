@@ -408,3 +408,55 @@ def test_the_report_lists_only_the_gpus_a_process_used():
     )
     assert r.returncode == 0, r.stderr
     assert "cuda:0" in r.stderr and "cuda:1" not in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_seeding_cuda_in_a_forked_dataloader_worker_does_nothing_as_cudas():
+    # Hugging Face's seed_worker calls torch.cuda.manual_seed_all in each worker; CUDA queues it there.
+    r = run_mode(
+        """
+        import json, torch
+        from torch.utils.data import DataLoader
+        def init(worker_id):
+            torch.cuda.manual_seed(1); torch.cuda.manual_seed_all(1); torch.cuda.seed(); torch.cuda.seed_all()
+            torch.manual_seed(1)
+        torch.zeros(1, device="cuda")
+        batches = list(DataLoader(list(range(4)), num_workers=1, worker_init_fn=init))
+        print(json.dumps(len(batches)))
+        """
+    )
+    assert last_json(r) == 4
+
+
+def test_torch_cuda_random_is_the_emulated_gpus_generator():
+    # Hugging Face's Trainer saves its checkpoints' RNG state through torch.cuda.random.
+    r = run_mode(
+        """
+        import json, torch
+        torch.cuda.random.manual_seed(7)
+        state = torch.cuda.random.get_rng_state()
+        a = torch.rand(4, device="cuda").cpu()
+        torch.cuda.random.set_rng_state(state)
+        b = torch.rand(4, device="cuda").cpu()
+        print(json.dumps([len(state), len(torch.cuda.random.get_rng_state_all()), torch.cuda.random.initial_seed(),
+                          bool(torch.equal(a, b))]))
+        """,
+        EMUGPU_DEVICE_COUNT="2",
+        EMUGPU_MODE="compute",
+    )
+    assert last_json(r) == [16, 2, 7, True]
+
+
+def test_checkpoints_saved_in_run_mode_are_cudas(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    r = run_mode(
+        f"import torch; torch.save({{'w': torch.ones(3, device='cuda:1')}}, {str(path)!r})", EMUGPU_DEVICE_COUNT="2"
+    )
+    assert r.returncode == 0, r.stderr
+    tags: list[str] = []
+    torch.load(path, map_location=lambda storage, location: tags.append(location) or storage)
+    assert tags == ["cuda:1"]  # loads on a real GPU machine without map_location
+    r = run_mode(
+        f"import json, torch; print(json.dumps(str(torch.load({str(path)!r})['w'].device)))", EMUGPU_DEVICE_COUNT="2"
+    )
+    assert last_json(r) == "emugpu:1"

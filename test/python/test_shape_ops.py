@@ -4,6 +4,7 @@ copies move real bytes; data-dependent shapes follow the documented policy."""
 import pytest
 import torch
 
+import torch_emugpu
 from torch_emugpu import _C
 
 
@@ -104,7 +105,12 @@ def test_an_op_without_a_shape_rule_names_itself_and_says_what_to_do():
     with pytest.raises(NotImplementedError) as e:
         torch.ops.emugpu_test.cpu_only(emu(3))
     msg = str(e.value)
-    assert "emugpu_test::cpu_only" in msg and "no shape rule" in msg and "EMUGPU_MODE=compute" in msg
+    assert "emugpu_test::cpu_only" in msg and "no shape rule" in msg and ".cpu()" in msg
+    # Compute mode finds shapes first too: the message must not send users there.
+    assert "EMUGPU_MODE=compute" not in msg
+    torch_emugpu.configure(mode="compute")
+    with pytest.raises(NotImplementedError, match="no shape rule"):
+        torch.ops.emugpu_test.cpu_only(emu(3))
     del lib
 
 

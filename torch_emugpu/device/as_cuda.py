@@ -322,7 +322,12 @@ def _cuda_deserialize(obj: Any, location: str) -> Any:
     return None
 
 
-def _never_tag(_obj: Any) -> None:
+def _cuda_tag(obj: Any) -> str | None:
+    """torch.save: an emugpu storage is tagged cuda:N, so that a run-mode script's checkpoints are CUDA's
+    (they load on a real GPU machine without map_location, and here through _cuda_deserialize)."""
+    device = getattr(obj, "device", None)
+    if device is not None and device.type == "emugpu":
+        return f"cuda:{device.index or 0}"
     return None
 
 
@@ -499,8 +504,14 @@ def install() -> None:
     _replace(torch, "set_default_device", _device_kwarg_first(torch.set_default_device))
     _patch_init(device_context.DeviceContext, "device", 0, to_emugpu)
 
-    for name, value in _cuda_functions().items():
+    functions = _cuda_functions()
+    for name, value in functions.items():
         _replace(torch.cuda, name, value)
+    # torch.cuda.random's functions bound torch.cuda's originals (device_count, _lazy_init) at import:
+    # Hugging Face's Trainer saves its RNG state through torch.cuda.random.get_rng_state.
+    for name in torch.cuda.random.__all__:
+        if name in functions:
+            _replace(torch.cuda.random, name, functions[name])
     _replace(torch.accelerator, "current_accelerator", _current_accelerator(torch.accelerator.current_accelerator))
     # DataParallel (and torch._utils' device helpers) bound the name at import; modules imported later
     # (distributed checkpointing) take torch._utils' wrapped one.
@@ -515,7 +526,7 @@ def install() -> None:
     for name in ("custom_fwd", "custom_bwd"):
         _replace(torch.amp, name, _device_type_keyword(getattr(torch.amp, name)))
 
-    torch.serialization.register_package(_SERIALIZATION_PRIORITY, _never_tag, _cuda_deserialize)
+    torch.serialization.register_package(_SERIALIZATION_PRIORITY, _cuda_tag, _cuda_deserialize)
 
     if torch.distributed.is_available():
         import torch.distributed as dist

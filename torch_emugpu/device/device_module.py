@@ -352,21 +352,31 @@ def _generator(device: _DeviceLike = None, create_context: bool = True) -> torch
 
 
 # Seeding creates no device context, as torch.cuda's defers it (torch.manual_seed seeds every device
-# before init_device_mesh, which picks each rank's device only while no context exists).
+# before init_device_mesh, which picks each rank's device only while no context exists). In a forked
+# child (a DataLoader worker's worker_init_fn, Hugging Face's seed_worker) it does nothing, as CUDA's
+# queues it for a context the child can never make.
 def manual_seed(seed: int) -> None:
+    if _is_in_bad_fork():
+        return
     _generator(create_context=False).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
+    if _is_in_bad_fork():
+        return
     for i in range(_devices.count()):
         _generator(i, create_context=False).manual_seed(int(seed))
 
 
 def seed() -> None:
+    if _is_in_bad_fork():
+        return
     _generator(create_context=False).seed()
 
 
 def seed_all() -> None:
+    if _is_in_bad_fork():
+        return
     s = _generator(0, create_context=False).seed()
     for i in range(1, _devices.count()):
         _generator(i, create_context=False).manual_seed(s)

@@ -161,7 +161,12 @@ class _Planner:
         if module in self.module_info:
             return self.module_info[module]
         info = None
-        params = list(module.parameters())
+        try:
+            params = list(module.parameters())
+        except Exception:  # noqa: BLE001 - the hook must not break what runs natively
+            # A module that cannot list its parameters (a RemoteModule inside it) is not timed as a
+            # root; its local submodules are.
+            params = []
         if params and params[0].device.type == "emugpu":
             info = (params[0].device.index or 0, sum(p.numel() for p in params))
         self.module_info[module] = info

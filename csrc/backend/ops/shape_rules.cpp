@@ -106,10 +106,10 @@ void run_data_dependent(const OpInfo& info, const c10::OperatorHandle& op, torch
 }
 
 [[noreturn]] void no_shape_rule(const std::string& name, const std::string& why) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "emugpu: operator '", name,
-                              "' has no shape rule in timing mode (its Meta kernel failed: ", why,
-                              "). Run it on the CPU (move its inputs with .cpu()), use EMUGPU_MODE=compute, "
-                              "or report the operator to torch-emugpu.");
+  // Both modes find output shapes before anything else, so compute mode is no way out.
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "emugpu: operator '", name, "' has no shape rule (its Meta kernel failed: ", why,
+                              "). Run it on the CPU (move its inputs with .cpu()), or report the operator to ",
+                              "torch-emugpu.");
 }
 
 // cuDNN's memory-format rule for convolutions (PyTorch's
