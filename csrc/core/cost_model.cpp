@@ -46,6 +46,40 @@ bool on_tensor_cores(const GpuSpec& gpu, DType dtype) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+// A 1x1 stride-1 convolution on NCHW tensors: each image's C x P*Q plane is
+// already a matrix with the pixels contiguous, so cuDNN's tensor-core path
+// runs it without layout transforms (H100 sweep: one kernel per forward and
+// input-gradient pass, against 4-6 for a 3x3) as one GEMM per image over its
+// P*Q pixels, not one over N*P*Q. A plane of one pixel (squeeze-excitation's
+// pooled maps) is the same matrix in both layouts and runs as one GEMM.
+bool is_nchw_pointwise(const OpCost& cost) {
+  const ConvShape& v = cost.conv;
+  return uses_cudnn(cost.family) && !v.channels_last && v.groups == 1 && v.r * v.s == 1 && v.stride <= 1 &&
+         v.p * v.q > 1 && v.n > 1;
+}
+
+// One pass of it as N per-image GEMMs (conv_gemms' order: the forward, else
+// the input gradient, then the weight gradient). The weight gradient's
+// reduction is one image's P*Q pixels; the images' K x C partial sums are
+// added up afterwards (nchw_pointwise_partial_bytes).
+GemmShape nchw_pointwise_gemm(const OpCost& cost, const GemmShape& g) {
+  const ConvShape& v = cost.conv;
+  GemmShape out = g;
+  out.batch = v.n;
+  if (g.weight_grad) {
+    out.k = v.p * v.q;
+  } else if (cost.family == OpFamily::kConv) {
+    out.m = v.p * v.q;
+  } else {
+    out.m = v.h * v.w;
+  }
+  return out;
+}
+
+// The FP32 partial sums of a per-image weight gradient: one K x C matrix per
+// image, written by the GEMM and read back by the kernel that adds them.
+double nchw_pointwise_partial_bytes(const ConvShape& v) { return v.n * v.k * v.c * 4; }
+
 // The most slices tried for a partial last wave (filling one wave may use more).
 constexpr double kMaxSplitK = 32;
 
@@ -262,8 +296,23 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
       // group in bf16: 0.6x the TF32 pass, not the fallback's 3-7x).
       const bool unaligned_conv = tensor && cost.conv.groups == 1 && cost.conv.c > 0 && uses_cudnn(cost.family) &&
                                   std::fmod(cost.conv.c, align) != 0;
+      const bool per_image = tensor && !direct_grouped && is_nchw_pointwise(cost);
       for (int i = 0; i < cost.gemm_count && i < static_cast<int>(cost.gemms.size()); ++i) {
-        const GemmShape& g = cost.gemms[static_cast<size_t>(i)];
+        const GemmShape& shape = cost.gemms[static_cast<size_t>(i)];
+        const GemmShape g = per_image ? nchw_pointwise_gemm(cost, shape) : shape;
+        if (per_image && g.weight_grad) {
+          // The per-image partial sums are written as the GEMM's output
+          // (they share its bandwidth with the operands) and read back by a
+          // second kernel that adds them up, after it (the H100 sweep's 1x1
+          // weight gradients run two kernels). It is charged its bytes, not
+          // a launch floor of its own: with one, the 56x56 bf16 ones, whose
+          // partials are small (4-10 us above their forwards), come out 10%
+          // slow; without, the fp32 ones are 8-10% fast.
+          const double partials = nchw_pointwise_partial_bytes(cost.conv);
+          const double bandwidth = gpu_.memory_bandwidth * p.memory_efficiency;
+          memory_s += partials / bandwidth;
+          serial_s += (partials + cost.conv.k * cost.conv.c * element_bytes(cost.dtype)) / bandwidth;
+        }
         if (direct_grouped && !g.weight_grad) {
           // cuDNN's direct grouped kernels loop over a group's C/g x R x S
           // inputs per output, a load per multiply-add, as the large-filter
@@ -314,7 +363,8 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     // NCHW tensors each pass transposes its activation input in and its
     // output back (and the filter), in kernels of their own (H100 sweep:
     // 4-6 kernels per 3x3 pass, one per 1x1 stride-1 pass, which runs as
-    // a plain GEMM). The transposes cost ~2x each activation's bytes.
+    // per-image GEMMs: is_nchw_pointwise). The transposes cost ~2x each
+    // activation's bytes.
     const ConvShape& v = cost.conv;
     const double activations = v.n * (v.c * v.h * v.w + v.k * v.p * v.q) * element_bytes(cost.dtype);
     transform_s = cost.gemm_count * 2 * activations / (gpu_.memory_bandwidth * p.memory_efficiency);
@@ -376,6 +426,7 @@ CostRule cost_rule(const OpCost& cost, const GpuSpec& gpu) {
       if (tensor && !cost.conv.channels_last && (cost.conv.r * cost.conv.s > 1 || cost.conv.stride > 1)) {
         return {family, "implicit-GEMM tile rule + NCHW transposes"};
       }
+      if (tensor && is_nchw_pointwise(cost)) return {family, "per-image GEMM rule (NCHW 1x1)"};
       return {family, "implicit-GEMM tile rule"};
     }
     case OpFamily::kMm:
