@@ -83,15 +83,21 @@ def test_a_python_policy_decides_the_shares(tmp_path: Path) -> None:
     try:
         assert d.status()["sharing"].startswith("exec:")
         # Each samples its grant over the middle half of its run, where both run (the high one's 40 iterations
-        # at 3/4 end before the low one's 16 at 1/4): a single snapshot can catch a grant made while the other
-        # reported no work for a moment, so the test takes the grant most samples saw.
-        high, low = run_together(
-            [
-                start(d.address, 40, job=SAMPLING_JOB, EMUGPU_PRIORITY="1"),
-                start(d.address, 16, job=SAMPLING_JOB),
-            ]
-        )
-        assert most_seen(high["shares"]) == pytest.approx(0.75)
-        assert most_seen(low["shares"]) == pytest.approx(0.25)
+        # at 3/4 end before the low one's 16 at 1/4), and the test takes the grant most samples saw. The two
+        # start on one "go" in real time: on a loaded host the one that starts first can run most of its
+        # iterations before the other reports work, and then saw 1.0 (the daemon does not hold a process back
+        # for one that is idle); such a pair is run again, at most three times in all.
+        seen = []
+        for _ in range(3):
+            high, low = run_together(
+                [
+                    start(d.address, 40, job=SAMPLING_JOB, EMUGPU_PRIORITY="1"),
+                    start(d.address, 16, job=SAMPLING_JOB),
+                ]
+            )
+            seen.append((most_seen(high["shares"]), most_seen(low["shares"])))
+            if 1.0 not in seen[-1]:
+                break
+        assert seen[-1] == (pytest.approx(0.75), pytest.approx(0.25)), seen
     finally:
         d.stop()
