@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -355,28 +357,33 @@ def _generator(device: _DeviceLike = None, create_context: bool = True) -> torch
 # before init_device_mesh, which picks each rank's device only while no context exists). In a forked
 # child (a DataLoader worker's worker_init_fn, Hugging Face's seed_worker) it does nothing, as CUDA's
 # queues it for a context the child can never make.
+def _not_in_forked_child(seeding: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(seeding)
+    def wrapper(*args: Any) -> None:
+        if not _is_in_bad_fork():
+            seeding(*args)
+
+    return wrapper
+
+
+@_not_in_forked_child
 def manual_seed(seed: int) -> None:
-    if _is_in_bad_fork():
-        return
     _generator(create_context=False).manual_seed(int(seed))
 
 
+@_not_in_forked_child
 def manual_seed_all(seed: int) -> None:
-    if _is_in_bad_fork():
-        return
     for i in range(_devices.count()):
         _generator(i, create_context=False).manual_seed(int(seed))
 
 
+@_not_in_forked_child
 def seed() -> None:
-    if _is_in_bad_fork():
-        return
     _generator(create_context=False).seed()
 
 
+@_not_in_forked_child
 def seed_all() -> None:
-    if _is_in_bad_fork():
-        return
     s = _generator(0, create_context=False).seed()
     for i in range(1, _devices.count()):
         _generator(i, create_context=False).manual_seed(s)

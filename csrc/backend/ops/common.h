@@ -12,6 +12,22 @@ namespace emugpu {
 // The shape-only (timing) / host-computing (compute) boxed kernel that runs
 // every aten op without an emugpu-specific kernel.
 void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+// A kernel PyTorch has for CUDA only: in timing mode the boxed fallback (its
+// shapes from a Meta kernel), in compute mode `kCompute`, which makes its
+// results of device ops from the op's arguments.
+using DeviceOpsCompute = std::vector<c10::IValue> (*)(const std::vector<c10::IValue>&);
+template <DeviceOpsCompute kCompute>
+void fallback_or_device_ops(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (!Runtime::get().compute_mode()) {
+    emugpu_fallback(op, keys, stack);
+    return;
+  }
+  const size_t num_args = op.schema().arguments().size();
+  const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  std::vector<c10::IValue> results = kCompute(args);
+  torch::jit::drop(*stack, static_cast<int64_t>(num_args));
+  for (auto& r : results) stack->push_back(std::move(r));
+}
 // await_collective_writes (backend/distributed/collective.h) for every emugpu tensor in `args`.
 void await_collective_writes(const std::vector<c10::IValue>& args);
 

@@ -75,28 +75,15 @@ std::vector<c10::IValue> gru_cell_backward(const std::vector<c10::IValue>& a) {
           bias ? grad_hidden.sum(0) : at::Tensor()};
 }
 
-template <std::vector<c10::IValue> (*kCompute)(const std::vector<c10::IValue>&)>
-void cell_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  if (!Runtime::get().compute_mode()) {
-    emugpu_fallback(op, keys, stack);
-    return;
-  }
-  const size_t num_args = op.schema().arguments().size();
-  const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
-  std::vector<c10::IValue> results = kCompute(args);
-  torch::jit::drop(*stack, static_cast<int64_t>(num_args));
-  for (auto& r : results) stack->push_back(std::move(r));
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_thnn_fused_lstm_cell", torch::CppFunction::makeFromBoxedFunction<&cell_kernel<&lstm_cell>>());
+  m.impl("_thnn_fused_lstm_cell", torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&lstm_cell>>());
   m.impl("_thnn_fused_lstm_cell_backward_impl",
-         torch::CppFunction::makeFromBoxedFunction<&cell_kernel<&lstm_cell_backward>>());
-  m.impl("_thnn_fused_gru_cell", torch::CppFunction::makeFromBoxedFunction<&cell_kernel<&gru_cell>>());
+         torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&lstm_cell_backward>>());
+  m.impl("_thnn_fused_gru_cell", torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&gru_cell>>());
   m.impl("_thnn_fused_gru_cell_backward",
-         torch::CppFunction::makeFromBoxedFunction<&cell_kernel<&gru_cell_backward>>());
+         torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&gru_cell_backward>>());
 }
 
 }  // namespace emugpu

@@ -135,19 +135,6 @@ std::vector<c10::IValue> backward_elemt(const std::vector<c10::IValue>& a) {
   return {g.to(x.scalar_type()).contiguous(x.suggest_memory_format())};
 }
 
-template <std::vector<c10::IValue> (*kCompute)(const std::vector<c10::IValue>&)>
-void sync_bn_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  if (!Runtime::get().compute_mode()) {
-    emugpu_fallback(op, keys, stack);
-    return;
-  }
-  const size_t num_args = op.schema().arguments().size();
-  const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
-  std::vector<c10::IValue> results = kCompute(args);
-  torch::jit::drop(*stack, static_cast<int64_t>(num_args));
-  for (auto& r : results) stack->push_back(std::move(r));
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
@@ -159,11 +146,14 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("batch_norm_stats", torch::CppFunction::makeFromBoxedFunction<&sync_bn_kernel<&stats>>());
-  m.impl("batch_norm_gather_stats_with_counts", torch::CppFunction::makeFromBoxedFunction<&sync_bn_kernel<&gather>>());
-  m.impl("batch_norm_elemt", torch::CppFunction::makeFromBoxedFunction<&sync_bn_kernel<&elemt>>());
-  m.impl("batch_norm_backward_reduce", torch::CppFunction::makeFromBoxedFunction<&sync_bn_kernel<&backward_reduce>>());
-  m.impl("batch_norm_backward_elemt", torch::CppFunction::makeFromBoxedFunction<&sync_bn_kernel<&backward_elemt>>());
+  m.impl("batch_norm_stats", torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&stats>>());
+  m.impl("batch_norm_gather_stats_with_counts",
+         torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&gather>>());
+  m.impl("batch_norm_elemt", torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&elemt>>());
+  m.impl("batch_norm_backward_reduce",
+         torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&backward_reduce>>());
+  m.impl("batch_norm_backward_elemt",
+         torch::CppFunction::makeFromBoxedFunction<&fallback_or_device_ops<&backward_elemt>>());
 }
 
 }  // namespace emugpu
