@@ -28,7 +28,7 @@ uint64_t Handler::connect() {
   c.bytes.assign(gpus_.size(), 0);
   c.reports.assign(gpus_.size(), {});
   c.reported_at.assign(gpus_.size(), 0);
-  c.moved_at.assign(gpus_.size(), 0);
+  c.awaited_since.assign(gpus_.size(), kNoTime);
   c.granted.assign(gpus_.size(), kPpm);
   return id;
 }
@@ -153,18 +153,27 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
         m.id, "emugpud: expected a GPU index below " + std::to_string(gpus_.size()) + ", got " + std::to_string(r.gpu));
   }
   const TimeNs now = real_now_();
-  if (c.reported_at[r.gpu] == 0 || c.reports[r.gpu].now_ns != r.now_ns) c.moved_at[r.gpu] = now;
+  if (c.reported_at[r.gpu] == 0 || c.reports[r.gpu].now_ns != r.now_ns) c.awaited_since[r.gpu] = kNoTime;
   c.reports[r.gpu] = r;
   c.reported_at[r.gpu] = now;
   std::vector<Sharer> others;
   TimeNs lowest = kNoTime;
-  for (const auto& [other_id, other] : clients_) {
-    if (other_id == id || !fresh(other, r.gpu, now)) continue;
+  Client* laggard = nullptr;
+  for (auto& [other_id, other] : clients_) {
+    if (other_id == id || !other.attached || other.reported_at[r.gpu] == 0) continue;
     const ShareReport& o = other.reports[r.gpu];
-    // Pacing waits for the earliest clock that still moves: one stopped for
-    // longer than the clients' patience (a finished process on its way out,
-    // one blocked outside the emulator) would hide the next laggard.
-    if (now - other.moved_at[r.gpu] <= sharing_.patience_ns) lowest = std::min(lowest, o.now_ns);
+    // Pacing waits for the earliest clock that still moves: one that others
+    // have waited on for the clients' patience without moving (a finished
+    // process on its way out, one blocked outside the emulator) would hide
+    // the next laggard. The patience counts from the first wait, not from
+    // its last move or report: a process that sat blocked (on its input,
+    // say) before the others ran ahead is still waited for once resumed.
+    const TimeNs awaited = other.awaited_since[r.gpu];
+    if ((awaited == kNoTime || now - awaited <= sharing_.patience_ns) && o.now_ns < lowest) {
+      lowest = o.now_ns;
+      laggard = &other;
+    }
+    if (!fresh(other, r.gpu, now)) continue;
     // A process shares the GPU from this one's time on only while its work
     // may still run then: its queued compute, or a little past its last
     // report. One that went quiet (finished, blocked outside the emulator)
@@ -174,6 +183,10 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
     // waits for the others' clocks) reported no work at this one's time.
     if (o.now_ns > r.now_ns + sharing_.window_ns) continue;
     others.push_back(sharer(o, other.hello.priority));
+  }
+  // This process will wait (DaemonTimeShare's pacing): the laggard's patience starts now.
+  if (laggard != nullptr && r.now_ns > lowest + sharing_.window_ns / 5 && laggard->awaited_since[r.gpu] == kNoTime) {
+    laggard->awaited_since[r.gpu] = now;
   }
   const Sharer me = sharer(r, c.hello.priority);
   const double rate = compute_share(sharing_, me, others);

@@ -52,7 +52,9 @@ class Handler {
     std::vector<uint64_t> bytes;       // per GPU
     std::vector<ShareReport> reports;  // per GPU, the last one
     std::vector<TimeNs> reported_at;   // per GPU, real time (0: never)
-    std::vector<TimeNs> moved_at;      // per GPU, real time its reported clock last changed
+    // Per GPU, real time another's pacing first waited on this clock since
+    // the clock last moved (kNoTime: nobody waits on it).
+    std::vector<TimeNs> awaited_since;
     std::vector<uint32_t> granted;     // per GPU, the share last granted (ppm)
   };
   std::vector<uint8_t> hello(uint64_t id, Client& c, const Message& m);

@@ -54,9 +54,9 @@ struct SharingConfig {
   TimeNs report_ns = 2'000'000;
   TimeNs window_ns = 500'000'000;
   TimeNs stale_ns = 5'000'000'000;
-  // A process whose clock has not moved for patience_ns (real time) is not
-  // waited for by the others' pacing (the clients give up on it after as
-  // long: DaemonTimeShare::kPatience).
+  // A process whose clock has not moved during patience_ns (real time) of
+  // the others' pacing waiting on it is not waited for again until it moves
+  // (the clients give up on it after as long: DaemonTimeShare::kPatience).
   TimeNs patience_ns = 1'000'000'000;
   // mps: the fraction of the SMs a running kernel holds that a concurrent
   // kernel of another process still gets (blocks of both resident on one

@@ -180,15 +180,34 @@ TEST_F(ShareHandlerTime, ProcessesLearnTheEarliestClockOfTheOthers) {
 
 TEST_F(ShareHandlerTime, AClockThatStoppedMovingNoLongerPacesTheOthers) {
   const uint64_t a = attach(1), b = attach(2), c = attach(3);
+  const emugpu::TimeNs ahead = SharingConfig{}.window_ns / 5 + 1'000;  // far enough ahead that c waits
   share(a, 1.0, 100);
   share(b, 1.0, 300);
-  EXPECT_EQ(share(c, 1.0, 350).lowest_now, 100);
-  real += SharingConfig{}.patience_ns + 1;  // a stops moving (finishing, or blocked elsewhere)
+  EXPECT_EQ(share(c, 1.0, 100 + ahead).lowest_now, 100);  // c waits for a from here on
+  real += SharingConfig{}.patience_ns + 1;                 // a does not move (finishing, or blocked elsewhere)
   share(a, 1.0, 100);
   share(b, 1.0, 400);
-  EXPECT_EQ(share(c, 1.0, 450).lowest_now, 400);  // b still paces c
-  share(a, 1.0, 150);                             // a moves again
-  EXPECT_EQ(share(c, 1.0, 450).lowest_now, 150);
+  EXPECT_EQ(share(c, 1.0, 100 + ahead).lowest_now, 400);  // b still paces c
+  share(a, 1.0, 150);                                      // a moves again
+  EXPECT_EQ(share(c, 1.0, 100 + ahead).lowest_now, 150);
+}
+
+TEST_F(ShareHandlerTime, PatienceCountsFromTheFirstWaitNotFromTheLastMove) {
+  // Both sat blocked outside the emulator (on their input) for longer than the
+  // patience, and than a report stays fresh; the first to resume runs ahead
+  // and must still wait for the other.
+  const uint64_t a = attach(1), b = attach(2);
+  const emugpu::TimeNs ahead = SharingConfig{}.window_ns / 5 + 1'000;
+  share(a, 1.0, 1000);
+  share(b, 1.0, 1000);
+  real += 10 * SharingConfig{}.patience_ns;
+  EXPECT_EQ(share(a, 1.0, 1000 + ahead).lowest_now, 1000);  // b is waited for
+  real += SharingConfig{}.patience_ns / 2;
+  EXPECT_EQ(share(a, 1.0, 1000 + ahead).lowest_now, 1000);  // still, within the patience
+  real += SharingConfig{}.patience_ns;
+  EXPECT_EQ(share(a, 1.0, 1000 + ahead).lowest_now, kNoTime);  // b never resumed: given up
+  share(b, 1.0, 2000);                                                         // b resumed after all
+  EXPECT_EQ(share(a, 1.0, 1000 + ahead).lowest_now, 2000);
 }
 
 TEST_F(ShareHandlerTime, AProcessCountsOnlyWhileItsWorkMayStillRun) {

@@ -6,10 +6,10 @@
 // the earliest live one waits, in real time, until that one catches up. So
 // a process never places work far beyond the time up to which the others'
 // busy fractions are known, and one that starts or stops is seen by the
-// others within that bound. A laggard that does not move for kPatience of
-// real time (blocked outside the emulator: on this process, on input, on a
-// rank that waits for this one) is not waited for again until it moves:
-// pacing must never deadlock.
+// others within that bound. A laggard that does not move during kPatience
+// of real time waited on (blocked outside the emulator: on this process, on
+// input, on a rank that waits for this one) is not waited for again until it
+// moves: pacing must never deadlock.
 #pragma once
 
 #include <algorithm>
