@@ -313,6 +313,26 @@ def test_column_sums_strided_operands_and_layer_norm_rows_take_their_rules() -> 
     assert ops[-1]["rule"] == "bandwidth rule, per-row floor" and ops[-1]["columns"] == 96
 
 
+def test_a_traced_op_is_timed_again_as_it_was_charged() -> None:
+    # benchmarks/fit_cost_model.py re-times traced ops with _kernel_times: an eval-mode batch norm
+    # (running statistics, its planes) and a cuDNN one must keep their rules through the trace.
+    from torch_emugpu import _C
+
+    bn = torch.nn.BatchNorm2d(64).to("emugpu")
+    x = torch.randn(8, 64, 14, 14, device="emugpu")
+    torch.emugpu.synchronize()
+    _C._cost_trace_start(0, 64)
+    bn.eval()(x)
+    bn.train()(x)
+    torch.emugpu.synchronize()
+    ops = [t for t in _C._cost_trace(0) if "batch_norm" in t["name"]]
+    assert [t["running_stats"] for t in ops] == [True, False]
+    assert ops[0]["plane"] == 196
+    params = {k: v for k, v in _C._current_kernel_params(0).items() if k != "source"}
+    again = _C._kernel_times(_C._device_properties(0)["name"], params, ops)
+    assert again == [t["charged_ns"] for t in ops]
+
+
 def test_profiled_regions_say_how_their_targets_were_made() -> None:
     from torch_emugpu.cli.explain import format_profiled_regions
 

@@ -51,6 +51,9 @@ py::dict op_cost_dict(const OpCost& c) {
   d["columns"] = c.columns;
   d["strided"] = c.strided;
   d["elements"] = c.elements;
+  d["plane"] = c.plane;
+  d["running_stats"] = c.running_stats;
+  d["cudnn"] = c.cudnn;
   return d;
 }
 
@@ -84,6 +87,9 @@ OpCost op_cost_from_dict(const py::dict& d) {
   c.columns = d.contains("columns") ? d["columns"].cast<double>() : 0.0;
   c.strided = d.contains("strided") && d["strided"].cast<bool>();
   c.elements = d.contains("elements") ? d["elements"].cast<double>() : 0.0;
+  c.plane = d.contains("plane") ? d["plane"].cast<double>() : 0.0;
+  c.running_stats = d.contains("running_stats") && d["running_stats"].cast<bool>();
+  c.cudnn = d.contains("cudnn") && d["cudnn"].cast<bool>();
   c.conv.channels_last = d.contains("channels_last") && d["channels_last"].cast<bool>();
   return c;
 }
