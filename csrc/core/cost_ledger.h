@@ -34,6 +34,7 @@ struct TracedOp {
   std::string name;
   OpCost cost;
   TimeNs charged = 0;
+  KernelCost kernel{};  // what the cost model said of it (its occupancy too, for MPS)
 };
 
 class CostLedger {

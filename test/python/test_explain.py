@@ -331,6 +331,10 @@ def test_a_traced_op_is_timed_again_as_it_was_charged() -> None:
     params = {k: v for k, v in _C._current_kernel_params(0).items() if k != "source"}
     again = _C._kernel_times(_C._device_properties(0)["name"], params, ops)
     assert again == [t["charged_ns"] for t in ops]
+    # What MPS sharing reads of each kernel: its SMs' demand, its blocks' hold and its peak-rate times.
+    for t in ops:
+        assert 0 < t["demand"] <= 1 and t["hold_ns"] > 0
+        assert 0 < t["peak_memory_ns"] < t["charged_ns"] and not t["compute_bound"]
 
 
 def test_profiled_regions_say_how_their_targets_were_made() -> None:
