@@ -55,7 +55,7 @@ class Handler {
     // Per GPU, real time another's pacing first waited on this clock since
     // the clock last moved (kNoTime: nobody waits on it).
     std::vector<TimeNs> awaited_since;
-    std::vector<uint32_t> granted;     // per GPU, the share last granted (ppm)
+    std::vector<uint32_t> granted;  // per GPU, the share last granted (ppm)
   };
   std::vector<uint8_t> hello(uint64_t id, Client& c, const Message& m);
   std::vector<uint8_t> reserve(Client& c, const Message& m);

@@ -184,11 +184,11 @@ TEST_F(ShareHandlerTime, AClockThatStoppedMovingNoLongerPacesTheOthers) {
   share(a, 1.0, 100);
   share(b, 1.0, 300);
   EXPECT_EQ(share(c, 1.0, 100 + ahead).lowest_now, 100);  // c waits for a from here on
-  real += SharingConfig{}.patience_ns + 1;                 // a does not move (finishing, or blocked elsewhere)
+  real += SharingConfig{}.patience_ns + 1;                // a does not move (finishing, or blocked elsewhere)
   share(a, 1.0, 100);
   share(b, 1.0, 400);
   EXPECT_EQ(share(c, 1.0, 100 + ahead).lowest_now, 400);  // b still paces c
-  share(a, 1.0, 150);                                      // a moves again
+  share(a, 1.0, 150);                                     // a moves again
   EXPECT_EQ(share(c, 1.0, 100 + ahead).lowest_now, 150);
 }
 
@@ -206,7 +206,7 @@ TEST_F(ShareHandlerTime, PatienceCountsFromTheFirstWaitNotFromTheLastMove) {
   EXPECT_EQ(share(a, 1.0, 1000 + ahead).lowest_now, 1000);  // still, within the patience
   real += SharingConfig{}.patience_ns;
   EXPECT_EQ(share(a, 1.0, 1000 + ahead).lowest_now, kNoTime);  // b never resumed: given up
-  share(b, 1.0, 2000);                                                         // b resumed after all
+  share(b, 1.0, 2000);                                         // b resumed after all
   EXPECT_EQ(share(a, 1.0, 1000 + ahead).lowest_now, 2000);
 }
 
