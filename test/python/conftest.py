@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,12 @@ import torch
 import torch_emugpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A run started in the background of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and every
+# process the tests start would too (an ignored signal stays ignored across exec): the Ctrl-C tests need it
+# delivered as from a terminal. A handler of ours is reset to the default at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
