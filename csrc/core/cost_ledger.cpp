@@ -17,7 +17,7 @@ void CostLedger::record(const OpCost& cost, const KernelCost& charged, std::stri
   f.peak_compute_ns += charged.peak_compute_ns;
   f.peak_memory_ns += charged.peak_memory_ns;
   f.compute_bound += charged.compute_bound ? 1 : 0;
-  if (trace_.size() < trace_limit_) trace_.push_back({std::string(name), cost, charged.duration, charged});
+  if (trace_.size() < trace_limit_) trace_.push_back({std::string(name), cost, charged});
   if (trace_.size() >= trace_limit_) tracing_.store(false, std::memory_order_relaxed);  // full: back to cached costs
 }
 

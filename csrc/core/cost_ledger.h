@@ -33,8 +33,7 @@ struct FamilyCost {
 struct TracedOp {
   std::string name;
   OpCost cost;
-  TimeNs charged = 0;
-  KernelCost kernel{};  // what the cost model said of it (its occupancy too, for MPS)
+  KernelCost charged{};  // its duration, peak-rate times and occupancy (for MPS)
 };
 
 class CostLedger {

@@ -159,6 +159,9 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
   std::vector<Sharer> others;
   TimeNs lowest = kNoTime;
   Client* laggard = nullptr;
+  // A fifth of a window: how far ahead pacing lets a clock run (DaemonTimeShare), and how long past its
+  // last report a quiet process still shares.
+  const TimeNs skew = sharing_.window_ns / 5;
   for (auto& [other_id, other] : clients_) {
     if (other_id == id || !other.attached || other.reported_at[r.gpu] == 0) continue;
     const ShareReport& o = other.reports[r.gpu];
@@ -178,14 +181,14 @@ std::vector<uint8_t> Handler::share(uint64_t id, Client& c, const Message& m) {
     // may still run then: its queued compute, or a little past its last
     // report. One that went quiet (finished, blocked outside the emulator)
     // stops counting as soon as this one's clock passes that.
-    if (o.busy_ppm == 0 || r.now_ns > std::max(o.busy_until_ns, o.now_ns) + sharing_.window_ns / 5) continue;
+    if (o.busy_ppm == 0 || r.now_ns > std::max(o.busy_until_ns, o.now_ns) + skew) continue;
     // One a whole window ahead (a process that joined at a later time and
     // waits for the others' clocks) reported no work at this one's time.
     if (o.now_ns > r.now_ns + sharing_.window_ns) continue;
     others.push_back(sharer(o, other.hello.priority));
   }
   // This process will wait (DaemonTimeShare's pacing): the laggard's patience starts now.
-  if (laggard != nullptr && r.now_ns > lowest + sharing_.window_ns / 5 && laggard->awaited_since[r.gpu] == kNoTime) {
+  if (laggard != nullptr && r.now_ns > lowest + skew && laggard->awaited_since[r.gpu] == kNoTime) {
     laggard->awaited_since[r.gpu] = now;
   }
   const Sharer me = sharer(r, c.hello.priority);

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # delivered as from a terminal. A handler of ours is reset to the default at exec.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def free_port() -> int:
+    """A loopback TCP port the kernel just handed out (a number drawn at random can be taken)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,13 +9,13 @@ import ast
 import os
 import pathlib
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import free_port
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 SHM = pathlib.Path("/dev/shm")
@@ -83,10 +83,7 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 def a_free_port_text() -> str:
-    # One the kernel just handed out (a random number can be taken: a fresh-clone CI run saw torchrun fail to start).
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+    return str(free_port())
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from conftest import REPO
+from conftest import REPO, free_port
 
 import torch_emugpu
 
@@ -51,12 +51,6 @@ class Outcome:
         return [
             json.loads(line.removeprefix("RESULT ")) for line in self.output.splitlines() if line.startswith("RESULT ")
         ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -324,7 +318,7 @@ def test_torchrun_runs_the_fsdp_example_with_tensor_parallelism(tmp_path: Path) 
 
 
 def test_two_emulated_nodes_on_loopback(tmp_path: Path) -> None:
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     outcomes = run_together([_two_node_command(n, endpoint) for n in (0, 1)], tmp_path, _env(EMUGPU_MODE="compute"))
     results = _check_two_nodes(outcomes)
     assert all(r["clock_offset_ns"] == 0 for r in results), "one machine, one clock: nothing to align"
@@ -348,7 +342,7 @@ def test_nodes_whose_clocks_differ(tmp_path: Path) -> None:
     why = _can_run([*shift, "true"])
     if why is not None:
         pytest.skip(f"cannot create a time namespace here (unshare --time, Linux >= 5.6 and CAP_SYS_ADMIN): {why}")
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     outcomes = run_together(
         [_two_node_command(0, endpoint), [*shift, *_two_node_command(1, endpoint)]],
         tmp_path,
@@ -412,7 +406,7 @@ def test_two_emulated_nodes_in_network_namespaces(tmp_path: Path, network_namesp
     # MASTER_ADDR is the hostname, which resolves to a loopback address here)
     # and is_host on node 0 (the endpoint is not its hostname's address). No
     # GLOO_SOCKET_IFNAME: the backend's TCP transport binds the address facing the store.
-    endpoint = f"{network_namespaces[0][1]}:{_free_port()}"
+    endpoint = f"{network_namespaces[0][1]}:{free_port()}"
     commands = []
     for node, (namespace, address) in enumerate(network_namespaces):
         host = ["--rdzv-conf", "is_host=1"] if node == 0 else []

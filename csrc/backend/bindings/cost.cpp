@@ -133,12 +133,12 @@ void bind_cost(py::module_& m) {
       for (const TracedOp& op : device.ledger().take_trace()) {
         py::dict d = op_cost_dict(op.cost);
         d["name"] = op.name;
-        d["charged_ns"] = op.charged;
-        d["peak_compute_ns"] = op.kernel.peak_compute_ns;
-        d["peak_memory_ns"] = op.kernel.peak_memory_ns;
-        d["compute_bound"] = op.kernel.compute_bound;
-        d["demand"] = op.kernel.occupancy.demand;
-        d["hold_ns"] = op.kernel.occupancy.hold_ns;
+        d["charged_ns"] = op.charged.duration;
+        d["peak_compute_ns"] = op.charged.peak_compute_ns;
+        d["peak_memory_ns"] = op.charged.peak_memory_ns;
+        d["compute_bound"] = op.charged.compute_bound;
+        d["demand"] = op.charged.occupancy.demand;
+        d["hold_ns"] = op.charged.occupancy.hold_ns;
         // Which rule timed it, under a finer family name (`torch-emugpu explain`).
         const CostRule rule = cost_rule(op.cost, device.cost().gpu());
         d["rule_family"] = rule.family;
