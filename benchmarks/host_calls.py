@@ -21,16 +21,9 @@ from pathlib import Path
 import torch
 
 import torch_emugpu
-from torch_emugpu import _C
 from torch_emugpu.measure import host_cost
 
 HERE = Path(__file__).resolve().parent
-FIGURES = {
-    "python": ("python_op_us", host_cost._python_probe),
-    "module": ("module_op_us", host_cost._module_probe),
-    "autograd": ("autograd_op_us", host_cost._autograd_probe),
-    "optimizer": ("optimizer_param_us", host_cost._optimizer_probe),
-}
 
 
 def main() -> None:
@@ -46,24 +39,24 @@ def main() -> None:
     reference = json.loads(args.reference.read_text())
     torch_emugpu.configure(gpu=args.gpu, clock="virtual", host="modelled")
     device = torch.device("emugpu")
-    header = ("probe", "units", "calls", "calls/unit", "real us", "modelled us", "ratio")
-    print(f"{header[0]:10s} " + " ".join(f"{h:>{w}s}" for h, w in zip(header[1:], (5, 6, 10, 9, 11, 6), strict=True)))
-    for name, (figure, make) in FIGURES.items():
+    header = ("figure", "units", "calls", "calls/unit", "real us", "modelled us", "ratio")
+    print(f"{header[0]:18s} " + " ".join(f"{h:>{w}s}" for h, w in zip(header[1:], (5, 6, 10, 9, 11, 6), strict=True)))
+    for figure, make in host_cost.probes().items():
         if reference.get(figure) is None:
-            print(f"{name:10s} no reference figure ({figure} is null in {args.reference})")
+            print(f"{figure:18s} no reference figure ({figure} is null in {args.reference})")
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the module probe's "no profile matched" warning
             probe = make(device)
             for _ in range(host_cost.WARMUP_STEPS):
                 probe.step()
-        _C._clock_reset_stats()
+        torch_emugpu.reset_clock_report()
         probe.step()
-        stats = _C._clock_stats()
+        stats = torch_emugpu.clock_report()
         real_us = reference[figure] * probe.units
         modelled_us = stats["host_s"] * 1e6
         print(
-            f"{name:10s} {probe.units:5d} {stats['calls']:6d} {stats['calls'] / probe.units:10.2f} "
+            f"{figure:18s} {probe.units:5d} {stats['calls']:6d} {stats['calls'] / probe.units:10.2f} "
             f"{real_us:9.1f} {modelled_us:11.1f} {modelled_us / real_us:6.2f}"
         )
 

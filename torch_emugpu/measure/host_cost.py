@@ -158,6 +158,16 @@ def _optimizer_probe(device: torch.device) -> _Probe:
     return _Probe(_timed(opt.step), OPTIMIZER_PARAMS)
 
 
+def probes() -> dict[str, Callable[[torch.device], _Probe]]:
+    """Each figure's probe maker, in FIGURES' order (looked up at each call, so a test can replace one)."""
+    return {
+        "python_op_us": _python_probe,
+        "module_op_us": _module_probe,
+        "autograd_op_us": _autograd_probe,
+        "optimizer_param_us": _optimizer_probe,
+    }
+
+
 def _run_probe(probe: _Probe, sync: Callable[[], None], seconds: float, repeats: int) -> tuple[float, float]:
     """Microseconds per unit (robust median over `repeats` loops) and the median seconds the
     device still had queued when a loop's last launch returned."""
@@ -215,16 +225,10 @@ def measure_host_cost(
         raise ValueError("device cuda: no CUDA GPU is available on this machine; use --device cpu")
     cuda = device.type == "cuda"
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-    makers = {
-        "python_op_us": _python_probe,
-        "module_op_us": _module_probe,
-        "autograd_op_us": _autograd_probe,
-        "optimizer_param_us": _optimizer_probe,
-    }
     result: dict[str, Any] = {}
     device_bound: list[str] = []
     failed: dict[str, str] = {}
-    for key, make in makers.items():
+    for key, make in probes().items():
         try:
             probe = make(device)
             us, tail = _run_probe(probe, sync, seconds_per_probe, repeats)
