@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
@@ -99,6 +100,19 @@ def alone_ms(results: dict) -> float:
     return results["times"][-1]
 
 
+def run_overlapping(make: Callable[[], list[subprocess.Popen]], alone: float) -> list[dict]:
+    """run_together on the jobs `make` starts, whose loops must overlap. They start on one "go" in real
+    time, and the daemon waits for a process that does not move for at most its patience (1 s of real
+    time): on a loaded host one job can be descheduled that long and the other run its loop alone
+    (CI saw a median of 99.7 ms against 109.5: mostly the alone time). Such a set, in which a job
+    spent at most half of its iterations sharing, is run again, at most three times in all."""
+    for _ in range(3):
+        results = run_together(make())
+        if all(median(r["times"]) > 1.5 * alone for r in results):
+            break
+    return results
+
+
 @pytest.mark.parametrize(
     ("sharing", "factor"),
     [("fair", 1.0), ("fifo", 1.0), ("time-slice", 2200 / 2000)],  # time slices lose a 200 us switch in 2 ms
@@ -107,7 +121,7 @@ def test_identical_gpu_bound_jobs_each_get_an_equal_share(tmp_daemon, sharing: s
     d = tmp_daemon(sharing)
     alone = run_together([start(d.address, 4)])[0]
     assert alone["times"][-1] == pytest.approx(ALONE_MS, rel=0.02)
-    results = run_together([start(d.address, 30), start(d.address, 30)])
+    results = run_overlapping(lambda: [start(d.address, 30), start(d.address, 30)], alone_ms(alone))
     for r in results:
         # Each iteration takes twice as long; the first ones may not yet (a busy fraction takes a
         # report to be known), and the last may run alone (the other finished first).
