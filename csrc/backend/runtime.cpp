@@ -309,8 +309,11 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   if (config.clock == ClockKind::kVirtual) {
     HostCost host{config.host, config.host_speed, kMeasuredLaunchNs, 0};
     if (config.host == HostModel::kModelled) {
+      // EMUGPU_HOST_OP_US: one time per op, forward and backward alike.
       host.op_ns = config.host_op_us > 0 ? static_cast<TimeNs>(config.host_op_us * 1e3) : kModelledOpNs;
+      host.backward_op_ns = config.host_op_us > 0 ? host.op_ns : kModelledBackwardOpNs;
       host.read_ns = kModelledReadNs;
+      host.list_tensor_ns = kModelledListTensorNs;
     }
     virtual_clock().set_host_cost(host);
     clock = &virtual_clock();

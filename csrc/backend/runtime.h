@@ -112,10 +112,17 @@ constexpr TimeNs kVirtualStartNs = 1'000'000'000;
 // A CUDA host's launch call (cudaLaunchKernel and its stream bookkeeping),
 // which this host does not make: added per op to measured host work.
 constexpr TimeNs kMeasuredLaunchNs = 4'000;
-// The modelled host's time per op where EMUGPU_HOST_OP_US does not set it:
-// an eager PyTorch op launched on CUDA (Python, dispatcher, launch): an
-// H100 machine's host took 12-23 us per op (benchmarks/data/h100/host_cost.json).
-constexpr TimeNs kModelledOpNs = 15'000;
+// The modelled host's prices where EMUGPU_HOST_OP_US does not set them: an
+// H100 machine's host launching eager PyTorch ops on CUDA (Python,
+// dispatcher, autograd, launch), as `torch_emugpu.measure.host_cost` measured
+// it (benchmarks/data/h100/host_cost.json): 22.2 us per op of a module's
+// forward, 22.7 us per op autograd's engine launches, and 19.5 us per
+// parameter of a foreach AdamW step, whose 8 foreach ops over 100 parameters
+// give (19.5 us * 100 / 8 - 22.2 us) / 99 = 2.24 us per list tensor beyond
+// the first.
+constexpr TimeNs kModelledOpNs = 22'200;
+constexpr TimeNs kModelledBackwardOpNs = 22'700;
+constexpr TimeNs kModelledListTensorNs = 2'240;
 // The modelled host's time per clock read by the script: a loop that spins
 // on time.time() until a deadline gets there.
 constexpr TimeNs kModelledReadNs = 1'000;
@@ -136,6 +143,8 @@ void set_current_stream_id(int device, int64_t stream);
 // Whether this thread runs autograd's backward (a hook, a final callback):
 // its events and collectives are part of a backward region, not its end.
 bool in_backward();
+// What an op entering the emulator on this thread is to the modelled host.
+inline HostCall launched_op() { return in_backward() ? HostCall::kBackwardOp : HostCall::kOp; }
 
 // While one is alive on a thread, events recorded there take `time` instead
 // of their stream's: a deferred collective completes its future at launch,

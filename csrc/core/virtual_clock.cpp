@@ -35,6 +35,12 @@ void check_cost(const HostCost& cost) {
   EMUGPU_CHECK(cost.read_ns >= 0 && cost.read_ns <= kMaxDurationNs, kValue,
                "virtual clock: expected a host time per clock read from 0 to ", kMaxDurationNs, " ns, got ",
                cost.read_ns);
+  EMUGPU_CHECK(cost.backward_op_ns <= kMaxDurationNs, kValue,
+               "virtual clock: expected a host time per backward op up to ", kMaxDurationNs,
+               " ns (or < 0: the time per op), got ", cost.backward_op_ns);
+  EMUGPU_CHECK(cost.list_tensor_ns >= 0 && cost.list_tensor_ns <= kMaxDurationNs, kValue,
+               "virtual clock: expected a host time per foreach list tensor from 0 to ", kMaxDurationNs, " ns, got ",
+               cost.list_tensor_ns);
 }
 
 }  // namespace
@@ -44,7 +50,8 @@ struct VirtualClock::ThreadMark {
   uint64_t generation = 0;
   int depth = 0;
   TimeNs cpu = 0;
-  bool started = false;  // `cpu` holds a reading of this thread's clock
+  bool started = false;    // `cpu` holds a reading of this thread's clock
+  bool allocated = false;  // an allocation awaits the op that pays for it
 };
 
 const CpuClock& thread_cpu_clock() {
@@ -63,6 +70,8 @@ VirtualClock::VirtualClock(TimeNs start, HostCost cost, const CpuClock& cpu)
       speed_(cost.speed),
       op_ns_(cost.op_ns),
       read_ns_(cost.read_ns),
+      backward_op_ns_(cost.backward_op_ns),
+      list_tensor_ns_(cost.list_tensor_ns),
       stats_start_(start),
       wall_start_(host_now()) {
   check_cost(cost);
@@ -74,10 +83,17 @@ void VirtualClock::set_host_cost(const HostCost& cost) {
   speed_ = cost.speed;
   op_ns_ = cost.op_ns;
   read_ns_ = cost.read_ns;
+  backward_op_ns_ = cost.backward_op_ns;
+  list_tensor_ns_ = cost.list_tensor_ns;
 }
 
 HostCost VirtualClock::host_cost() const {
-  return HostCost{static_cast<HostModel>(model_.load()), speed_.load(), op_ns_.load(), read_ns_.load()};
+  return HostCost{static_cast<HostModel>(model_.load()),
+                  speed_.load(),
+                  op_ns_.load(),
+                  read_ns_.load(),
+                  backward_op_ns_.load(),
+                  list_tensor_ns_.load()};
 }
 
 VirtualClock::ThreadMark& VirtualClock::mark() {
@@ -86,7 +102,7 @@ VirtualClock::ThreadMark& VirtualClock::mark() {
   if (m.clock != id_ || m.generation != generation) {
     const bool since_fork = t_forked_in == generation && generation != 0;
     if (since_fork) t_forked_in = 0;  // once: the process's clock is the one the fork interrupted
-    m = ThreadMark{id_, generation, 0, 0, since_fork};
+    m = ThreadMark{id_, generation, 0, 0, since_fork, false};
   }
   return m;
 }
@@ -119,14 +135,30 @@ void VirtualClock::charge_host(ThreadMark& m) {
   add(static_cast<TimeNs>(std::llround(static_cast<double>(work) / speed_.load(std::memory_order_relaxed))), host_ns_);
 }
 
-void VirtualClock::enter() {
+void VirtualClock::charge_op(TimeNs price) {
+  add(static_cast<TimeNs>(std::llround(static_cast<double>(price) / speed_.load(std::memory_order_relaxed))), host_ns_);
+  calls_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void VirtualClock::enter(HostCall call, int64_t list_tensors) {
   ThreadMark& m = mark();
   if (m.depth++ > 0) return;
   charge_host(m);
-  add(static_cast<TimeNs>(std::llround(static_cast<double>(op_ns_.load(std::memory_order_relaxed)) /
-                                       speed_.load(std::memory_order_relaxed))),
-      host_ns_);
-  calls_.fetch_add(1, std::memory_order_relaxed);
+  if (call == HostCall::kAllocation) {
+    m.allocated = true;  // several outputs of one op are still one op
+    return;
+  }
+  m.allocated = false;
+  const TimeNs op = op_ns_.load(std::memory_order_relaxed);
+  const TimeNs backward = backward_op_ns_.load(std::memory_order_relaxed);
+  TimeNs price = call == HostCall::kBackwardOp && backward >= 0 ? backward : op;
+  if (list_tensors > 1) {
+    price = add_saturating(price, static_cast<TimeNs>(std::min<double>(
+                                      static_cast<double>(list_tensors - 1) *
+                                          static_cast<double>(list_tensor_ns_.load(std::memory_order_relaxed)),
+                                      static_cast<double>(kMaxDurationNs))));
+  }
+  charge_op(price);
 }
 
 void VirtualClock::leave() {
@@ -156,6 +188,10 @@ TimeNs VirtualClock::read() {
   ThreadMark& m = mark();
   if (m.depth == 0) {
     charge_host(m);
+    if (m.allocated) {  // no op followed the allocation (torch.empty): it was an op of its own
+      m.allocated = false;
+      charge_op(op_ns_.load(std::memory_order_relaxed));
+    }
     if (static_cast<HostModel>(model_.load(std::memory_order_relaxed)) == HostModel::kModelled) {
       add(static_cast<TimeNs>(std::llround(static_cast<double>(read_ns_.load(std::memory_order_relaxed)) /
                                            speed_.load(std::memory_order_relaxed))),

@@ -8,8 +8,13 @@
 //    (the emulator's own bookkeeping, which a CUDA host does not do, is left
 //    out), plus `op_ns` per call for the launch a CUDA host makes and this
 //    one does not;
-//  - modelled: `op_ns` per call and `read_ns` per clock read, nothing
-//    measured, so that a run's times are the same on every rerun and machine.
+//  - modelled: a fixed time per op (`op_ns`, `backward_op_ns` for the ops
+//    autograd's engine launches, plus `list_tensor_ns` per tensor of a
+//    foreach op's lists) and `read_ns` per clock read, nothing measured, so
+//    that a run's times are the same on every rerun and machine.
+// Charges are per op, not per call: an op's output allocated in a call of
+// its own just before the op (an out-of-place op, a tensor factory) is paid
+// for by that op, as a CUDA host allocates inside the op it launches.
 // Both divide host work by `speed` (a host that many times faster).
 //
 // One clock per process, shared by its threads: host work of concurrent
@@ -32,9 +37,18 @@ enum class HostModel { kMeasured, kModelled };
 
 struct HostCost {
   HostModel model = HostModel::kMeasured;
-  double speed = 1.0;  // > 0
-  TimeNs op_ns = 0;    // per outermost emulator call
-  TimeNs read_ns = 0;  // modelled: per clock read by the script
+  double speed = 1.0;          // > 0
+  TimeNs op_ns = 0;            // per op (measured: the launch a CUDA host makes and this one does not)
+  TimeNs read_ns = 0;          // modelled: per clock read by the script
+  TimeNs backward_op_ns = -1;  // per op autograd's engine launches; < 0: op_ns
+  TimeNs list_tensor_ns = 0;   // per tensor of a foreach op's lists beyond its first
+};
+
+// What a call into the emulator is to a CUDA host.
+enum class HostCall {
+  kOp,          // an op launched by the script (or a module, an optimizer)
+  kBackwardOp,  // an op autograd's engine launches during backward
+  kAllocation,  // an output allocated before its op: the op that follows pays for it
 };
 
 // The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID); tests inject their own.
@@ -50,7 +64,7 @@ struct VirtualClockStats {
   TimeNs host_ns = 0;     // of which charged as host work
   TimeNs waited_ns = 0;   // of which jumped over by waits
   TimeNs slept_ns = 0;    // of which the script slept (time.sleep)
-  int64_t calls = 0;      // outermost emulator calls charged
+  int64_t calls = 0;      // ops charged (outermost emulator calls but allocations)
   int64_t reads = 0;      // clock reads by the script
   double wall_s = 0;      // real seconds over the same span
 };
@@ -67,8 +81,10 @@ class VirtualClock final : public Clock {
   HostCost host_cost() const;
 
   // The calling thread enters the emulator: the outermost entry charges the
-  // thread's host work since it last left. Nested entries charge nothing.
-  void enter();
+  // thread's host work since it last left, and, for an op, the op's price
+  // (`list_tensors`: the tensors in a foreach op's lists). Nested entries
+  // charge nothing.
+  void enter(HostCall call = HostCall::kOp, int64_t list_tensors = 0);
   // The calling thread leaves the emulator (pairs with enter()).
   void leave();
   // Work a CUDA host never does (copying bytes the emulated GPU would copy
@@ -99,6 +115,7 @@ class VirtualClock final : public Clock {
   struct ThreadMark;
   ThreadMark& mark();
   void charge_host(ThreadMark& m);
+  void charge_op(TimeNs price);
   void add(TimeNs ns, std::atomic<TimeNs>& bucket);
   void move_to(TimeNs t, std::atomic<TimeNs>& bucket);
 
@@ -109,6 +126,8 @@ class VirtualClock final : public Clock {
   std::atomic<double> speed_;
   std::atomic<TimeNs> op_ns_;
   std::atomic<TimeNs> read_ns_;
+  std::atomic<TimeNs> backward_op_ns_;
+  std::atomic<TimeNs> list_tensor_ns_;
   std::atomic<TimeNs> stats_start_;
   std::atomic<TimeNs> wall_start_;
   std::atomic<TimeNs> host_ns_{0};
@@ -121,8 +140,8 @@ class VirtualClock final : public Clock {
 // Scoped enter()/leave() of a clock that may be absent (the real clock).
 class EmulatorCall {
  public:
-  explicit EmulatorCall(VirtualClock* clock) : clock_(clock) {
-    if (clock_ != nullptr) clock_->enter();
+  explicit EmulatorCall(VirtualClock* clock, HostCall call = HostCall::kOp, int64_t list_tensors = 0) : clock_(clock) {
+    if (clock_ != nullptr) clock_->enter(call, list_tensors);
   }
   ~EmulatorCall() {
     if (clock_ != nullptr) clock_->leave();

@@ -130,6 +130,56 @@ TEST(VirtualClock, ModelledHostIgnoresTheCpuAndChargesFixedCosts) {
   EXPECT_EQ(clock.now(), kStart + 5 * 8 * kUs + 1 * kUs);
 }
 
+TEST(VirtualClock, AnOpPaysForTheOutputsAllocatedJustBeforeIt) {
+  FakeCpu cpu;
+  VirtualClock clock(kStart, modelled(8 * kUs, 0), cpu);
+  { EmulatorCall output(&clock, emugpu::HostCall::kAllocation); }
+  { EmulatorCall second_output(&clock, emugpu::HostCall::kAllocation); }
+  EXPECT_EQ(clock.now(), kStart);  // nothing yet: the op has not come
+  { EmulatorCall op(&clock); }
+  EXPECT_EQ(clock.now(), kStart + 8 * kUs);  // one op, as a CUDA host allocates inside the op
+  EXPECT_EQ(clock.stats().calls, 1);
+}
+
+TEST(VirtualClock, AnAllocationNoOpFollowsIsAnOpOfItsOwn) {
+  FakeCpu cpu;
+  VirtualClock clock(kStart, modelled(8 * kUs, 1 * kUs), cpu);
+  { EmulatorCall empty(&clock, emugpu::HostCall::kAllocation); }  // torch.empty, then the script reads the time
+  clock.read();
+  EXPECT_EQ(clock.now(), kStart + 8 * kUs + 1 * kUs);
+  EXPECT_EQ(clock.stats().calls, 1);
+  clock.read();  // charged once
+  EXPECT_EQ(clock.now(), kStart + 8 * kUs + 2 * kUs);
+}
+
+TEST(VirtualClock, BackwardOpsAndForeachListsHaveTheirOwnPrices) {
+  FakeCpu cpu;
+  HostCost cost = modelled(8 * kUs, 0);
+  cost.backward_op_ns = 11 * kUs;
+  cost.list_tensor_ns = 2 * kUs;
+  VirtualClock clock(kStart, cost, cpu);
+  { EmulatorCall op(&clock, emugpu::HostCall::kBackwardOp); }
+  EXPECT_EQ(clock.now(), kStart + 11 * kUs);
+  { EmulatorCall foreach_op(&clock, emugpu::HostCall::kOp, 5); }  // five tensors per list: four beyond the first
+  EXPECT_EQ(clock.now(), kStart + 11 * kUs + 8 * kUs + 4 * 2 * kUs);
+  cost.backward_op_ns = -1;  // as the forward's
+  clock.set_host_cost(cost);
+  { EmulatorCall op(&clock, emugpu::HostCall::kBackwardOp); }
+  EXPECT_EQ(clock.now(), kStart + 11 * kUs + 16 * kUs + 8 * kUs);
+  EXPECT_EQ(clock.stats().calls, 3);
+}
+
+TEST(VirtualClock, MeasuredHostAddsOneLaunchPerOpNotPerAllocation) {
+  FakeCpu cpu;
+  VirtualClock clock(kStart, measured(3 * kUs), cpu);
+  clock.read();  // marks the thread
+  cpu.ns += 10 * kUs;
+  { EmulatorCall output(&clock, emugpu::HostCall::kAllocation); }
+  cpu.ns += 2 * kUs;
+  { EmulatorCall op(&clock); }
+  EXPECT_EQ(clock.now(), kStart + 12 * kUs + 3 * kUs);
+}
+
 TEST(VirtualClock, AScriptSpinningOnTheClockReachesItsDeadline) {
   for (const HostCost cost : {modelled(8 * kUs, 1 * kUs), measured()}) {
     VirtualClock clock(kStart, cost);  // the real CPU clock: the spin's own work moves it (measured)
@@ -178,6 +228,14 @@ TEST(VirtualClock, ABadHostCostIsRefusedWithItsValue) {
   }
   VirtualClock clock(kStart);
   EXPECT_THROW(clock.set_host_cost(modelled(-1, 0)), emugpu::Error);
+  HostCost bad_list = modelled(1, 0);
+  bad_list.list_tensor_ns = -1;
+  try {
+    clock.set_host_cost(bad_list);
+    ADD_FAILURE() << "a negative time per list tensor accepted";
+  } catch (const emugpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("got -1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(VirtualClock, ThreadsThatNeverEnterDoNotMoveIt) {

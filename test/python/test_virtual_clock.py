@@ -56,9 +56,9 @@ def test_a_gpu_bound_loop_takes_exactly_its_device_time(virtual: None) -> None:
     busy = torch.emugpu.engine_stats()["compute_busy_s"] / 5
     # Each iteration waits for its own work: its time is the device's, to the nanosecond (no host load moves it).
     assert times[1:] == [times[1]] * 4
-    # ... plus what the device cannot hide: the first launch after the wait (15 us) and the read-back.
+    # ... plus what the device cannot hide: the first launch after the wait (22.2 us) and the read-back.
     assert busy < times[1] < busy + 50e-6
-    assert busy > 0.01  # four 8192^3 matmuls: the device, not the modelled host (15 us per op), sets the pace
+    assert busy > 0.01  # four 8192^3 matmuls: the device, not the modelled host (22.2 us per op), sets the pace
 
 
 def test_modelled_times_are_the_same_on_every_run(virtual: None) -> None:
@@ -81,7 +81,7 @@ def test_the_emulator_is_faster_than_the_gpu_it_emulates(virtual: None) -> None:
 
 
 def test_a_host_slower_than_the_gpu_sets_the_pace(virtual: None) -> None:
-    torch_emugpu.configure(clock="virtual", host="modelled", host_speed=0.001)  # a host 1000x slower: 15 ms per op
+    torch_emugpu.configure(clock="virtual", host="modelled", host_speed=0.001)  # a host 1000x slower: 22.2 ms per op
     x = torch.empty(16, device="emugpu")
     x.sum().item()
     torch_emugpu.reset_clock_report()
@@ -92,10 +92,32 @@ def test_a_host_slower_than_the_gpu_sets_the_pace(virtual: None) -> None:
     elapsed = (time.perf_counter_ns() - t0) / 1e9
     report = torch_emugpu.clock_report()
     assert report["waited_s"] < 20e-6  # the device finished each op before the host launched the next; the read-back
-    assert report["calls"] >= 12  # 10 adds, the sum, the read-back
+    assert report["calls"] == 12  # 10 adds (each with its output's allocation), the sum, the read-back
     # All of it host work and the read-back's wait, but for the first clock read's own cost (1 ms), charged before it
     assert elapsed == pytest.approx(report["host_s"] - 0.001 + report["waited_s"], abs=1e-9)
-    assert report["host_s"] == pytest.approx(report["calls"] * 0.015 + report["reads"] * 0.001, abs=1e-9)
+    op_s = report["op_us"] * 1e-6 / 0.001
+    assert report["host_s"] == pytest.approx(report["calls"] * op_s + report["reads"] * 0.001, abs=1e-9)
+
+
+def test_the_modelled_host_charges_per_op_as_the_h100_host_measured(virtual: None) -> None:
+    report = torch_emugpu.clock_report()
+    # benchmarks/data/h100/host_cost.json: a module's forward op, autograd's op, AdamW's foreach share per parameter
+    assert (report["op_us"], report["backward_op_us"], report["list_tensor_us"]) == (22.2, 22.7, 2.24)
+    x = torch.randn(16, device="emugpu", requires_grad=True)
+    y = x
+    for _ in range(6):
+        y = torch.tanh(y)
+    torch_emugpu.reset_clock_report()
+    (g,) = torch.autograd.grad(y, x, grad_outputs=torch.ones_like(y))  # ones_like: one forward op
+    report = torch_emugpu.clock_report()
+    assert report["calls"] == 1 + 6  # each tanh_backward with the allocation of its output: one op
+    assert report["host_s"] == pytest.approx((22.2 + 6 * 22.7) * 1e-6, abs=1e-12)
+    params = [torch.zeros(4, device="emugpu") for _ in range(5)]
+    torch_emugpu.reset_clock_report()
+    torch._foreach_add_(params, 1.0)  # one op over five tensors: a CUDA host's work grows with the list
+    report = torch_emugpu.clock_report()
+    assert report["calls"] == 1
+    assert report["host_s"] == pytest.approx((22.2 + 4 * 2.24) * 1e-6, abs=1e-12)
 
 
 def test_sleep_advances_time_without_sleeping(virtual: None) -> None:

@@ -98,6 +98,8 @@ def count_ops(fn: Callable[[], object]) -> int:
 class _Probe:
     step: Callable[[], float]  # runs one step; returns the seconds of its timed part
     units: int  # ops (or parameters) one step's timed part launches
+    # The untimed part a step runs first (the autograd probe's forward), for tools that count the timed part alone.
+    untimed: Callable[[], object] | None = None
 
 
 def _timed(fn: Callable[[], object]) -> Callable[[], float]:
@@ -147,7 +149,7 @@ def _autograd_probe(device: torch.device) -> _Probe:
 
     y = chain()
     ops = count_ops(lambda: torch.autograd.grad(y, x, grad_outputs=seed))
-    return _Probe(step, ops)
+    return _Probe(step, ops, untimed=chain)
 
 
 def _optimizer_probe(device: torch.device) -> _Probe:

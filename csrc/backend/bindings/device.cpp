@@ -153,6 +153,9 @@ void bind_device(py::module_& m) {
       const HostCost cost = v->host_cost();
       d["host"] = host_model_name(cost.model);
       d["host_speed"] = cost.speed;
+      d["op_us"] = static_cast<double>(cost.op_ns) / 1e3;
+      d["backward_op_us"] = static_cast<double>(cost.backward_op_ns >= 0 ? cost.backward_op_ns : cost.op_ns) / 1e3;
+      d["list_tensor_us"] = static_cast<double>(cost.list_tensor_ns) / 1e3;
       d["elapsed_s"] = static_cast<double>(s.elapsed_ns) / 1e9;
       d["host_s"] = static_cast<double>(s.host_ns) / 1e9;
       d["waited_s"] = static_cast<double>(s.waited_ns) / 1e9;

@@ -286,10 +286,17 @@ void await_collective_writes(const std::vector<c10::IValue>& args) {
     });
 }
 
+// The tensors in a foreach op's first list (a CUDA host's work grows with them), else 0.
+int64_t list_tensors(const OpInfo& info, const torch::jit::Stack& stack, size_t num_args) {
+  if (!info.per_tensor_devices || num_args == 0) return 0;
+  const c10::IValue& first = stack[stack.size() - num_args];
+  return first.isTensorList() ? static_cast<int64_t>(first.toTensorList().size()) : 0;
+}
+
 void emugpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
-  const EmulatorCall call(active_virtual_clock());
   const OpInfo& info = info_for(op);
   const size_t num_args = op.schema().arguments().size();
+  const EmulatorCall call(active_virtual_clock(), launched_op(), list_tensors(info, *stack, num_args));
   const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
   // A collective may still write these on its group's runner (stream order).
   await_collective_writes(args);

@@ -31,7 +31,7 @@ c10::DeviceIndex resolve(std::optional<c10::Device> device) {
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
-  const EmulatorCall call(active_virtual_clock());
+  const EmulatorCall call(active_virtual_clock(), HostCall::kAllocation);
   const c10::DeviceGuard guard(c10::Device(kEmu, resolve(device)));
   return at::detail::empty_generic(size, &device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
@@ -41,7 +41,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
-  const EmulatorCall call(active_virtual_clock());
+  const EmulatorCall call(active_virtual_clock(), HostCall::kAllocation);
   const c10::DeviceGuard guard(c10::Device(kEmu, resolve(device)));
   return at::detail::empty_strided_generic(size, stride, &device_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -74,7 +74,7 @@ at::Tensor host_values(const at::Tensor& t) {
 
 // aten::_copy_from: every copy that involves an emugpu tensor.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  const EmulatorCall call(active_virtual_clock());
+  const EmulatorCall call(active_virtual_clock(), launched_op());
   for (const at::Tensor* t : {&self, &dst}) {
     if (is_emu(*t)) await_collective_writes(*t);
   }
@@ -162,14 +162,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 
 // aten::_copy_from_and_resize: resize `dst` to `self`, then copy.
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  const EmulatorCall call(active_virtual_clock());
+  const EmulatorCall call(active_virtual_clock(), launched_op());
   at::native::resize_output(dst, self.sizes());
   return copy_from(self, dst, false);
 }
 
 // aten::_local_scalar_dense (.item()): a sync point; placeholders read as 0.
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
-  const EmulatorCall call(active_virtual_clock());
+  const EmulatorCall call(active_virtual_clock(), launched_op());
   await_collective_writes(self);
   return translate_errors([&]() -> c10::Scalar {
     const int d = self.device().index();
@@ -218,7 +218,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 // aten::equal: a sync point, like every op that returns a host value.
 bool equal(const at::Tensor& self, const at::Tensor& other) {
-  const EmulatorCall call(active_virtual_clock());
+  const EmulatorCall call(active_virtual_clock(), launched_op());
   TORCH_CHECK(self.device() == other.device(), "emugpu equal: expected both tensors on ", self.device(), ", got ",
               other.device());
   await_collective_writes(self);

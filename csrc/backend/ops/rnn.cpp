@@ -116,7 +116,7 @@ void charge_rnn(const at::Tensor& input, const RnnShape& s, bool backward, const
 //   num_layers, batch_first, dropout, train, bidirectional, batch_sizes, dropout_state?)
 //   -> (output, hy, cy, reserve, weight_buf)
 void cudnn_rnn(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  const EmulatorCall call(active_virtual_clock());
+  const EmulatorCall call(active_virtual_clock(), launched_op());
   const size_t num_args = op.schema().arguments().size();
   const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
   await_collective_writes(args);
@@ -147,7 +147,7 @@ void cudnn_rnn(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::S
 //   grad_hy?, grad_cy?, mode, hidden_size, proj_size, num_layers, batch_first, dropout, train,
 //   bidirectional, batch_sizes, dropout_state?, reserve, output_mask[4]) -> (dx, dhx, dcx, dw[])
 void cudnn_rnn_backward(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  const EmulatorCall call(active_virtual_clock());
+  const EmulatorCall call(active_virtual_clock(), launched_op());
   const size_t num_args = op.schema().arguments().size();
   const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
   await_collective_writes(args);
