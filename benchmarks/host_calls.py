@@ -1,7 +1,7 @@
 """The modelled host against a real one, probe by probe.
 
-Replays `torch_emugpu.measure.host_cost`'s four probes (a Python loop of bare
-ops, a small module's forward, an autograd backward through a chain of tiny
+Replays `torch_emugpu.measure.host_cost`'s five probes (a Python loop of bare
+ops, one of views, a small module's forward, an autograd backward through a chain of tiny
 ops, a foreach AdamW step) on the emulated GPU under the virtual clock with
 the modelled host, and prints per probe: the units the real probe counted
 (aten ops, or parameters for the optimizer), the ops the modelled host

@@ -52,9 +52,10 @@ def test_small_jobs_mig_isolates_and_mps_packs(tmp_path: pathlib.Path) -> None:
     # ... which is slower than the whole GPU (42 of 108 SMs), but the pair beats one job alone.
     assert solo["images_s"][0] < alone["images_s"][0]
     assert 1.0 < mig["aggregate"] < 2.0
-    # Small kernels side by side under MPS beat time slices, which lose a switch per slice.
-    assert row(rows, "mps")["aggregate"] > row(rows, "time-slice")["aggregate"]
-    assert row(rows, "time-slice")["aggregate"] < 1.0
+    # Small kernels side by side under MPS beat time slices, which lose a switch per slice and gain only the
+    # gaps one job alone leaves on the GPU while its host launches (a few here: small kernels, 22 us per op).
+    assert row(rows, "mps")["aggregate"] > 1.5 * row(rows, "time-slice")["aggregate"]
+    assert row(rows, "time-slice")["aggregate"] < 1.25
 
 
 def test_a_job_too_big_for_the_instance_is_out_of_memory(tmp_path: pathlib.Path) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from torch_emugpu.measure import host_cost
 
-FIGURES = ("python_op_us", "module_op_us", "autograd_op_us", "optimizer_param_us")
+FIGURES = ("python_op_us", "view_op_us", "module_op_us", "autograd_op_us", "optimizer_param_us")
 
 
 def test_host_cost_on_the_cpu_gives_positive_finite_figures_and_the_host():
@@ -22,6 +22,15 @@ def test_host_cost_on_the_cpu_gives_positive_finite_figures_and_the_host():
     assert host["cpu"] and host["cores"] == os.cpu_count()
     assert host["torch"] == torch.__version__ and host["python"].count(".") == 2
     assert host["device_bound"] == [] and host["failed"] == {}  # only a CUDA device can run behind the host
+
+
+def test_the_view_probe_counts_views_and_launches_no_kernel():
+    probe = host_cost.probes()["view_op_us"](torch.device("cpu"))
+    assert probe.units == host_cost.VIEW_OPS_PER_STEP
+    x = torch.randn(16, 16)
+    counted = host_cost.count_ops(lambda: (x.t(), x.view(256), x.transpose(0, 1), x.select(0, 1)))
+    assert counted == 4  # one aten op per view, as the probe's units say
+    assert probe.step() > 0
 
 
 def test_op_counting_leaves_out_the_detaches_a_python_mode_causes():

@@ -1,9 +1,12 @@
 """Measures the host's cost per launched op: how long this machine's CPU takes
 to launch one op on `device` when the device is far ahead (host-bound), in
-four settings a training loop has:
+five settings a training loop has:
 
 - `python_op_us`: a Python loop of `torch.add(a, b, out=c)` on 16-element
   tensors, per call;
+- `view_op_us`: a Python loop of the views a transformer's forward takes
+  (`t`, `view`, `transpose`, `select`) of a 16x16 tensor, per view: host
+  work without a kernel or an allocation;
 - `module_op_us`: the forward of a small `nn.Sequential` (Linear, ReLU,
   LayerNorm, three times) on a batch of 8, grad enabled as in training, per
   aten op it dispatches (`module_ops`: counted once with a TorchDispatchMode,
@@ -52,12 +55,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_emugpu.measure.common import robust_median, write_json_atomic
 
-# Four probes: about 6 s, plus start-up. On an H100 host (16-core VM) the command took about 4 s to
+# Five probes: about 7.5 s, plus start-up. On an H100 host (16-core VM) the command took about 4 s to
 # import torch and start CUDA and 12 s to measure at 2 s per probe (8 s on a second call in one process).
 DEFAULT_SECONDS_PER_PROBE = 1.5
 DEFAULT_REPEATS = 5
-FIGURES = ("python_op_us", "module_op_us", "autograd_op_us", "optimizer_param_us")
+FIGURES = ("python_op_us", "view_op_us", "module_op_us", "autograd_op_us", "optimizer_param_us")
 PYTHON_OPS_PER_STEP = 100
+VIEW_OPS_PER_STEP = 100  # 25 rounds of four views
 CHAIN_LENGTH = 200
 OPTIMIZER_PARAMS = 100
 WARMUP_STEPS = 3
@@ -121,6 +125,19 @@ def _python_probe(device: torch.device) -> _Probe:
     return _Probe(_timed(launch), PYTHON_OPS_PER_STEP)
 
 
+def _view_probe(device: torch.device) -> _Probe:
+    x = torch.randn(16, 16, device=device)
+
+    def launch() -> None:
+        for _ in range(VIEW_OPS_PER_STEP // 4):
+            x.t()
+            x.view(256)
+            x.transpose(0, 1)
+            x.select(0, 1)
+
+    return _Probe(_timed(launch), VIEW_OPS_PER_STEP)
+
+
 def _module_probe(device: torch.device) -> _Probe:
     width = 32
     layers: list[torch.nn.Module] = []
@@ -164,6 +181,7 @@ def probes() -> dict[str, Callable[[torch.device], _Probe]]:
     """Each figure's probe maker, in FIGURES' order (looked up at each call, so a test can replace one)."""
     return {
         "python_op_us": _python_probe,
+        "view_op_us": _view_probe,
         "module_op_us": _module_probe,
         "autograd_op_us": _autograd_probe,
         "optimizer_param_us": _optimizer_probe,
@@ -217,7 +235,7 @@ def measure_host_cost(
     seconds_per_probe: float = DEFAULT_SECONDS_PER_PROBE,
     repeats: int = DEFAULT_REPEATS,
 ) -> dict[str, Any]:
-    """The host's microseconds per launched op in four settings (see the module's docstring) and the host."""
+    """The host's microseconds per launched op in five settings (see the module's docstring) and the host."""
     device = torch.device(device)
     if not seconds_per_probe > 0:
         raise ValueError(f"seconds_per_probe: expected a number of seconds > 0, got {seconds_per_probe!r}")
@@ -297,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds-per-probe",
         type=float,
         default=DEFAULT_SECONDS_PER_PROBE,
-        help=f"time each of the four probes takes (default: {DEFAULT_SECONDS_PER_PROBE:g})",
+        help=f"time each of the five probes takes (default: {DEFAULT_SECONDS_PER_PROBE:g})",
     )
     args = p.parse_args(argv)
     spec = args.device

@@ -45,7 +45,7 @@ from torch_emugpu.measure.host_cost import measure_host_cost
 from torch_emugpu.measure.models import image_size, torchvision_model
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-DEFAULT_HOST_PROBE_S = 1.0  # four probes: about 4 s once per run
+DEFAULT_HOST_PROBE_S = 1.0  # five probes: about 5 s once per run
 
 
 def measure(name: str, batch_size: int, device: torch.device, warmup: int, iterations: int) -> dict[str, Any]:
@@ -222,7 +222,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--host-probe-seconds",
         type=float,
         default=DEFAULT_HOST_PROBE_S,
-        help=f"time of each of the four host-cost probes, measured once per run (default: {DEFAULT_HOST_PROBE_S:g})",
+        help=f"time of each of the five host-cost probes, measured once per run (default: {DEFAULT_HOST_PROBE_S:g})",
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
