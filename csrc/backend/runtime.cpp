@@ -17,6 +17,7 @@
 
 #include "backend/ops/common.h"
 #include "core/calibration.h"
+#include "core/host_prices.h"
 #include "core/mig.h"
 #include "core/mps.h"
 #include "core/share/daemon_capacity.h"
@@ -309,11 +310,13 @@ void Runtime::configure_locked(const ConfigRequest& request) {
   if (config.clock == ClockKind::kVirtual) {
     HostCost host{config.host, config.host_speed, kMeasuredLaunchNs, 0};
     if (config.host == HostModel::kModelled) {
-      // EMUGPU_HOST_OP_US: one time per op, forward and backward alike.
-      host.op_ns = config.host_op_us > 0 ? static_cast<TimeNs>(config.host_op_us * 1e3) : kModelledOpNs;
-      host.backward_op_ns = config.host_op_us > 0 ? host.op_ns : kModelledBackwardOpNs;
-      host.read_ns = kModelledReadNs;
-      host.list_tensor_ns = kModelledListTensorNs;
+      const HostProfile measured =
+          config.host_cost_file.empty() ? HostProfile{} : load_host_cost_file(config.host_cost_file);
+      host = modelled_host_cost(measured, config.host_speed, kModelledReadNs);
+      if (config.host_op_us > 0) {  // one time per op, forward and backward alike
+        host.op_ns = static_cast<TimeNs>(config.host_op_us * 1e3);
+        host.backward_op_ns = host.op_ns;
+      }
     }
     virtual_clock().set_host_cost(host);
     clock = &virtual_clock();

@@ -112,17 +112,7 @@ constexpr TimeNs kVirtualStartNs = 1'000'000'000;
 // A CUDA host's launch call (cudaLaunchKernel and its stream bookkeeping),
 // which this host does not make: added per op to measured host work.
 constexpr TimeNs kMeasuredLaunchNs = 4'000;
-// The modelled host's prices where EMUGPU_HOST_OP_US does not set them: an
-// H100 machine's host launching eager PyTorch ops on CUDA (Python,
-// dispatcher, autograd, launch), as `torch_emugpu.measure.host_cost` measured
-// it (benchmarks/data/h100/host_cost.json): 22.2 us per op of a module's
-// forward, 22.7 us per op autograd's engine launches, and 19.5 us per
-// parameter of a foreach AdamW step, whose 8 foreach ops over 100 parameters
-// give (19.5 us * 100 / 8 - 22.2 us) / 99 = 2.24 us per list tensor beyond
-// the first.
-constexpr TimeNs kModelledOpNs = 22'200;
-constexpr TimeNs kModelledBackwardOpNs = 22'700;
-constexpr TimeNs kModelledListTensorNs = 2'240;
+// The modelled host's prices per op: host_prices.h (EMUGPU_HOST_COST, EMUGPU_HOST_OP_US).
 // The modelled host's time per clock read by the script: a loop that spins
 // on time.time() until a deadline gets there.
 constexpr TimeNs kModelledReadNs = 1'000;

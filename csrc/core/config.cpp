@@ -19,6 +19,7 @@
 #include "share/address.h"
 #include "shm_segment.h"
 #include "text.h"
+#include "virtual_clock.h"
 
 namespace emugpu {
 namespace {
@@ -307,6 +308,18 @@ Config resolve_config(const ConfigRequest& request, const std::string& default_c
     c.host_speed = *request.host_speed;
   } else if (auto v = env("EMUGPU_HOST_SPEED")) {
     c.host_speed = parse_host_speed(*v, "EMUGPU_HOST_SPEED");
+  }
+  if (auto v = env("EMUGPU_HOST_COST")) {
+    EMUGPU_CHECK(c.clock == ClockKind::kVirtual && c.host == HostModel::kModelled, kValue,
+                 "EMUGPU_HOST_COST prices the modelled host of the virtual clock: expected EMUGPU_CLOCK=virtual and "
+                 "EMUGPU_HOST=modelled with it, got clock ",
+                 clock_kind_name(c.clock), " and host ", host_model_name(c.host),
+                 "; set both, or unset EMUGPU_HOST_COST");
+    EMUGPU_CHECK(c.host_op_us == 0, kValue,
+                 "EMUGPU_HOST_COST and EMUGPU_HOST_OP_US both price the modelled host's ops: expected one of them, got "
+                 "both (",
+                 brief(*v), " and ", c.host_op_us, " us); unset one");
+    c.host_cost_file = *v;
   }
   if (auto v = env("EMUGPU_PCIE_SHARED_BY")) {
     const double k = parse_number(*v, "EMUGPU_PCIE_SHARED_BY", "a GPU count (e.g. 2: two GPUs per PCIe switch)");

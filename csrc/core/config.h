@@ -78,6 +78,9 @@ struct Config {
   ClockKind clock = ClockKind::kReal;
   HostModel host = HostModel::kMeasured;
   double host_speed = 1.0;
+  // EMUGPU_HOST_COST: a host cost file whose figures price the modelled
+  // host's ops (host_prices.h); empty: the H100 machine's host.
+  std::string host_cost_file;
   // emugpud's address (share/address.h); empty: this process's GPUs are its own.
   std::string daemon;
   // EMUGPU_PRIORITY: this process's priority on the daemon's GPUs (its priority policy).

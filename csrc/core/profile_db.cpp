@@ -18,8 +18,12 @@ namespace {
 
 using nlohmann::json;
 
+[[noreturn]] void bad_in(const char* kind, const std::string& path, const std::string& field, const std::string& what) {
+  detail::throw_error(ErrorKind::kValue, kind, " ", path, ": field '", field, "': ", what);
+}
+
 [[noreturn]] void bad(const std::string& path, const std::string& field, const std::string& what) {
-  detail::throw_error(ErrorKind::kValue, "profile ", path, ": field '", field, "': ", what);
+  bad_in("profile", path, field, what);
 }
 
 const json& need(const json& obj, const char* key, const std::string& path, const std::string& where) {
@@ -83,16 +87,24 @@ std::optional<double> maybe_bytes(const json& obj, const char* key, const std::s
 // nanoseconds written where microseconds belong.
 constexpr double kMaxHostMicroseconds = 1e6;
 
-// provenance.host: unknown keys are passed over, so later tools may add figures.
-HostProfile parse_host(const json& host, const std::string& path) {
-  const std::string where = "provenance.host.";
+// provenance.host (or a host cost file's top level, `where` empty): unknown
+// keys are passed over, so later tools may add figures.
+HostProfile parse_host(const json& host, const std::string& path, const char* kind = "profile",
+                       const std::string& where = "provenance.host.") {
+  const std::string field = where.empty() ? "(top level)" : where.substr(0, where.size() - 1);
   if (!host.is_object()) {
-    bad(path, "provenance.host",
-        "expected an object (the measuring host's per-op costs) or null, got " + describe_json(host));
+    bad_in(kind, path, field,
+           "expected an object (the measuring host's per-op costs) or null, got " + describe_json(host));
   }
-  const auto micros = [&](const char* key) {
-    return maybe_in(host, key, kMaxHostMicroseconds, true, "expected a number of microseconds >= 0 and <= 1e6", path,
-                    where);
+  const auto micros = [&](const char* key) -> std::optional<double> {
+    if (!host.contains(key) || host.at(key).is_null()) return std::nullopt;
+    const json& v = host.at(key);
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 ||
+        v.get<double>() > kMaxHostMicroseconds) {
+      bad_in(kind, path, where + key,
+             "expected a number of microseconds >= 0 and <= 1e6 or null, got " + describe_json(v));
+    }
+    return v.get<double>();
   };
   HostProfile h;
   h.python_op_us = micros("python_op_us");
@@ -101,8 +113,8 @@ HostProfile parse_host(const json& host, const std::string& path) {
   h.optimizer_param_us = micros("optimizer_param_us");
   if (host.contains("cpu") && !host.at("cpu").is_null()) {
     if (!host.at("cpu").is_string()) {
-      bad(path, where + "cpu",
-          "expected the CPU's model name as a string or null, got " + describe_json(host.at("cpu")));
+      bad_in(kind, path, where + "cpu",
+             "expected the CPU's model name as a string or null, got " + describe_json(host.at("cpu")));
     }
     h.cpu = host.at("cpu").get<std::string>();
   }
@@ -235,6 +247,19 @@ Profile parse_profile(std::string_view text, const std::string& path) {
 }
 
 Profile load_profile_file(const std::string& path) { return parse_profile(read_text(path), path); }
+
+HostProfile parse_host_cost(std::string_view text, const std::string& path) {
+  return parse_host(parse_json_document(text, "host cost file " + path), path, "host cost file", "");
+}
+
+HostProfile load_host_cost_file(const std::string& path) {
+  std::string why;
+  auto text = try_read(path, why);
+  EMUGPU_CHECK(text.has_value(), kValue, "cannot read host cost file ", path, " (", why,
+               "); write one with `python -m torch_emugpu.measure.host_cost --device cuda --out FILE` on the GPU "
+               "machine whose host to model");
+  return parse_host_cost(*text, path);
+}
 
 ProfileLookup interpolate(const Profile& profile, const ProfileTable& table, int64_t batch_size) {
   EMUGPU_CHECK(batch_size >= 1, kValue, "batch size must be >= 1 for a profile lookup, got ", batch_size, " (profile ",

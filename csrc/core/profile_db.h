@@ -63,6 +63,11 @@ struct ProfileLookup {
 // Parses and validates one profile; errors (kValue) name the file and field.
 Profile parse_profile(std::string_view text, const std::string& path);
 Profile load_profile_file(const std::string& path);
+// A host cost file (`python -m torch_emugpu.measure.host_cost --out FILE`):
+// its figures, checked as a profile's provenance.host is (unknown keys
+// passed over); throws kValue naming the file and the field.
+HostProfile parse_host_cost(std::string_view text, const std::string& path);
+HostProfile load_host_cost_file(const std::string& path);
 
 // Piecewise-linear in batch size between measured points; beyond the table,
 // linear from its last (or first) two points, never below zero.

@@ -21,7 +21,7 @@ struct CleanEnvironment : ::testing::Test {
                           "EMUGPU_EXCHANGE", "LOCAL_WORLD_SIZE",      "NCCL_ALGO",         "TORCHELASTIC_RUN_ID",
                           "MASTER_ADDR",     "MASTER_PORT",           "GROUP_RANK",        "EMUGPU_PROFILE_PATH",
                           "EMUGPU_PROFILES", "EMUGPU_CALIBRATION",    "XDG_DATA_HOME",     "EMUGPU_CLOCK",
-                          "EMUGPU_HOST",     "EMUGPU_HOST_SPEED"}) {
+                          "EMUGPU_HOST",     "EMUGPU_HOST_SPEED",     "EMUGPU_HOST_COST"}) {
       unsetenv(v);
     }
   }
@@ -276,6 +276,28 @@ TEST_F(CleanEnvironment, TheClockIsRealUnlessAskedForVirtual) {
   EXPECT_EQ(c.clock, emugpu::ClockKind::kReal);
   EXPECT_EQ(c.host, emugpu::HostModel::kMeasured);
   EXPECT_EQ(c.host_speed, 0.5);
+}
+
+TEST_F(CleanEnvironment, AHostCostFilePricesOnlyTheModelledHostAndNotBesideAPerOpTime) {
+  setenv("EMUGPU_HOST_COST", " /data/host_cost.json ", 1);
+  auto failure = [] {
+    try {
+      emugpu::resolve_config({}, "/x/gpus.json");
+    } catch (const emugpu::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string measured = failure();  // the real clock: nothing to price
+  EXPECT_NE(measured.find("expected EMUGPU_CLOCK=virtual and EMUGPU_HOST=modelled with it, got clock real"),
+            std::string::npos)
+      << measured;
+  setenv("EMUGPU_CLOCK", "virtual", 1);
+  setenv("EMUGPU_HOST", "modelled", 1);
+  EXPECT_EQ(emugpu::resolve_config({}, "/x/gpus.json").host_cost_file, "/data/host_cost.json");
+  setenv("EMUGPU_HOST_OP_US", "30", 1);
+  const std::string both = failure();
+  EXPECT_NE(both.find("expected one of them, got both"), std::string::npos) << both;
 }
 
 TEST_F(CleanEnvironment, UnknownClockAndHostValuesListTheValidOnes) {

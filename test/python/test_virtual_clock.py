@@ -4,6 +4,7 @@ emulated time, and the modelled host makes emulated times exact."""
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import select
@@ -14,6 +15,7 @@ import threading
 import time
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -448,3 +450,30 @@ def test_processes_on_different_clocks_cannot_share_tensors(sender: str) -> None
     assert kind == "RuntimeError", message
     assert f"from a process on the {sender} clock" in message and f"runs the {receiver} clock" in message, message
     assert "EMUGPU_CLOCK" in message
+
+
+def test_a_host_cost_file_prices_the_modelled_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    measured = tmp_path / "host_cost.json"  # as `python -m torch_emugpu.measure.host_cost --out` writes it
+    measured.write_text(
+        json.dumps({"module_op_us": 40, "autograd_op_us": 50, "optimizer_param_us": 30, "view_op_us": 3, "cpu": "x"})
+    )
+    monkeypatch.setenv("EMUGPU_HOST_COST", str(measured))
+    try:
+        torch_emugpu.configure(gpu=H100, clock="virtual", host="modelled")
+        report = torch_emugpu.clock_report()
+        # per list tensor: (30 us * 100 / 8 - 40 us) / 99, what the probe's AdamW step leaves after its 8 ops
+        assert (report["op_us"], report["backward_op_us"], report["list_tensor_us"]) == (40.0, 50.0, 3.384)
+        assert torch_emugpu.config().host_cost_file == str(measured)
+        x = torch.zeros(4, device="emugpu")
+        torch_emugpu.reset_clock_report()
+        x = x + 1
+        assert torch_emugpu.clock_report()["host_s"] == pytest.approx(40e-6, abs=1e-12)
+        del x  # configure() refuses while emugpu tensors live
+        measured.write_text(json.dumps({"module_op_us": "fast"}))
+        with pytest.raises(ValueError, match=r"host cost file .*host_cost.json: field 'module_op_us'.*got \"fast\""):
+            torch_emugpu.configure(gpu=H100, clock="virtual", host="modelled")
+        with pytest.raises(ValueError, match="EMUGPU_HOST_COST prices the modelled host of the virtual clock"):
+            torch_emugpu.configure(gpu=H100, clock="virtual", host="measured")
+    finally:
+        monkeypatch.delenv("EMUGPU_HOST_COST")
+        torch_emugpu.configure(gpu=torch_emugpu._C.DEFAULT_GPU, clock="real", host="measured", host_speed=1.0)

@@ -28,6 +28,7 @@ PARSED: dict[str, tuple[str, str]] = {
     "EMUGPU_CLOCK": ("clock", "real"),
     "EMUGPU_HOST": ("host", "measured"),
     "EMUGPU_HOST_SPEED": ("host_speed", "1"),
+    "EMUGPU_HOST_COST": ("host_cost_file", "the H100 machine's host (modelled host only)"),
     "EMUGPU_CATALOG": ("catalog", "the packaged profiles/gpus.json"),
     "EMUGPU_EXCHANGE": ("exchange", "auto"),
     "EMUGPU_HOST_COPY_GBPS": ("host_copy_gbps", "14"),

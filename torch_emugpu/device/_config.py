@@ -32,6 +32,7 @@ class Config:
     clock: str = "real"  # real: the host sleeps until the GPU is done; virtual: nothing sleeps
     host: str = "measured"  # under the virtual clock: measured or modelled host work
     host_speed: float = 1.0  # how many times faster the emulated host is than this one
+    host_cost_file: str = ""  # EMUGPU_HOST_COST: a host cost file pricing the modelled host ("": the H100's host)
 
 
 def _found(value: Any) -> str:

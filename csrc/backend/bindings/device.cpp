@@ -79,6 +79,7 @@ void bind_device(py::module_& m) {
       d["clock"] = clock_kind_name(c.clock);
       d["host"] = host_model_name(c.host);
       d["host_speed"] = c.host_speed;
+      d["host_cost_file"] = c.host_cost_file;
       return d;
     });
   });
