@@ -178,9 +178,10 @@ int main(int argc, char** argv) {
 
   // A request as long as a reserve or release: the header and its GPU index and byte count.
   const size_t request_bytes = encode_bytes(MessageType::kReserve, 1, {0, 2u << 20}).size();
+  const std::string echo_path = (dir / ("emugpud-bench-echo-" + tag)).string();
   Result echo;
   {
-    const EchoServer server((dir / ("emugpud-bench-echo-" + tag)).string());
+    const EchoServer server(echo_path);
     echo = load(clients, seconds, [&](int) {
       struct Connection {
         int fd = -1;
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
         ~Connection() { ::close(fd); }
       };
       auto conn = std::make_shared<Connection>();
-      conn->fd = connect_unix((dir / ("emugpud-bench-echo-" + tag)).string());
+      conn->fd = connect_unix(echo_path);
       conn->bytes.assign(request_bytes, 1);
       return std::function<void(size_t)>([conn](size_t) {
         const size_t size = conn->bytes.size();

@@ -63,13 +63,13 @@ double need_seconds(const json& obj, const char* key, const std::string& path, c
 
 // Absent or null, or a finite number from 0 to `max` (`max` itself only when `max_included`).
 std::optional<double> maybe_in(const json& obj, const char* key, double max, bool max_included, const char* expected,
-                               const std::string& path, const std::string& where) {
+                               const std::string& path, const std::string& where, const char* kind = "profile") {
   if (!obj.contains(key) || obj.at(key).is_null()) return std::nullopt;
   const json& v = obj.at(key);
   const bool in_range = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 &&
                         (max_included ? v.get<double>() <= max : v.get<double>() < max);
   if (!in_range) {
-    bad(path, where + key, std::string(expected) + " or null, got " + describe_json(v));
+    bad_in(kind, path, where + key, std::string(expected) + " or null, got " + describe_json(v));
   }
   return v.get<double>();
 }
@@ -96,15 +96,9 @@ HostProfile parse_host(const json& host, const std::string& path, const char* ki
     bad_in(kind, path, field,
            "expected an object (the measuring host's per-op costs) or null, got " + describe_json(host));
   }
-  const auto micros = [&](const char* key) -> std::optional<double> {
-    if (!host.contains(key) || host.at(key).is_null()) return std::nullopt;
-    const json& v = host.at(key);
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 ||
-        v.get<double>() > kMaxHostMicroseconds) {
-      bad_in(kind, path, where + key,
-             "expected a number of microseconds >= 0 and <= 1e6 or null, got " + describe_json(v));
-    }
-    return v.get<double>();
+  const auto micros = [&](const char* key) {
+    return maybe_in(host, key, kMaxHostMicroseconds, true, "expected a number of microseconds >= 0 and <= 1e6", path,
+                    where, kind);
   };
   HostProfile h;
   h.python_op_us = micros("python_op_us");

@@ -149,14 +149,12 @@ void VirtualClock::enter(HostCall call, int64_t list_tensors) {
     return;
   }
   m.allocated = false;
-  const TimeNs op = op_ns_.load(std::memory_order_relaxed);
   const TimeNs backward = backward_op_ns_.load(std::memory_order_relaxed);
-  TimeNs price = call == HostCall::kBackwardOp && backward >= 0 ? backward : op;
-  if (list_tensors > 1) {
-    price = add_saturating(price, static_cast<TimeNs>(std::min<double>(
-                                      static_cast<double>(list_tensors - 1) *
-                                          static_cast<double>(list_tensor_ns_.load(std::memory_order_relaxed)),
-                                      static_cast<double>(kMaxDurationNs))));
+  TimeNs price = call == HostCall::kBackwardOp && backward >= 0 ? backward : op_ns_.load(std::memory_order_relaxed);
+  if (list_tensors > 1) {  // in double: a huge list saturates, never overflows
+    const double extra =
+        static_cast<double>(list_tensors - 1) * static_cast<double>(list_tensor_ns_.load(std::memory_order_relaxed));
+    price = add_saturating(price, static_cast<TimeNs>(std::min(extra, static_cast<double>(kMaxDurationNs))));
   }
   charge_op(price);
 }
