@@ -205,7 +205,8 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     // Its timesteps' small GEMMs hold few SMs (the wavefront overlaps layers).
     const double demand =
         ns > 0 ? byte_fill(cost.bytes / std::max(cost.rnn.seq_len, 1.0), gpu_.sm_count) * t.seconds * 1e9 / ns : 0;
-    const Occupancy occupancy{std::isfinite(demand) ? demand : 1.0, t.seconds * 1e9 / std::max(t.launches, 1)};
+    const Occupancy occupancy{std::isfinite(demand) ? demand : 1.0, t.seconds * 1e9 / std::max(t.launches, 1),
+                              peak_memory_s * 1e9};
     return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs),
             peak_compute_s * 1e9,
             peak_memory_s * 1e9,
@@ -391,7 +392,8 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   const double fill = by_gemm ? gemm_fill_s / compute_s : byte_fill(cost.bytes / launches, gpu_.sm_count);
   const double waves = by_gemm ? gemm_waves : launches * byte_waves(cost.bytes / launches, gpu_.sm_count);
   const double demand = ns > 0 ? std::clamp(fill * work_s * 1e9 / ns, 0.0, 1.0) : 0.0;
-  const Occupancy occupancy{std::isfinite(demand) ? demand : 1.0, work_s * 1e9 / std::max(waves, 1.0)};
+  const Occupancy occupancy{std::isfinite(demand) ? demand : 1.0, work_s * 1e9 / std::max(waves, 1.0),
+                            peak_memory_s * 1e9};
   return {static_cast<TimeNs>(std::isfinite(ns) ? std::min(ns, kMaxKernelNs) : kMaxKernelNs),
           peak_compute_s * 1e9,
           peak_memory_s * 1e9,

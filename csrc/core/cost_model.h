@@ -58,10 +58,13 @@ struct OpCost {
 // blocks hold over its duration (launch gaps hold none); `hold_ns`, how long
 // one of its blocks holds an SM (its work over its waves): SMs freed while
 // several kernels wait go to each in turn, so the longer a kernel's blocks,
-// the more SMs it holds.
+// the more SMs it holds; `memory_ns`, its bytes at the GPU's peak
+// bandwidth, which over its duration is the share of the bandwidth it draws
+// (kernels of several processes that together draw more slow each other).
 struct Occupancy {
   double demand = 1.0;
   double hold_ns = 0;
+  double memory_ns = 0;
 };
 
 // A kernel's charged duration and the same work at the GPU's peak rates.

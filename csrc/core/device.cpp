@@ -175,11 +175,15 @@ TimeNs Device::launch_locked(int64_t stream, Engine engine, TimeNs estimate, Tim
   if (share_) {
     const auto d = static_cast<double>(alone);
     const double demand = std::clamp(occupancy.demand, 0.0, 1.0);
-    const auto bin = static_cast<size_t>(demand_bin(demand));
+    // Over its duration alone as placed (a profile's time, where one covers
+    // it): a kernel the profile finds slower draws less bandwidth.
+    const double bandwidth = d > 0 ? std::clamp(occupancy.memory_ns / d, 0.0, 1.0) : 0.0;
+    const auto bin = static_cast<size_t>(demand_bin(demand, bandwidth));
     kernel_sum_[bin] += d;
     demand_sum_[bin] += demand * d;
     hold_sum_[bin] += std::max(occupancy.hold_ns, 0.0) * d;
     duration_sum_[bin] += d * d;
+    bandwidth_sum_[bin] += bandwidth * d;
   }
   return place_locked(stream, engine, start, duration, now);
 }
@@ -200,7 +204,7 @@ void Device::share_time(std::shared_ptr<TimeShare> share) {
   unweighted_ = 1.0;
   iteration_average_ = 0;
   work_since_wait_ = 0;
-  kernel_sum_ = demand_sum_ = hold_sum_ = duration_sum_ = {};
+  kernel_sum_ = demand_sum_ = hold_sum_ = duration_sum_ = bandwidth_sum_ = {};
 }
 
 void Device::report_share() {
@@ -245,6 +249,7 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
       demand_sum_[i] *= keep;
       hold_sum_[i] *= keep;
       duration_sum_[i] *= keep;
+      bandwidth_sum_[i] *= keep;
     }
     share_from_ = now;
   }
@@ -271,7 +276,8 @@ TimeShare::Report Device::share_report_locked(TimeNs now) {
   for (size_t i = 0; any && i < kernel_sum_.size(); ++i) {
     if (kernel_sum_[i] <= 0) continue;
     report.bins[i] = {kernel_sum_[i] / kernels, demand_sum_[i] / kernel_sum_[i],
-                      ns_from_double(hold_sum_[i] / kernel_sum_[i]), ns_from_double(duration_sum_[i] / kernel_sum_[i])};
+                      ns_from_double(hold_sum_[i] / kernel_sum_[i]), ns_from_double(duration_sum_[i] / kernel_sum_[i]),
+                      bandwidth_sum_[i] / kernel_sum_[i]};
   }
   return report;
 }

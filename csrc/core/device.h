@@ -287,9 +287,10 @@ class Device {
   TimeNs iteration_average_ = 0;
   TimeNs work_since_wait_ = 0;  // compute work on the GPU alone since the last sync point
   // Compute launched on the GPU alone, decayed as busy_average_ is: sums of
-  // Per demand bin (time_share.h), d, demand * d, hold * d and d * d over
-  // its kernels of duration d: their time-weighted means go to MPS.
-  std::array<double, kDemandBins> kernel_sum_{}, demand_sum_{}, hold_sum_{}, duration_sum_{};
+  // Per demand bin (time_share.h), d, demand * d, hold * d, d * d and
+  // bandwidth * d over its kernels of duration d: their time-weighted means
+  // go to MPS.
+  std::array<double, kDemandBins> kernel_sum_{}, demand_sum_{}, hold_sum_{}, duration_sum_{}, bandwidth_sum_{};
 };
 
 }  // namespace emugpu

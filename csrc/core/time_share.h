@@ -12,19 +12,27 @@
 
 namespace emugpu {
 
-// MPS: a process's kernels grouped by the fraction of the GPU's SMs they
-// hold, so that the daemon's expectation runs over which kernels meet: two
-// jobs whose mean demands add up to one GPU still collide when each has
-// kernels that fill it. Bin i holds the demands in [i, i + 1) / kDemandBins.
-constexpr int kDemandBins = 4;
+// MPS: a process's kernels grouped by what they hold of the GPU, so that
+// the daemon's expectation runs over which kernels meet: two jobs whose mean
+// demands add up to one GPU still collide when each has kernels that fill
+// it, and two jobs' bandwidth-bound kernels compete for memory even where
+// their SMs fit side by side. A kernel's bin: the quarter of the SMs its
+// demand falls in ([i, i + 1) / kSmBins), and whether it draws at least
+// half of the peak memory bandwidth alone (the upper kSmBins bins).
+constexpr int kSmBins = 4;
+constexpr int kDemandBins = 2 * kSmBins;
+constexpr double kBandwidthBound = 0.5;
 struct DemandBin {
   double fraction = 0;   // of the process's kernel time (time-weighted recent average)
-  double demand = 0;     // the bin's kernels' time-weighted mean demand
+  double demand = 0;     // the bin's kernels' time-weighted mean demand of the SMs
   TimeNs hold_ns = 0;    // and their blocks' time-weighted mean hold time
   TimeNs kernel_ns = 0;  // and their time-weighted mean duration alone
+  double bandwidth = 0;  // and the time-weighted mean share of the peak memory bandwidth they draw alone
 };
 using DemandHistogram = std::array<DemandBin, kDemandBins>;
-inline int demand_bin(double demand) { return std::clamp(static_cast<int>(demand * kDemandBins), 0, kDemandBins - 1); }
+inline int demand_bin(double demand, double bandwidth) {
+  return std::clamp(static_cast<int>(demand * kSmBins), 0, kSmBins - 1) + (bandwidth >= kBandwidthBound ? kSmBins : 0);
+}
 
 class TimeShare {
  public:

@@ -134,7 +134,7 @@ Sharer sharer(const ShareReport& r, int32_t priority) {
            static_cast<double>(r.demand_ppm) / kPpm, r.hold_ns,      {}};
   for (size_t i = 0; i < r.bins.size(); ++i) {
     s.bins[i] = {static_cast<double>(r.bins[i].fraction_ppm) / kPpm, static_cast<double>(r.bins[i].demand_ppm) / kPpm,
-                 r.bins[i].hold_ns, r.bins[i].kernel_ns};
+                 r.bins[i].hold_ns, r.bins[i].kernel_ns, static_cast<double>(r.bins[i].bandwidth_ppm) / kPpm};
   }
   return s;
 }

@@ -1,6 +1,7 @@
 #include "daemon/policy.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "error.h"
@@ -44,12 +45,14 @@ double share_of(const SharingConfig& config, const Sharer& me, const std::vector
 }
 
 // A class of a process's kernels: its share of the process's kernel time,
-// its demand of the GPU's SMs, its blocks' hold time, its kernels' duration.
+// its demand of the GPU's SMs, its blocks' hold time, its kernels' duration
+// and the share of the memory bandwidth it draws alone.
 struct KernelClass {
   double fraction;
   double demand;
   double hold_ns;
   double kernel_ns;
+  double bandwidth;
 };
 
 std::vector<KernelClass> kernel_classes(const Sharer& s) {
@@ -60,29 +63,34 @@ std::vector<KernelClass> kernel_classes(const Sharer& s) {
     if (b.fraction <= 0) continue;
     classes.push_back({b.fraction / total, std::clamp(b.demand, 0.0, 1.0),
                        static_cast<double>(std::max<TimeNs>(b.hold_ns, 0)),
-                       static_cast<double>(std::max<TimeNs>(b.kernel_ns, 0))});
+                       static_cast<double>(std::max<TimeNs>(b.kernel_ns, 0)), std::clamp(b.bandwidth, 0.0, 1.0)});
   }
-  if (classes.empty()) {  // no histogram: the means stand for every kernel
-    classes.push_back({1.0, std::clamp(s.demand, 0.0, 1.0), static_cast<double>(std::max<TimeNs>(s.hold_ns, 0)), 0.0});
+  if (classes.empty()) {  // no histogram: the means stand for every kernel (and no bandwidth is known)
+    classes.push_back(
+        {1.0, std::clamp(s.demand, 0.0, 1.0), static_cast<double>(std::max<TimeNs>(s.hold_ns, 0)), 0.0, 0.0});
   }
   return classes;
 }
 
-// A way another process may meet this one's kernel: with `probability`, a
-// kernel of its holding `held` of the GPU's SMs against it (0: none holds).
+// What another process may be running when this one's kernel runs: with
+// `probability`, a kernel of its that holds `held` of the GPU's SMs if it
+// is ahead of this one and draws `bandwidth` of the memory bandwidth (or
+// `behind`, at the speed it has behind this one); or none (all 0).
 struct Meeting {
   double probability;
   double held;
+  double bandwidth;
+  double behind;
+  bool running;
 };
 
-// Where kernels of two processes compete for SMs, each is ahead (its
-// blocks dispatched first, the other's getting what is left) half of the
-// time, whatever their lengths: MPS clients' kernels come in through
-// separate hardware queues, which the GPU serves in turn.
-constexpr double kAhead = 0.5;
-
+// Where kernels of several processes compete for SMs, their blocks are
+// dispatched in an order (the kernel ahead first, the next getting what it
+// leaves), each order as likely as another, whatever their lengths: MPS
+// clients' kernels come in through separate hardware queues, which the GPU
+// serves in turn. Two kernels: each is ahead half of the time.
 // What a kernel ahead holds of its demand over its duration: all of it
-// while blocks of its own wait for SMs, then, in its last wave, the SMs
+// while blocks of its own still wait for SMs, then, in its last wave, the SMs
 // still running its blocks (half of them on average, as they finish). Its
 // waves: its duration over its blocks' hold time (unknown: many).
 double draining(const KernelClass& c) {
@@ -90,53 +98,88 @@ double draining(const KernelClass& c) {
   return 1.0 - 0.5 / std::max(1.0, c.kernel_ns / c.hold_ns);
 }
 
+// A kernel of demand `demand` with `held` of the SMs taken runs at what is
+// left over what it needs, of its speed alone.
+double sm_speed(double held, double demand) { return std::clamp((1.0 - held) / std::max(demand, 1e-6), 0.0, 1.0); }
+
+// Its speed once the memory bandwidth is counted too: it draws `bandwidth`
+// of the peak at its speed alone, so `sm` of that at its SM speed; where
+// it and `others` together draw more than the peak, the memory serves each
+// in proportion to what it draws (all slow alike).
+double speed(double sm, double bandwidth, double others) { return sm / std::max(1.0, bandwidth * sm + others); }
+
 // The fraction of the GPU's speed `me` gets under MPS while it has work: its
-// kernels' mean speed over what the others' kernels hold against them.
+// kernels' mean speed over what the others' kernels hold against them and draw.
 double mps_share(const SharingConfig& config, const Sharer& me, const std::vector<Sharer>& others) {
   const double keep = 1.0 - std::clamp(config.mps_overlap, 0.0, 1.0);
   std::vector<std::vector<KernelClass>> their(others.size());
   size_t states = 1;
   for (size_t j = 0; j < others.size(); ++j) {
     their[j] = kernel_classes(others[j]);
-    states = states > kExactMpsStates ? states : states * (their[j].size() + 1);
+    // Each combination of the others' kernels, then each order of those running.
+    states = states > kExactMpsStates ? states : states * (their[j].size() + 1) * 2;
   }
-  const auto speed = [](double held, double demand) {
-    return std::clamp((1.0 - held) / std::max(demand, 1e-6), 0.0, 1.0);
-  };
   double stretched = 0;  // expected time shared over time alone, summed over this process's classes
   for (const KernelClass& k : kernel_classes(me)) {
-    // Per other process: one of its classes holding SMs against this kernel, or none.
+    // Per other process: one of its classes running, or none.
+    const double mine = k.demand * keep * draining(k);
     std::vector<std::vector<Meeting>> meetings(others.size());
     for (size_t j = 0; j < others.size(); ++j) {
       const double busy = std::clamp(others[j].busy, 0.0, 1.0);
-      double none = 1.0;
       for (const KernelClass& c : their[j]) {
-        const double p = busy * c.fraction * kAhead;
-        meetings[j].push_back({p, c.demand * keep * draining(c)});
-        none -= p;
+        meetings[j].push_back({busy * c.fraction, c.demand * keep * draining(c), c.bandwidth,
+                               c.bandwidth * sm_speed(mine, c.demand), true});
       }
-      meetings[j].push_back({std::max(none, 0.0), 0.0});
+      meetings[j].push_back({1.0 - busy, 0.0, 0.0, 0.0, false});
     }
     double mean = 0;
     if (states <= kExactMpsStates) {
-      // Every combination of the others' states, by its probability.
+      // Every combination of the others' kernels, by its probability; within
+      // one, every order of the m running and this kernel: this one is r-th
+      // with probability 1 / (m + 1), behind each r-subset of the running as
+      // likely as another.
       std::vector<size_t> at(others.size(), 0);
+      std::vector<const Meeting*> running;
       for (;;) {
-        double p = 1, held = 0;
+        double p = 1;
+        running.clear();
         for (size_t j = 0; j < others.size(); ++j) {
-          p *= meetings[j][at[j]].probability;
-          held += meetings[j][at[j]].held;
+          const Meeting& m = meetings[j][at[j]];
+          p *= m.probability;
+          if (m.running) running.push_back(&m);
         }
-        if (p > 0) mean += p * speed(held, k.demand);
+        if (p > 0) {
+          const size_t m = running.size();
+          std::vector<double> by_rank(m + 1, 0.0), subsets(m + 1, 0.0);
+          for (uint32_t ahead = 0; ahead < (1u << m); ++ahead) {
+            double held = 0, drawn = 0;
+            for (size_t i = 0; i < m; ++i) {
+              const bool is_ahead = (ahead >> i) & 1u;
+              held += is_ahead ? running[i]->held : 0.0;
+              drawn += is_ahead ? running[i]->bandwidth : running[i]->behind;
+            }
+            const auto r = static_cast<size_t>(std::popcount(ahead));
+            by_rank[r] += speed(sm_speed(held, k.demand), k.bandwidth, drawn);
+            subsets[r] += 1;
+          }
+          double expected = 0;
+          for (size_t r = 0; r <= m; ++r) expected += by_rank[r] / subsets[r];
+          mean += p * expected / static_cast<double>(m + 1);
+        }
         size_t j = 0;
         while (j < at.size() && ++at[j] == meetings[j].size()) at[j++] = 0;
         if (j == at.size()) break;
       }
     } else {
-      double held = 0;
-      for (const auto& m : meetings)
-        for (const Meeting& x : m) held += x.probability * x.held;
-      mean = speed(held, k.demand);
+      // Each running kernel ahead half of the time, at its mean.
+      double held = 0, drawn = 0;
+      for (const auto& m : meetings) {
+        for (const Meeting& x : m) {
+          held += x.probability * 0.5 * x.held;
+          drawn += x.probability * 0.5 * (x.bandwidth + x.behind);
+        }
+      }
+      mean = speed(sm_speed(held, k.demand), k.bandwidth, drawn);
     }
     stretched += k.fraction / std::max(mean, kMinShare);
   }

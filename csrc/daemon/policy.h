@@ -87,23 +87,22 @@ constexpr double kMinShare = 0.01;
 constexpr size_t kExactSharers = 12;
 
 // MPS. Kernels of several processes run at once. Those that together need
-// fewer SMs than the GPU has run as alone. Beyond that the later kernel gets
-// the SMs the earlier one leaves: the block scheduler dispatches a kernel's
-// blocks before a later kernel's (the left-over policy of concurrent
-// kernels). The model runs over kernels, not processes: a process's kernels
-// come in classes (its demand histogram), and for each class of this
-// process's kernels the expectation runs over what each other process is
-// doing: no work, or a kernel of one of its classes (by its share of that
-// process's kernel time) that is ahead of this one, with probability
-// T_other / (T_other + T_mine) for kernels of durations T. A kernel gets
-// what those ahead leave, at min(1, left / its demand) of its speed alone;
-// held SMs leave a fraction (mps_overlap) of their throughput to a
-// concurrent kernel. Per class the speed is that expectation, and the
+// fewer SMs than the GPU has run side by side; beyond that their blocks are
+// dispatched in an order (each order as likely) and each kernel gets the
+// SMs those ahead of it leave. The model runs over kernels, not processes:
+// a process's kernels come in classes (its demand histogram), and for each
+// class of this process's kernels the expectation runs over what each other
+// process is doing (no work, or a kernel of one of its classes, by its share
+// of that process's kernel time) and over the orders of the kernels
+// running. A kernel gets what those ahead leave, at min(1, left / its
+// demand) of its speed alone; held SMs leave a fraction (mps_overlap) of
+// their throughput to a concurrent kernel. Memory bandwidth is the second
+// resource: every running kernel draws its share of the peak (one behind at
+// its reduced speed), and where they draw more than the peak together, each
+// is slowed by that total. Per class the speed is that expectation, and the
 // process's share its kernel time alone over its expected time shared.
-// Exact over every combination of the others' states while there are at
-// most kExactMpsStates of them, mean field beyond. One resource (SMs):
-// bandwidth-bound kernels that each saturate memory with few SMs do not
-// slow each other here.
+// Exact while the others' combinations times their orders number at most
+// kExactMpsStates, mean field beyond (each kernel ahead half of the time).
 constexpr size_t kExactMpsStates = 4096;
 
 // The fraction of the GPU's speed `me` gets while it has work, in [kMinShare, 1].

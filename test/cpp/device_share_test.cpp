@@ -83,25 +83,38 @@ TEST(DeviceShare, ReportsHowBusyTheComputeEngineWasAndItsIterations) {
 
 TEST(DeviceShare, ReportsItsKernelsOccupancyWeighedByTheirTime) {
   Shared s(1.0);
-  // 1 ms kernels holding the whole GPU in 100 us blocks, 0.1 ms ones holding a tenth in 10 us blocks.
+  // 1 ms kernels holding the whole GPU in 100 us blocks, 0.1 ms ones holding
+  // a tenth in 10 us blocks, 0.5 ms ones holding 30% and moving 0.4 ms of
+  // bytes at the peak bandwidth (drawing 80% of it).
   for (int i = 0; i < 10; ++i) {
     s.dev.launch(0, Engine::kCompute, 1 * kMs, {1.0, 100e3});
     s.dev.launch(0, Engine::kCompute, kMs / 10, {0.1, 10e3});
-    s.clock.advance(kMs + kMs / 10);
+    s.dev.launch(0, Engine::kCompute, kMs / 2, {0.3, 5e3, 0.4 * kMs});
+    s.clock.advance(kMs + kMs / 10 + kMs / 2);
   }
   s.dev.launch(0, Engine::kCompute, 0, {0.5, 0});
   const auto& r = s.share->reports.back();
-  EXPECT_NEAR(r.demand, (1.0 * 1.0 + 0.1 * 0.1) / 1.1, 0.01);
-  EXPECT_NEAR(static_cast<double>(r.hold_ns), (100e3 * 1.0 + 10e3 * 0.1) / 1.1, 1e3);
-  // And by class: the GPU-filling kernels in the top demand bin, the small ones in the lowest.
-  EXPECT_NEAR(r.bins[emugpu::kDemandBins - 1].fraction, 1.0 / 1.1, 0.01);
-  EXPECT_NEAR(r.bins[emugpu::kDemandBins - 1].demand, 1.0, 1e-9);
-  EXPECT_NEAR(static_cast<double>(r.bins[emugpu::kDemandBins - 1].hold_ns), 100e3, 1);
-  EXPECT_NEAR(static_cast<double>(r.bins[emugpu::kDemandBins - 1].kernel_ns), 1.0 * kMs, 1);
-  EXPECT_NEAR(r.bins[0].fraction, 0.1 / 1.1, 0.01);
+  EXPECT_NEAR(r.demand, (1.0 * 1.0 + 0.1 * 0.1 + 0.3 * 0.5) / 1.6, 0.01);
+  EXPECT_NEAR(static_cast<double>(r.hold_ns), (100e3 * 1.0 + 10e3 * 0.1 + 5e3 * 0.5) / 1.6, 1e3);
+  // And by class: the GPU-filling kernels in the top SM bin, the small ones
+  // in the lowest, the bandwidth-bound ones in their SM bin's bandwidth twin.
+  const int top = emugpu::kSmBins - 1, bound = emugpu::kSmBins + 1;
+  EXPECT_NEAR(r.bins[top].fraction, 1.0 / 1.6, 0.01);
+  EXPECT_NEAR(r.bins[top].demand, 1.0, 1e-9);
+  EXPECT_NEAR(static_cast<double>(r.bins[top].hold_ns), 100e3, 1);
+  EXPECT_NEAR(static_cast<double>(r.bins[top].kernel_ns), 1.0 * kMs, 1);
+  EXPECT_EQ(r.bins[top].bandwidth, 0.0);
+  EXPECT_NEAR(r.bins[0].fraction, 0.1 / 1.6, 0.01);
   EXPECT_NEAR(r.bins[0].demand, 0.1, 1e-9);
   EXPECT_NEAR(static_cast<double>(r.bins[0].kernel_ns), 0.1 * kMs, 1);
-  for (int i = 1; i < emugpu::kDemandBins - 1; ++i) EXPECT_EQ(r.bins[i].fraction, 0.0);
+  EXPECT_NEAR(r.bins[bound].fraction, 0.5 / 1.6, 0.01);
+  EXPECT_NEAR(r.bins[bound].demand, 0.3, 1e-9);
+  EXPECT_NEAR(r.bins[bound].bandwidth, 0.8, 1e-9);
+  for (int i = 0; i < emugpu::kDemandBins; ++i) {
+    if (i != 0 && i != top && i != bound) {
+      EXPECT_EQ(r.bins[i].fraction, 0.0) << "bin " << i;
+    }
+  }
 }
 
 TEST(DeviceShare, HalfBusyReportsHalf) {

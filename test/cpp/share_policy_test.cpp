@@ -9,7 +9,7 @@
 namespace {
 
 using namespace emugpu::share;
-using emugpu::kDemandBins;
+using emugpu::kSmBins;
 using emugpu::TimeNs;
 
 SharingConfig config(SharingPolicy policy) {
@@ -120,7 +120,7 @@ TEST(SharePolicyMps, KernelsInTheirLastWaveLeaveSmsAsTheyDrain) {
   const Sharer small{1.0, 0, 0, 0.6, 40'000};  // no histogram: its mean stands for every kernel
   const auto against = [&](TimeNs hold_ns, TimeNs kernel_ns) {
     Sharer big{1.0, 0, 0, 0.95, hold_ns, {}};
-    big.bins[kDemandBins - 1] = {1.0, 0.95, hold_ns, kernel_ns};
+    big.bins[kSmBins - 1] = {1.0, 0.95, hold_ns, kernel_ns};
     return compute_share(c, small, {big});
   };
   // Half the time the big kernel is ahead. In 4 waves it holds its SMs for
@@ -147,7 +147,7 @@ TEST(SharePolicyMps, AnIdleProcessOrOneWithoutHoldTimesCountsAsItShould) {
 Sharer bimodal(double busy) {
   Sharer s{busy, 0, 0, 0.5, 1000, {}};
   s.bins[0] = {0.5, 0.05, 1000, 0};
-  s.bins[kDemandBins - 1] = {0.5, 0.95, 1000, 0};
+  s.bins[kSmBins - 1] = {0.5, 0.95, 1000, 0};
   return s;
 }
 
@@ -174,7 +174,7 @@ TEST(SharePolicyMps, EachClassIsSlowedByWhatItMeets) {
   Sharer small{1.0, 0, 0, 0.2, 100, {}};
   small.bins[0] = {1.0, 0.2, 100, 1000};
   Sharer big{1.0, 0, 0, 1.0, 900, {}};
-  big.bins[kDemandBins - 1] = {1.0, 1.0, 900, 9000};
+  big.bins[kSmBins - 1] = {1.0, 1.0, 900, 9000};
   const double small_share = compute_share(c, small, {big});
   // Half the time the big kernel is ahead and leaves the 5% of SMs of its last half-wave.
   EXPECT_NEAR(small_share, 0.5 + 0.5 * (1 - 0.95) / 0.2, 1e-12);
@@ -187,16 +187,63 @@ TEST(SharePolicyMps, EachClassIsSlowedByWhatItMeets) {
 TEST(SharePolicyMps, ManyOthersFallBackToTheirMeanHeld) {
   const SharingConfig c = config(SharingPolicy::kMps);
   const Sharer job = bimodal(0.5);
-  // Others of 3 states each: exact up to 7 (2187 combinations), mean field
-  // for 12 (531441). More others never speed it up.
+  // Others of 3 states each (a kernel of either class, or none), each in two
+  // orders: exact up to 4 (6^4 = 1296), mean field for 5 (7776) and 12.
+  // More others never speed it up.
   double last = 1.0;
-  for (size_t n : {1u, 2u, 6u, 7u, 12u}) {
+  for (size_t n : {1u, 2u, 4u, 5u, 12u}) {
     const double share = compute_share(c, job, std::vector<Sharer>(n, job));
     EXPECT_GE(share, kMinShare);
     EXPECT_LT(share, 1.0);
     EXPECT_LE(share, last) << n << " others";
     last = share;
   }
+}
+
+// One class of kernels: demand, bandwidth drawn alone, no hold times (no drain).
+Sharer drawing(double demand, double bandwidth) {
+  Sharer s{1.0, 0, 0, demand, 0, {}};
+  s.bins[emugpu::demand_bin(demand, bandwidth)] = {1.0, demand, 0, 0, bandwidth};
+  return s;
+}
+
+TEST(SharePolicyMps, KernelsThatFitSideBySideStillShareTheMemoryBandwidth) {
+  const SharingConfig c = config(SharingPolicy::kMps);
+  // 40% of the SMs each: side by side. Drawing 20% of the bandwidth each: as alone.
+  EXPECT_DOUBLE_EQ(compute_share(c, drawing(0.4, 0.2), {drawing(0.4, 0.2)}), 1.0);
+  // Drawing 80% each: 160% together, so the memory serves each 1/1.6 of what it asks.
+  EXPECT_NEAR(compute_share(c, drawing(0.4, 0.8), {drawing(0.4, 0.8)}), 1.0 / 1.6, 1e-12);
+  // A bandwidth-bound kernel beside a compute-bound one: 0.8 + 0.1 fits.
+  EXPECT_DOUBLE_EQ(compute_share(c, drawing(0.4, 0.8), {drawing(0.4, 0.1)}), 1.0);
+  // The others' draws add up: two others at 50% leave a third 1/(0.5 x 3).
+  EXPECT_NEAR(compute_share(c, drawing(0.3, 0.5), {drawing(0.3, 0.5), drawing(0.3, 0.5)}), 1.0 / 1.5, 1e-12);
+}
+
+TEST(SharePolicyMps, AKernelBehindDrawsBandwidthAtItsReducedSpeed) {
+  const SharingConfig c = config(SharingPolicy::kMps);
+  // 60% of the SMs and 80% of the bandwidth each. Behind, a kernel gets 0.4
+  // of the SMs (2/3 of its speed) and draws 2/3 of its 80%; ahead, it runs
+  // at full SMs beside the other's 2/3.
+  const double sm = 0.4 / 0.6;
+  const double behind = sm / (0.8 * sm + 0.8);
+  const double ahead = 1.0 / (0.8 + 0.8 * sm);
+  EXPECT_NEAR(compute_share(c, drawing(0.6, 0.8), {drawing(0.6, 0.8)}), 0.5 * behind + 0.5 * ahead, 1e-12);
+  // Without bandwidth, only the SMs count.
+  EXPECT_NEAR(compute_share(c, drawing(0.6, 0.0), {drawing(0.6, 0.0)}), 0.5 * sm + 0.5, 1e-12);
+}
+
+TEST(SharePolicyMps, KernelsOfSeveralOthersAreDispatchedInOneOrder) {
+  const SharingConfig c = config(SharingPolicy::kMps);
+  // Three jobs whose kernels fill the GPU: each kernel is first a third of
+  // the time (then alone on the SMs) and waits otherwise, so the three
+  // together do one job's work, as time slicing without its switches.
+  const Sharer full = drawing(1.0, 0.0);
+  EXPECT_NEAR(compute_share(c, full, {full, full}), 1.0 / 3, 1e-12);
+  // 60% each: first, as alone; second, 0.4 of the SMs for its 0.6; third, none.
+  const Sharer most = drawing(0.6, 0.0);
+  EXPECT_NEAR(compute_share(c, most, {most, most}), (1.0 + 0.4 / 0.6 + 0.0) / 3, 1e-12);
+  // Mean field (each other ahead half of the time, at its mean) agrees for two.
+  EXPECT_NEAR(compute_share(c, most, {most}), 0.5 * (1.0 + 0.4 / 0.6), 1e-12);
 }
 
 TEST(SharePolicyMps, ParsedByName) {

@@ -88,12 +88,15 @@ TEST(ShareProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(report.bins[0].fraction_ppm, 0u);  // none sent
   ShareReport binned{0, kPpm, 1, 2, 3, 500000, 40, {}};
   binned.bins[0] = {250000, 100000, 1000, 20000};
-  binned.bins[3] = {750000, 990000, 90000, 400000};
+  binned.bins[3] = {600000, 990000, 90000, 400000};
+  binned.bins[7] = {150000, 300000, 5000, 30000, 850000};
   const ShareReport bins_back = decode_share(parse_one(encode_share(9, binned)));
   EXPECT_EQ(bins_back.bins[0].fraction_ppm, 250000u);
   EXPECT_EQ(bins_back.bins[0].kernel_ns, 20000);
   EXPECT_EQ(bins_back.bins[3].demand_ppm, 990000u);
   EXPECT_EQ(bins_back.bins[3].hold_ns, 90000);
+  EXPECT_EQ(bins_back.bins[7].bandwidth_ppm, 850000u);
+  EXPECT_EQ(bins_back.bins[7].demand_ppm, 300000u);
   EXPECT_EQ(bins_back.bins[1].fraction_ppm, 0u);
   const ShareGrant grant = decode_share_reply(parse_one(encode_share_reply(8, {kPpm / 3, 2, 1234})));
   EXPECT_EQ(grant.rate_ppm, kPpm / 3);
@@ -115,6 +118,8 @@ TEST(ShareProtocol, FractionsAboveOneAndZeroSharesAreRefused) {
   bins.bins[2].hold_ns = -1;
   EXPECT_THROW(decode_share(parse_one(encode_share(1, bins))), emugpu::Error);
   bins.bins[2] = {0, kPpm + 1, 0, 0};
+  EXPECT_THROW(decode_share(parse_one(encode_share(1, bins))), emugpu::Error);
+  bins.bins[2] = {0, 0, 0, 0, kPpm + 1};  // more than the peak bandwidth
   EXPECT_THROW(decode_share(parse_one(encode_share(1, bins))), emugpu::Error);
   EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {0, 0, 0}))), emugpu::Error);
   EXPECT_THROW(decode_share_reply(parse_one(encode_share_reply(1, {kPpm + 1, 0, 0}))), emugpu::Error);

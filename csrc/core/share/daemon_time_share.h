@@ -49,8 +49,10 @@ class DaemonTimeShare final : public TimeShare {
                        {}};
     for (size_t i = 0; i < r.bins.size(); ++i) {
       const DemandBin& b = r.bins[i];
+      // The bandwidth is the GPU's under an active-thread cap too (MPS splits SMs, not memory).
       report.bins[i] = {static_cast<uint32_t>(std::clamp(b.fraction, 0.0, 1.0) * kPpm + 0.5), whole_gpu(b.demand),
-                        std::max<TimeNs>(b.hold_ns, 0), std::max<TimeNs>(b.kernel_ns, 0)};
+                        std::max<TimeNs>(b.hold_ns, 0), std::max<TimeNs>(b.kernel_ns, 0),
+                        static_cast<uint32_t>(std::clamp(b.bandwidth, 0.0, 1.0) * kPpm + 0.5)};
     }
     ShareGrant grant = client_->share(report);
     const TimeNs skew = window_ns() / 5;

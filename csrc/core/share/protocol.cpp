@@ -211,6 +211,7 @@ std::vector<uint8_t> encode_share(uint32_t id, const ShareReport& r) {
       .put<int64_t>(r.hold_ns);
   for (const auto& b : r.bins) {
     w.put<uint32_t>(b.fraction_ppm).put<uint32_t>(b.demand_ppm).put<int64_t>(b.hold_ns).put<int64_t>(b.kernel_ns);
+    w.put<uint32_t>(b.bandwidth_ppm);
   }
   return encode(MessageType::kShare, id, w.take());
 }
@@ -315,6 +316,7 @@ ShareReport decode_share(const Message& m) {
     b.demand_ppm = ppm(r, "a demand bin's SM demand");
     b.hold_ns = r.get<int64_t>();
     b.kernel_ns = r.get<int64_t>();
+    b.bandwidth_ppm = ppm(r, "a demand bin's bandwidth share");
     EMUGPU_CHECK(b.hold_ns >= 0 && b.kernel_ns >= 0, kRuntime,
                  "emugpud protocol: expected a demand bin's block hold time and kernel duration >= 0 ns in a share "
                  "report, got ",

@@ -22,7 +22,7 @@ namespace emugpu::share {
 constexpr uint32_t kMagic = 0x53474d45;  // "EMGS"
 // 2: time sharing (priority, share reports); 3: MIG instances; 4: MPS (SM demand in share reports);
 // 5: MPS demand histograms in share reports
-constexpr uint16_t kVersion = 5;
+constexpr uint16_t kVersion = 6;
 constexpr size_t kHeaderBytes = 16;
 // Far above any message (a status of a thousand clients is ~100 kB), small
 // enough that a garbage length is caught at once.
@@ -96,13 +96,14 @@ struct ShareReport {
   int64_t hold_ns = 0;         // how long its kernels' blocks hold an SM, alone (MPS)
   // Its kernels by demand (time_share.h's kDemandBins bins): the fraction of
   // its kernel time in each, their mean demand of the whole GPU's SMs, their
-  // blocks' mean hold time, their mean duration. All fractions 0: none
-  // reported (use the means).
+  // blocks' mean hold time, their mean duration, the mean share of the peak
+  // memory bandwidth they draw. All fractions 0: none reported (use the means).
   struct Bin {
     uint32_t fraction_ppm = 0;
     uint32_t demand_ppm = 0;
     int64_t hold_ns = 0;
     int64_t kernel_ns = 0;
+    uint32_t bandwidth_ppm = 0;
   };
   std::array<Bin, kDemandBins> bins{};
 };
