@@ -4,12 +4,14 @@
 Traces one training iteration (after two warm-up iterations) of each job
 named as `collocation.py` names them (MODEL:BATCH:DTYPE) on an emulated GPU
 (no profiles, so every kernel comes from the cost model) and prints, per
-demand bin (the classes a process reports to the daemon under `--sharing
-mps`: below a quarter of the SMs, a half, three quarters, more), the bin's
-share of the job's kernel time, its kernels' time-weighted mean demand,
-block hold time and duration, and two figures the policy does not use yet:
-the fraction of the peak memory bandwidth and of the peak FLOP/s its kernels
-draw alone, and the share of its time in memory-bound kernels.
+bin (the classes a process reports to the daemon under `--sharing mps`: by
+SM demand, below a quarter of the SMs, a half, three quarters, more; `bw`
+for the kernels that draw at least half of the peak memory bandwidth
+alone), the bin's share of the job's kernel time, its kernels'
+time-weighted mean demand, block hold time, duration and share of the
+peak bandwidth, and two figures the policy does not use: the fraction of
+the peak FLOP/s its kernels draw alone and the share of its time in
+memory-bound kernels.
 
     python benchmarks/mps_classes.py mobilenet_v2:128:bf16 vgg11:64:fp32 [--gpu h100]
 """
@@ -43,16 +45,18 @@ def classes(job: str) -> tuple[int, float, list[dict[str, float]]]:
     ops = [o for o in _C._cost_trace(0) if o["charged_ns"] > 0]
     total = sum(o["charged_ns"] for o in ops)
     keys = ("time", "demand", "hold", "kernel", "bandwidth", "compute", "memory_bound", "kernels")
-    bins = [dict.fromkeys(keys, 0.0) for _ in range(4)]
+    bins = [dict.fromkeys(keys, 0.0) for _ in range(8)]
     for o in ops:
         d = float(o["charged_ns"])
         demand = min(max(o["demand"], 0.0), 1.0)
-        b = bins[min(int(demand * 4), 3)]
+        bandwidth = min(o["peak_memory_ns"] / d, 1.0)
+        # As the device bins them (csrc/core/time_share.h): SM quarter, then bandwidth-bound or not.
+        b = bins[min(int(demand * 4), 3) + (4 if bandwidth >= 0.5 else 0)]
         b["time"] += d
         b["demand"] += demand * d
         b["hold"] += o["hold_ns"] * d
         b["kernel"] += d * d
-        b["bandwidth"] += min(o["peak_memory_ns"] / d, 1.0) * d
+        b["bandwidth"] += bandwidth * d
         b["compute"] += min(o["peak_compute_ns"] / d, 1.0) * d
         b["memory_bound"] += 0.0 if o["compute_bound"] else d
         b["kernels"] += 1
@@ -62,7 +66,7 @@ def classes(job: str) -> tuple[int, float, list[dict[str, float]]]:
             t = b["time"]
             rows.append(
                 {
-                    "bin": i,
+                    "bin": f"{i % 4}{' bw' if i >= 4 else ''}",
                     "fraction": t / total,
                     "kernels": b["kernels"],
                     **{k: b[k] / t for k in ("demand", "bandwidth", "compute", "memory_bound")},
@@ -85,14 +89,14 @@ def main() -> None:
 
     warnings.filterwarnings("ignore", message="emugpu: no (measured )?profile")
     print(
-        f"{'job':24} {'bin':>3} {'time':>5} {'kernels':>7} {'demand':>6} {'hold us':>8} {'kernel us':>9} "
+        f"{'job':24} {'bin':>4} {'time':>5} {'kernels':>7} {'demand':>6} {'hold us':>8} {'kernel us':>9} "
         f"{'bw':>5} {'flops':>5} {'mem-bound':>9}"
     )
     for job in args.jobs:
         ops, ms, rows = classes(job)
         for r in rows:
             print(
-                f"{job:24} {r['bin']:>3} {r['fraction']:5.2f} {int(r['kernels']):7d} {r['demand']:6.2f} "
+                f"{job:24} {r['bin']:>4} {r['fraction']:5.2f} {int(r['kernels']):7d} {r['demand']:6.2f} "
                 f"{r['hold_us']:8.1f} {r['kernel_us']:9.1f} {r['bandwidth']:5.2f} {r['compute']:5.2f} "
                 f"{r['memory_bound']:9.2f}"
             )

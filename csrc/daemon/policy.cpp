@@ -140,6 +140,7 @@ double mps_share(const SharingConfig& config, const Sharer& me, const std::vecto
       // likely as another.
       std::vector<size_t> at(others.size(), 0);
       std::vector<const Meeting*> running;
+      std::vector<double> by_rank, subsets;
       for (;;) {
         double p = 1;
         running.clear();
@@ -150,7 +151,8 @@ double mps_share(const SharingConfig& config, const Sharer& me, const std::vecto
         }
         if (p > 0) {
           const size_t m = running.size();
-          std::vector<double> by_rank(m + 1, 0.0), subsets(m + 1, 0.0);
+          by_rank.assign(m + 1, 0.0);
+          subsets.assign(m + 1, 0.0);
           for (uint32_t ahead = 0; ahead < (1u << m); ++ahead) {
             double held = 0, drawn = 0;
             for (size_t i = 0; i < m; ++i) {
