@@ -173,15 +173,35 @@ double mps_share(const SharingConfig& config, const Sharer& me, const std::vecto
         if (j == at.size()) break;
       }
     } else {
-      // Each running kernel ahead half of the time, at its mean.
-      double held = 0, drawn = 0;
+      // Mean field: the others' kernels as one average kernel, of which
+      // `running` run at a time on average; this kernel is r-th among them
+      // with probability 1 / (m + 1), behind r average kernels.
+      double running = 0, held = 0, ahead_drawn = 0, behind_drawn = 0;
       for (const auto& m : meetings) {
         for (const Meeting& x : m) {
-          held += x.probability * 0.5 * x.held;
-          drawn += x.probability * 0.5 * (x.bandwidth + x.behind);
+          if (!x.running) continue;
+          running += x.probability;
+          held += x.probability * x.held;
+          ahead_drawn += x.probability * x.bandwidth;
+          behind_drawn += x.probability * x.behind;
         }
       }
-      mean = speed(sm_speed(held, k.demand), k.bandwidth, drawn);
+      if (running > 0) {
+        held /= running;
+        ahead_drawn /= running;
+        behind_drawn /= running;
+      }
+      const auto among = [&](int m) {
+        double sum = 0;
+        for (int r = 0; r <= m; ++r) {
+          sum += speed(sm_speed(r * held, k.demand), k.bandwidth, r * ahead_drawn + (m - r) * behind_drawn);
+        }
+        return sum / (m + 1);
+      };
+      // Between the whole numbers of kernels around the mean, linearly.
+      const int below = static_cast<int>(std::floor(running));
+      const double over = running - below;
+      mean = (1.0 - over) * among(below) + (over > 0 ? over * among(below + 1) : 0.0);
     }
     stretched += k.fraction / std::max(mean, kMinShare);
   }

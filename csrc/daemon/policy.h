@@ -102,7 +102,9 @@ constexpr size_t kExactSharers = 12;
 // is slowed by that total. Per class the speed is that expectation, and the
 // process's share its kernel time alone over its expected time shared.
 // Exact while the others' combinations times their orders number at most
-// kExactMpsStates, mean field beyond (each kernel ahead half of the time).
+// kExactMpsStates; beyond, a mean field: the others' kernels as one average
+// kernel, as many running as the others' busy fractions add up to, this one
+// behind each number of them alike.
 constexpr size_t kExactMpsStates = 4096;
 
 // The fraction of the GPU's speed `me` gets while it has work, in [kMinShare, 1].

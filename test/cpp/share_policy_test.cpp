@@ -242,8 +242,21 @@ TEST(SharePolicyMps, KernelsOfSeveralOthersAreDispatchedInOneOrder) {
   // 60% each: first, as alone; second, 0.4 of the SMs for its 0.6; third, none.
   const Sharer most = drawing(0.6, 0.0);
   EXPECT_NEAR(compute_share(c, most, {most, most}), (1.0 + 0.4 / 0.6 + 0.0) / 3, 1e-12);
-  // Mean field (each other ahead half of the time, at its mean) agrees for two.
-  EXPECT_NEAR(compute_share(c, most, {most}), 0.5 * (1.0 + 0.4 / 0.6), 1e-12);
+}
+
+TEST(SharePolicyMps, TheMeanFieldKeepsTheDispatchOrder) {
+  const SharingConfig c = config(SharingPolicy::kMps);
+  // Seven others (6^7 combinations and orders: mean field). Kernels that
+  // fill the GPU: first an eighth of the time, as an exact order would give.
+  const Sharer full = drawing(1.0, 0.0);
+  EXPECT_NEAR(compute_share(c, full, std::vector<Sharer>(7, full)), 1.0 / 8, 1e-12);
+  // 40% each: first and second run as alone, third on 0.2 of the SMs, none after.
+  const Sharer some = drawing(0.4, 0.0);
+  EXPECT_NEAR(compute_share(c, some, std::vector<Sharer>(7, some)), (1.0 + 1.0 + 0.5) / 8, 1e-12);
+  // Others busy half of the time: 3.5 of them on average, between 3 and 4.
+  Sharer half = full;
+  half.busy = 0.5;
+  EXPECT_NEAR(compute_share(c, full, std::vector<Sharer>(7, half)), 0.5 * (1.0 / 4) + 0.5 * (1.0 / 5), 1e-12);
 }
 
 TEST(SharePolicyMps, ParsedByName) {
