@@ -21,7 +21,7 @@ namespace emugpu::share {
 
 constexpr uint32_t kMagic = 0x53474d45;  // "EMGS"
 // 2: time sharing (priority, share reports); 3: MIG instances; 4: MPS (SM demand in share reports);
-// 5: MPS demand histograms in share reports
+// 5: MPS demand histograms in share reports; 6: their bins split by bandwidth, with its share per bin
 constexpr uint16_t kVersion = 6;
 constexpr size_t kHeaderBytes = 16;
 // Far above any message (a status of a thousand clients is ~100 kB), small
