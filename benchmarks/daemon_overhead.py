@@ -34,8 +34,8 @@ def per_op_us(steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per round and setting (default 10)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternations of the two settings (default 3)")
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per round and setting (default 20)")
+    parser.add_argument("--rounds", type=int, default=9, help="alternations of the two settings (default 9)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         address = f"unix:{Path(tmp) / 'emugpud.sock'}"
