@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < emugpu::kDemandBins; ++i) {
     if (i % emugpu::kSmBins == 0) continue;  // six classes: the three upper SM quarters, bandwidth-bound or not
     const bool bound = i >= emugpu::kSmBins;
-    job.bins[static_cast<size_t>(i)] = {1.0 / 6, 0.25 * (i % emugpu::kSmBins) + 0.1, 5'000 + 10'000 * (i % 4),
-                                        200'000, bound ? 0.8 : 0.2};
+    job.bins[static_cast<size_t>(i)] = {1.0 / 6, 0.25 * (i % emugpu::kSmBins) + 0.1, 5'000 + 10'000 * (i % 4), 200'000,
+                                        bound ? 0.8 : 0.2};
   }
   SharingConfig mps, slice;
   mps.policy = SharingPolicy::kMps;
