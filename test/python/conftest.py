@@ -82,6 +82,18 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     )
 
 
+def run_example(script: str | os.PathLike[str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Runs an example or benchmark script as a user would, from the repository, without the test run's
+    EMUGPU_ settings; fails the test with its error output if it exits non-zero."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
+    env["PYTHONPATH"] = REPO
+    r = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
 @contextlib.contextmanager
 def child_env(**env: str) -> Iterator[None]:
     """Environment variables for the children started inside (spawn copies os.environ)."""

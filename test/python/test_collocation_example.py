@@ -6,14 +6,11 @@ smallest MIG instance is reported as out of memory, not as a failure."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_example
 
 pytestmark = pytest.mark.slow  # a daemon and several processes: scripts/test.sh --fast leaves them out
 
@@ -21,17 +18,7 @@ EXAMPLE = pathlib.Path(REPO) / "examples" / "collocation" / "collocation_study.p
 
 
 def study(out: pathlib.Path, *args: str) -> list[dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
-    env["PYTHONPATH"] = REPO
-    r = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--gpu", "a100", "--iterations", "6", "--warmup", "1", "--out", str(out), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_example(EXAMPLE, "--gpu", "a100", "--iterations", "6", "--warmup", "1", "--out", str(out), *args)
     assert (out / "collocation_a100.png").stat().st_size > 0
     return json.loads((out / "collocation_a100.json").read_text())["rows"]
 

@@ -7,14 +7,11 @@ dispatched in one order, not each against each)."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_example
 
 pytestmark = pytest.mark.slow  # a daemon and three processes: scripts/test.sh --fast leaves them out
 
@@ -22,20 +19,9 @@ EXAMPLE = pathlib.Path(REPO) / "examples" / "salus" / "salus.py"
 
 
 def phases(out: pathlib.Path, sharing: str) -> list[dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMUGPU_")}
-    env["PYTHONPATH"] = REPO
     # Job k starts 20 s (emulated) after the first, so that its start-up (real time, while the running
     # jobs' clocks go on) ends well inside the phase.
-    args = ["--sharing", sharing, "--iterations", "250", "--offset", "20", "--out", str(out)]
-    r = subprocess.run(
-        [sys.executable, str(EXAMPLE), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_example(EXAMPLE, "--sharing", sharing, "--iterations", "250", "--offset", "20", "--out", str(out))
     assert (out / f"salus_{sharing}_p100.png").stat().st_size > 0
     return json.loads((out / f"salus_{sharing}_p100.json").read_text())["phases"]
 
