@@ -13,6 +13,14 @@ what the GPU-sharing model must reproduce:
                 daemon, started and always stopped again), plus each job alone
                 under MPS; optionally with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE caps.
 
+With --kernels N every member of every run also records the kernels of N
+consecutive iterations from the middle of its window (torch.profiler, CUDA
+activity only; all members of a group start recording at one common time, so
+their recorded kernels overlap): name, start and duration on one clock common
+to the processes, grid, threads per block, registers and shared memory.
+benchmarks/mps_kernels.py reads them: how each job's kernels stretch, wait
+and overlap beside the other's, the evidence for a sharing model's rules.
+
 Every job trains on a fixed synthetic batch already on the GPU (no data
 loading). Each measured process synchronises after every iteration; all
 members of a group iterate over one common window, and only iterations that
@@ -76,6 +84,10 @@ SMI_INFO_FIELDS = (
     "pci.bus_id",
 )
 T_START = time.monotonic()
+# The profiler categories recorded by --kernels: the GPU's own work on a GPU;
+# on the CPU (dry runs of the flow) the operators, so that the flow runs end to end.
+GPU_ACTIVITY = ("kernel", "gpu_memcpy", "gpu_memset")
+KERNEL_COLUMNS = ("name", "start_ns", "dur_ns", "blocks", "threads", "registers", "shared_bytes", "stream", "category")
 
 
 class UsageError(Exception):
@@ -328,9 +340,14 @@ class WorkerState:
             for _ in range(msg["warmup"]):
                 self.trainer.step()
             self.sync()
-            return {"ok": True, "build_s": built, "warmup_s": time.monotonic() - t - built, **self.trainer.describe()}
+            warm = time.monotonic() - t - built
+            if msg.get("kernels"):
+                # The profiler's first start loads CUPTI (a second or more): done here, so
+                # that starting it inside the measured window takes milliseconds.
+                self.record_kernels(1)
+            return {"ok": True, "build_s": built, "warmup_s": warm, **self.trainer.describe()}
         if cmd == "run":
-            return self.run(msg["t0"], msg["until"], msg["min_iters"])
+            return self.run(msg["t0"], msg["until"], msg["min_iters"], msg.get("kernels", 0), msg.get("kernels_at"))
         if cmd == "release":
             self.release()
             return {"ok": True}
@@ -362,7 +379,73 @@ class WorkerState:
             doc["cudnn"] = torch.backends.cudnn.version()
         return doc
 
-    def run(self, t0: float, until: float, min_iters: int) -> dict[str, Any]:
+    def record_kernels(self, iterations: int) -> Any:
+        """Runs `iterations` iterations under torch.profiler; returns the profiler (stopped)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        trainer = self.trainer
+        assert trainer is not None
+        activity = ProfilerActivity.CUDA if self.device.type == "cuda" else ProfilerActivity.CPU
+        prof = profile(activities=[activity])
+        prof.start()
+        try:
+            for _ in range(iterations):
+                trainer.step()
+                self.sync()
+        finally:
+            prof.stop()
+        return prof
+
+    def kernel_rows(self, prof: Any, iterations: int) -> dict[str, Any]:
+        """The recorded GPU activity (operators on the CPU) as compact rows, KERNEL_COLUMNS.
+
+        Start times are nanoseconds on the profiler's clock (its base, Unix time, plus
+        the event's offset), which every process on the host shares."""
+        with tempfile.TemporaryDirectory(prefix="collocation-kernels-") as d:
+            path = Path(d) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            trace = json.loads(path.read_text())
+        base_ns = int(trace.get("baseTimeNanoseconds", 0))
+        wanted = GPU_ACTIVITY if self.device.type == "cuda" else ("cpu_op",)
+        names: dict[str, int] = {}
+        rows: list[list[Any]] = []
+        for e in trace.get("traceEvents", []):
+            cat = e.get("cat")
+            if e.get("ph") != "X" or cat not in wanted:
+                continue
+            a = e.get("args", {})
+            grid, block = a.get("grid", [0, 0, 0]), a.get("block", [0, 0, 0])
+            name = names.setdefault(e["name"], len(names))
+            rows.append(
+                [
+                    name,
+                    base_ns + round(float(e["ts"]) * 1e3),
+                    round(float(e.get("dur", 0)) * 1e3),
+                    math.prod(grid) if grid else 0,
+                    math.prod(block) if block else 0,
+                    int(a.get("registers per thread", 0)),
+                    int(a.get("shared memory", 0)),
+                    int(a.get("stream", e.get("tid", 0)) or 0),
+                    wanted.index(cat),
+                ]
+            )
+        rows.sort(key=lambda r: r[1])
+        t0 = rows[0][1] if rows else 0
+        for r in rows:
+            r[1] -= t0
+        return {
+            "iterations": iterations,
+            "columns": list(KERNEL_COLUMNS),
+            "categories": list(wanted),
+            "names": list(names),
+            "t0_ns": t0,
+            "rows": rows,
+            "device_properties": trace.get("deviceProperties", []),
+        }
+
+    def run(
+        self, t0: float, until: float, min_iters: int, kernels: int = 0, kernels_at: float | None = None
+    ) -> dict[str, Any]:
         trainer = self.trainer
         if trainer is None:
             raise RuntimeError("run before prepare")
@@ -375,14 +458,35 @@ class WorkerState:
         self.sync()
         start = time.monotonic()
         ends: list[float] = []
+        prof = None
+        recorded: dict[str, Any] | None = None
+        span: int | None = None
         while True:
-            trainer.step()
-            self.sync()
-            now = time.monotonic()
-            ends.append(now)
+            if kernels and span is None and time.monotonic() >= (kernels_at or 0.0):
+                span = len(ends)  # the recorded iterations end as one long one, which window_stats leaves out
+                try:
+                    prof = self.record_kernels(kernels)
+                except Exception as e:  # the timing run stands without them
+                    recorded = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+                now = time.monotonic()
+                ends.append(now)
+            else:
+                trainer.step()
+                self.sync()
+                now = time.monotonic()
+                ends.append(now)
             if now >= until and len(ends) >= min_iters:
                 break
-        return {"ok": True, "start": start, "ends": ends, **self.memory()}
+        reply: dict[str, Any] = {"ok": True, "start": start, "ends": ends, **self.memory()}
+        if prof is not None:
+            try:
+                recorded = self.kernel_rows(prof, kernels)
+            except Exception as e:
+                recorded = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+        if span is not None:
+            reply["recorded_span"] = span
+            reply["kernels"] = recorded
+        return reply
 
     def release(self) -> None:
         if self.trainer is None:
@@ -699,13 +803,16 @@ def quantile(xs: list[float], q: float) -> float:
 
 
 def window_stats(reply: dict[str, Any], t0: float, lo: float, hi: float, batch: int) -> dict[str, Any]:
-    """Statistics of the iterations lying entirely inside [lo, hi]. Times in ms."""
+    """Statistics of the iterations lying entirely inside [lo, hi], less the stretch
+    recorded by --kernels (several iterations under the profiler). Times in ms."""
     ends: list[float] = reply["ends"]
     starts = [reply["start"], *ends[:-1]]
-    inside = [(s, e) for s, e in zip(starts, ends, strict=True) if s >= lo and e <= hi]
+    recorded = reply.get("recorded_span")
+    spans = [(s, e) for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if i != recorded]
+    inside = [(s, e) for s, e in spans if s >= lo and e <= hi]
     fallback = not inside  # dry runs: iterations longer than the window
     if fallback:
-        inside = list(zip(starts, ends, strict=True))[1:] or list(zip(starts, ends, strict=True))
+        inside = spans[1:] or spans or list(zip(starts, ends, strict=True))
     ms = [(e - s) * 1e3 for s, e in inside]
     mean = statistics.fmean(ms)
     doc: dict[str, Any] = {
@@ -726,6 +833,8 @@ def window_stats(reply: dict[str, Any], t0: float, lo: float, hi: float, batch: 
     }
     if fallback:
         doc["outside_window"] = True
+    if recorded is not None:
+        doc["kernels"] = reply.get("kernels")
     return doc
 
 
@@ -739,6 +848,7 @@ class Settings:
     cudnn_benchmark: bool
     smi_index: str | None
     lead: float = 0.5
+    kernels: int = 0  # iterations whose kernels each member records (--kernels)
     prepare_timeout: float = 150  # build + warm-up, CUDA and cuDNN start-up included
     start_timeout: float = 180  # a worker's imports
     notes: list[str] = field(default_factory=list)
@@ -786,15 +896,33 @@ class Runner:
         phase = "prepare"
         try:
             for w, job in zip(workers, members, strict=True):
-                w.send({"cmd": "prepare", "job": asdict(job), "warmup": s.warmup, "cudnn_benchmark": s.cudnn_benchmark})
+                w.send(
+                    {
+                        "cmd": "prepare",
+                        "job": asdict(job),
+                        "warmup": s.warmup,
+                        "cudnn_benchmark": s.cudnn_benchmark,
+                        "kernels": s.kernels,
+                    }
+                )
             prepared = [w.receive(s.prepare_timeout) for w in workers]
             phase = "run"
             t0 = time.monotonic() + s.lead
             lo = t0 + s.settle
             hi = lo + s.window
             sampler = SmiSampler(s.smi_index) if s.smi_index is not None else None
+            # every member records from one common time, the middle of the window
             for w in workers:
-                w.send({"cmd": "run", "t0": t0, "until": hi, "min_iters": s.min_iters})
+                w.send(
+                    {
+                        "cmd": "run",
+                        "t0": t0,
+                        "until": hi,
+                        "min_iters": s.min_iters,
+                        "kernels": s.kernels,
+                        "kernels_at": lo + s.window / 2,
+                    }
+                )
             try:
                 runs = [w.receive(hi - time.monotonic() + 180) for w in workers]
             finally:
@@ -1081,6 +1209,14 @@ def method(s: Settings) -> dict[str, Any]:
         "memory": "peak_allocated / peak_reserved: torch.cuda.max_memory_allocated / max_memory_reserved over the "
         "measured run (statistics reset after warm-up; the cache then holds the warm-up's blocks)",
         "cudnn_benchmark": s.cudnn_benchmark,
+        "kernels": (
+            f"each member recorded the kernels of {s.kernels} consecutive iterations under torch.profiler "
+            "(CUDA activity only), all members starting at the middle of the window; those iterations count "
+            "as one span that the statistics leave out; rows as KERNEL_COLUMNS, start times in ns on the "
+            "profiler's clock common to the processes"
+            if s.kernels
+            else None
+        ),
         "seconds": s.window,
         "settle_s": s.settle,
         "warmup_iterations": s.warmup,
@@ -1217,6 +1353,14 @@ Exit status: 0 all runs measured, 1 some run failed (recorded in the JSON),
         default=None,
         help="skip the solo runs under MPS (default: run them, except with --quick)",
     )
+    p.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also record the kernels of N iterations of every member from the middle of each window "
+        "(torch.profiler; read them with benchmarks/mps_kernels.py; default 0: none)",
+    )
     p.add_argument("--cudnn-benchmark", action="store_true", help="set torch.backends.cudnn.benchmark (default off)")
     p.add_argument(
         "--device",
@@ -1242,6 +1386,8 @@ Exit status: 0 all runs measured, 1 some run failed (recorded in the JSON),
         p.error("--seconds must be positive")
     if args.warmup is not None and args.warmup < 0:
         p.error("--warmup must be at least 0")
+    if args.kernels < 0:
+        p.error("--kernels must be at least 0")
     return args
 
 
@@ -1276,6 +1422,7 @@ def main(argv: list[str] | None = None) -> int:
         min_iters=2 if cpu else 1,
         cudnn_benchmark=args.cudnn_benchmark,
         smi_index=smi,
+        kernels=args.kernels,
     )
     if not cpu and smi is None:
         settings.notes.append("nvidia-smi not found: no GPU utilisation, clock or driver figures")

@@ -9,6 +9,7 @@
 # nothing that needs the extension; `dataset make` goes through the command.
 #
 #   benchmarks/measure_on_gpu.sh [steps...]   steps: preprocessing calibrate profiles host validation pipeline pinned
+#                                              mps-kernels
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-results}
 WORK=${WORK:-/tmp/emugpu-measure}
@@ -52,6 +53,11 @@ for step in "${steps[@]}"; do
       [ -d "$WORK/data" ] || $PY -m torch_emugpu.cli dataset make imagenet-like "$WORK/data" --images 256 --no-progress
       timeout 200 $PY benchmarks/data_pipeline.py --data "$WORK/data" --device cuda --out "$WORK/pinned.json" \
         --preprocessing none --limit 20480 --batch 256 --models resnet18,resnet50 --workers 8 --pin both ;;
+    mps-kernels)
+      # the five collocated pairs alone, under time slicing and under MPS (root), every member recording the
+      # kernels of 3 iterations (benchmarks/mps_kernels.py reads them): about 4 minutes
+      timeout 540 $PY benchmarks/collocation.py --seconds 4 --kernels 3 --out "$WORK/collocation_kernels.json" \
+        && $PY benchmarks/mps_kernels.py "$WORK/collocation_kernels.json" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
   echo "== $step exit $?"
