@@ -243,6 +243,9 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     if (cost.plane > 0) memory_s *= (cost.plane + p.batch_norm_eval_plane) / cost.plane;
     if (element_bytes(cost.dtype) == 2) memory_s *= 2 * p.batch_norm_eval_16bit;
   }
+  // The share of the SMs a grid that grows with the bytes would fill that
+  // this kernel's grid does fill (for MPS: what it leaves to other processes).
+  double grid_fill = 1.0;
   if (cost.family == OpFamily::kBatchNorm && cost.channels > 0 && !eval_batch_norm) {
     // Its per-channel reductions run a block or a few per channel, so with
     // few channels most SMs idle; the backward reduces two products per
@@ -250,6 +253,11 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
     // ~0.75 SMs forward, ~2.5 SMs backward).
     const double half = p.batch_norm_channels_per_sm * gpu_.sm_count * (cost.backward ? 3.0 : 1.0);
     memory_s *= (cost.channels + half) / cost.channels;
+    // PyTorch's own kernels reduce each channel in one block (a grid of C
+    // blocks, whatever the batch), so the time beyond the bytes is SMs left
+    // idle, which another process's kernels may take. cuDNN's grids are
+    // not known here: its kernels are taken to fill the GPU.
+    if (!cost.cudnn) grid_fill = cost.channels / (cost.channels + half);
   }
   if (cost.family == OpFamily::kBatchNorm && element_bytes(cost.dtype) == 2 && !cost.cudnn && !eval_batch_norm) {
     memory_s *= cost.backward ? p.batch_norm_16bit_backward : p.batch_norm_16bit_forward;
@@ -389,7 +397,7 @@ KernelCost CostModel::kernel_cost(const OpCost& cost) const {
   // The SMs held while the work runs: a GEMM's waves, else a grid that grows
   // with the bytes; none during the launch gaps.
   const bool by_gemm = gemm_fill_s > 0 && compute_s > memory_s;
-  const double fill = by_gemm ? gemm_fill_s / compute_s : byte_fill(cost.bytes / launches, gpu_.sm_count);
+  const double fill = by_gemm ? gemm_fill_s / compute_s : byte_fill(cost.bytes / launches, gpu_.sm_count) * grid_fill;
   const double waves = by_gemm ? gemm_waves : launches * byte_waves(cost.bytes / launches, gpu_.sm_count);
   const double demand = ns > 0 ? std::clamp(fill * work_s * 1e9 / ns, 0.0, 1.0) : 0.0;
   const Occupancy occupancy{std::isfinite(demand) ? demand : 1.0, work_s * 1e9 / std::max(waves, 1.0),

@@ -111,4 +111,31 @@ TEST(KernelDemand, BigGemmsHoldTheGpuSmallKernelsLittle) {
   EXPECT_NEAR(emugpu::byte_fill(132 * 2048 * 16 / 4.0, 132), 0.25, 1e-12);
 }
 
+TEST(KernelDemand, PyTorchsBatchNormsHoldOnlyTheSmsTheirChannelsFill) {
+  const auto gpu = h100ish();
+  const emugpu::CostModel m(gpu);
+  // PyTorch's own kernels (bfloat16) reduce a channel per block: eight
+  // channels leave most SMs idle, and the time they take beyond their
+  // bytes is those idle SMs.
+  OpCost native{0, 1e9, DType::kBFloat16, OpFamily::kBatchNorm};
+  native.channels = 8;
+  const auto few = m.kernel_cost(native);
+  EXPECT_LT(few.occupancy.demand, 0.3);
+  native.channels = 1e6;
+  const auto many = m.kernel_cost(native);
+  EXPECT_GT(many.occupancy.demand, 0.9);
+  // The SM time stays what the bytes take: the slower kernel holds fewer SMs.
+  EXPECT_NEAR(few.occupancy.demand * static_cast<double>(few.duration),
+              many.occupancy.demand * static_cast<double>(many.duration),
+              0.05 * many.occupancy.demand * static_cast<double>(many.duration));
+  native.backward = true;
+  native.channels = 8;
+  EXPECT_LT(m.kernel_cost(native).occupancy.demand, few.occupancy.demand);
+  // cuDNN's (float32): its grids are not known, taken to fill the GPU.
+  OpCost cudnn{0, 1e9, DType::kFloat32, OpFamily::kBatchNorm};
+  cudnn.channels = 8;
+  cudnn.cudnn = true;
+  EXPECT_GT(m.kernel_cost(cudnn).occupancy.demand, 0.9);
+}
+
 }  // namespace
