@@ -305,6 +305,14 @@ class Trainer:
             self.opt.step()
 
 
+def as_int(value: Any) -> int:
+    """A trace field as an integer, 0 where it is absent or not a number (a thread named as text)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
 class WorkerState:
     def __init__(self, device_kind: str) -> None:
         import torch
@@ -423,9 +431,9 @@ class WorkerState:
                     round(float(e.get("dur", 0)) * 1e3),
                     math.prod(grid) if grid else 0,
                     math.prod(block) if block else 0,
-                    int(a.get("registers per thread", 0)),
-                    int(a.get("shared memory", 0)),
-                    int(a.get("stream", e.get("tid", 0)) or 0),
+                    as_int(a.get("registers per thread")),
+                    as_int(a.get("shared memory")),
+                    as_int(a.get("stream", e.get("tid"))),
                     wanted.index(cat),
                 ]
             )
