@@ -13,11 +13,12 @@ what the GPU-sharing model must reproduce:
                 daemon, started and always stopped again), plus each job alone
                 under MPS; optionally with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE caps.
 
-With --kernels N every member of every run also records the kernels of N
-consecutive iterations from the middle of its window (torch.profiler, CUDA
-activity only; all members of a group start recording at one common time, so
-their recorded kernels overlap): name, start and duration on one clock common
-to the processes, grid, threads per block, registers and shared memory.
+With --kernels N every member of every run also records its kernels from the
+middle of its window, for at least N iterations and a quarter of the window
+(torch.profiler, CUDA activity only; all members of a group start and end
+recording at common times, so their recordings cover one stretch): name,
+start and duration on one clock common to the processes, grid, threads per
+block, registers and shared memory.
 benchmarks/mps_kernels.py reads them: how each job's kernels stretch, wait
 and overlap beside the other's, the evidence for a sharing model's rules.
 
@@ -355,7 +356,14 @@ class WorkerState:
                 self.record_kernels(1)
             return {"ok": True, "build_s": built, "warmup_s": warm, **self.trainer.describe()}
         if cmd == "run":
-            return self.run(msg["t0"], msg["until"], msg["min_iters"], msg.get("kernels", 0), msg.get("kernels_at"))
+            return self.run(
+                msg["t0"],
+                msg["until"],
+                msg["min_iters"],
+                msg.get("kernels", 0),
+                msg.get("kernels_at"),
+                msg.get("kernels_until", 0.0),
+            )
         if cmd == "release":
             self.release()
             return {"ok": True}
@@ -387,8 +395,9 @@ class WorkerState:
             doc["cudnn"] = torch.backends.cudnn.version()
         return doc
 
-    def record_kernels(self, iterations: int) -> Any:
-        """Runs `iterations` iterations under torch.profiler; returns the profiler (stopped)."""
+    def record_kernels(self, iterations: int, until: float = 0.0) -> tuple[Any, int]:
+        """Runs at least `iterations` iterations under torch.profiler, and until the
+        monotonic time `until`; returns the profiler (stopped) and the iterations run."""
         from torch.profiler import ProfilerActivity, profile
 
         trainer = self.trainer
@@ -396,13 +405,15 @@ class WorkerState:
         activity = ProfilerActivity.CUDA if self.device.type == "cuda" else ProfilerActivity.CPU
         prof = profile(activities=[activity])
         prof.start()
+        done = 0
         try:
-            for _ in range(iterations):
+            while done < iterations or time.monotonic() < until:
                 trainer.step()
                 self.sync()
+                done += 1
         finally:
             prof.stop()
-        return prof
+        return prof, done
 
     def kernel_rows(self, prof: Any, iterations: int) -> dict[str, Any]:
         """The recorded GPU activity (operators on the CPU) as compact rows, KERNEL_COLUMNS.
@@ -452,7 +463,13 @@ class WorkerState:
         }
 
     def run(
-        self, t0: float, until: float, min_iters: int, kernels: int = 0, kernels_at: float | None = None
+        self,
+        t0: float,
+        until: float,
+        min_iters: int,
+        kernels: int = 0,
+        kernels_at: float | None = None,
+        kernels_until: float = 0.0,
     ) -> dict[str, Any]:
         trainer = self.trainer
         if trainer is None:
@@ -469,11 +486,12 @@ class WorkerState:
         prof = None
         recorded: dict[str, Any] | None = None
         span: int | None = None
+        done = 0
         while True:
             if kernels and span is None and time.monotonic() >= (kernels_at or 0.0):
                 span = len(ends)  # the recorded iterations end as one long one, which window_stats leaves out
                 try:
-                    prof = self.record_kernels(kernels)
+                    prof, done = self.record_kernels(kernels, kernels_until)
                 except Exception as e:  # the timing run stands without them
                     recorded = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
                 now = time.monotonic()
@@ -488,7 +506,7 @@ class WorkerState:
         reply: dict[str, Any] = {"ok": True, "start": start, "ends": ends, **self.memory()}
         if prof is not None:
             try:
-                recorded = self.kernel_rows(prof, kernels)
+                recorded = self.kernel_rows(prof, done)
             except Exception as e:
                 recorded = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
         if span is not None:
@@ -919,7 +937,7 @@ class Runner:
             lo = t0 + s.settle
             hi = lo + s.window
             sampler = SmiSampler(s.smi_index) if s.smi_index is not None else None
-            # every member records from one common time, the middle of the window
+            # every member records from one common time, the middle of the window, to another
             for w in workers:
                 w.send(
                     {
@@ -929,6 +947,7 @@ class Runner:
                         "min_iters": s.min_iters,
                         "kernels": s.kernels,
                         "kernels_at": lo + s.window / 2,
+                        "kernels_until": lo + s.window * 3 / 4,
                     }
                 )
             try:
@@ -1218,10 +1237,11 @@ def method(s: Settings) -> dict[str, Any]:
         "measured run (statistics reset after warm-up; the cache then holds the warm-up's blocks)",
         "cudnn_benchmark": s.cudnn_benchmark,
         "kernels": (
-            f"each member recorded the kernels of {s.kernels} consecutive iterations under torch.profiler "
-            "(CUDA activity only), all members starting at the middle of the window; those iterations count "
-            "as one span that the statistics leave out; rows as KERNEL_COLUMNS, start times in ns on the "
-            "profiler's clock common to the processes"
+            f"each member recorded its kernels under torch.profiler (CUDA activity only) for at least "
+            f"{s.kernels} consecutive iterations from the middle of the window and until three quarters of "
+            "it, all members starting and ending at common times; those iterations count as one span that "
+            "the statistics leave out; rows as KERNEL_COLUMNS, start times in ns on the profiler's clock "
+            "common to the processes"
             if s.kernels
             else None
         ),
@@ -1366,8 +1386,8 @@ Exit status: 0 all runs measured, 1 some run failed (recorded in the JSON),
         type=int,
         default=0,
         metavar="N",
-        help="also record the kernels of N iterations of every member from the middle of each window "
-        "(torch.profiler; read them with benchmarks/mps_kernels.py; default 0: none)",
+        help="also record every member's kernels from the middle of each window, for at least N iterations "
+        "and a quarter of the window (torch.profiler; read them with benchmarks/mps_kernels.py; default 0: none)",
     )
     p.add_argument("--cudnn-benchmark", action="store_true", help="set torch.backends.cudnn.benchmark (default off)")
     p.add_argument(

@@ -12,7 +12,8 @@ a group from one common time) and prints
                   time, waves, and the share of an SM's threads and shared
                   memory its resident blocks take (what decides whose blocks
                   fit beside whose);
-  per pair member its kernel time per iteration alone and beside the other job
+  per pair member (over the stretch both members' recordings cover)
+                  its kernel time per iteration alone and beside the other job
                   (stretch), the idle time between its kernels (wait), and
                   its kernels by what they met: no kernel of the other, a
                   kernel of the other that started first (this one behind) or
@@ -280,6 +281,7 @@ class MemberReport:
     waits: int = 0  # kernels that became ready while a kernel of the other ran
     wait_over_left: float | None = None  # median of (extra wait to start) / (what that kernel had left)
     wait_ms_per_iteration: float | None = None  # extra waiting to start, per iteration
+    covered: float = 1.0  # share of its recorded kernels in the stretch both recordings cover
 
 
 class Timeline:
@@ -307,13 +309,26 @@ class Timeline:
 
 
 def member_report(job: str, rec: Recording, ref: Reference, other: Recording) -> MemberReport:
+    """One member beside the other, over the stretch both recordings cover (the
+    other's kernels outside its recording are not known, so neither are this
+    one's meetings there)."""
     tl = Timeline(other.kernels)
-    meet: dict[str, list[float]] = {"alone": [0.0, 0.0], "behind": [0.0, 0.0], "ahead": [0.0, 0.0]}
+    lo = max(rec.kernels[0].start_ns, other.kernels[0].start_ns)
+    hi = min(max(k.end_ns for k in rec.kernels), max(k.end_ns for k in other.kernels))
+
+    def inside(k: Kernel) -> bool:
+        return lo <= k.start_ns and k.end_ns <= hi
+
+    meet: dict[str, list[float]] = {c: [0.0, 0.0] for c in MEETINGS}
     overlapped = total = 0.0
+    counted = 0
     ratios: list[float] = []
     extra_wait = 0.0
     for chunk in rec.chunks():
         for i, k in enumerate(chunk):
+            if not inside(k):
+                continue
+            counted += 1
             position = i if rec.per_iteration is not None else None
             alone = ref.duration(k, position)
             behind = ahead = 0
@@ -329,7 +344,7 @@ def member_report(job: str, rec: Recording, ref: Reference, other: Recording) ->
             if alone:
                 meet[cls][0] += k.dur_ns
                 meet[cls][1] += alone
-            if i == 0 or ref.gap_before is None or position is None:
+            if i == 0 or ref.gap_before is None or position is None or not inside(chunk[i - 1]):
                 continue
             ready = chunk[i - 1].end_ns
             running = tl.running_at(ready)
@@ -342,15 +357,18 @@ def member_report(job: str, rec: Recording, ref: Reference, other: Recording) ->
                 extra_wait += max(0.0, wait)
     alone_total = sum(v[1] for v in meet.values())
     pair_total = sum(v[0] for v in meet.values())
-    spans = [max(x.end_ns for x in c) - c[0].start_ns for c in rec.chunks() if c]
+    per_iteration = len(rec.kernels) / rec.iterations
+    iterations = counted / per_iteration  # as many as the kernels counted make
+    whole = [c for c in rec.chunks() if c and rec.per_iteration is not None and all(inside(k) for k in c)]
+    spans = [max(x.end_ns for x in c) - c[0].start_ns for c in whole]
     return MemberReport(
         job=job,
-        kernels_per_iteration=len(rec.kernels) / rec.iterations,
+        kernels_per_iteration=per_iteration,
         kernel_ms_alone=ref.kernel_ns / 1e6,
-        kernel_ms_pair=sum(k.dur_ns for k in rec.kernels) / rec.iterations / 1e6,
+        kernel_ms_pair=total / iterations / 1e6 if iterations else math.nan,
         stretch=pair_total / alone_total if alone_total else math.nan,
         span_ms_alone=ref.span_ns / 1e6,
-        span_ms_pair=(statistics.median(spans) if spans else 0.0) / 1e6,
+        span_ms_pair=statistics.median(spans) / 1e6 if spans else math.nan,
         overlapped=overlapped / total if total else 0.0,
         by_meeting={
             c: {"time_share": v[0] / pair_total if pair_total else 0.0, "stretch": v[0] / v[1] if v[1] else math.nan}
@@ -358,7 +376,8 @@ def member_report(job: str, rec: Recording, ref: Reference, other: Recording) ->
         },
         waits=len(ratios),
         wait_over_left=statistics.median(ratios) if ratios else None,
-        wait_ms_per_iteration=extra_wait / rec.iterations / 1e6 if ratios else None,
+        wait_ms_per_iteration=extra_wait / iterations / 1e6 if ratios else None,
+        covered=counted / len(rec.kernels),
     )
 
 
@@ -437,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     print("its kernels met; wait/left: median extra wait to start over what the other's kernel had left)")
     print(
         f"{'job':24} {'kernel ms':>15} {'stretch':>7} {'overlap':>7} {'alone':>11} {'behind':>11} {'ahead':>11} "
-        f"{'wait/left':>9} {'wait ms/it':>10}"
+        f"{'wait/left':>9} {'wait ms/it':>10} {'covered':>7}"
     )
     for reports in pairs:
         out["pairs"].append([asdict(r) for r in reports])
@@ -446,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{r.job:24} {r.kernel_ms_alone:6.2f} -> {r.kernel_ms_pair:6.2f} {fmt(r.stretch):>7} "
                 f"{r.overlapped:7.2f} {cells[0]:>11} {cells[1]:>11} {cells[2]:>11} "
-                f"{fmt(r.wait_over_left):>9} {fmt(r.wait_ms_per_iteration):>10}"
+                f"{fmt(r.wait_over_left):>9} {fmt(r.wait_ms_per_iteration):>10} {r.covered:7.2f}"
             )
         print()
     if not pairs:

@@ -67,7 +67,9 @@ def test_iterations_are_split_only_where_they_repeat(mk: ModuleType) -> None:
     assert differ.per_iteration is None
 
 
-def pair_doc(a_pair: list[tuple[str, int, int]], b_pair: list[tuple[str, int, int]]) -> dict[str, Any]:
+def pair_doc(
+    a_pair: list[tuple[str, int, int]], b_pair: list[tuple[str, int, int]], b_iterations: int = 1
+) -> dict[str, Any]:
     """Job A alone: k0 then, 5 us later, k1 (100 us each); job B alone: one 1000 us kernel."""
     return {
         "solo_mps": {
@@ -81,7 +83,7 @@ def pair_doc(a_pair: list[tuple[str, int, int]], b_pair: list[tuple[str, int, in
                         "jobs": ["A", "B"],
                         "members": [
                             {"job": "A", "kernels": recorded(a_pair)},
-                            {"job": "B", "kernels": recorded(b_pair)},
+                            {"job": "B", "kernels": recorded(b_pair, b_iterations)},
                         ],
                     }
                 ]
@@ -91,29 +93,34 @@ def pair_doc(a_pair: list[tuple[str, int, int]], b_pair: list[tuple[str, int, in
 
 
 def test_first_come_first_served_shows_as_a_wait_for_all_the_other_kernel_had_left(mk: ModuleType) -> None:
-    # B's kernel starts at 50 us, during A's k0; A's k1, ready at 100 us, starts only when B's ends (1050 us)
-    doc = pair_doc([("k0", 0, 100), ("k1", 1050, 100)], [("big", 50, 1000)])
+    # B's second kernel starts at 50 us, during A's k0; A's k1, ready at 100 us, starts only when it ends (1050 us)
+    b = [("big", -950, 1000), ("big", 50, 1000), ("big", 1050, 1000)]
+    doc = pair_doc([("k0", 0, 100), ("k1", 1050, 100)], b, b_iterations=3)
     (a, b), *_ = mk.pair_reports(doc, "mps")
     assert a.job == "A" and b.job == "B"
     assert a.stretch == pytest.approx(1.0) and b.stretch == pytest.approx(1.0)
     assert a.waits == 1
     assert a.wait_over_left == pytest.approx((1050 - 100 - 5) / (1050 - 100))
     assert a.wait_ms_per_iteration == pytest.approx(0.945)
-    assert a.by_meeting["ahead"]["time_share"] == pytest.approx(0.5)  # k0 met B's kernel started after it
-    assert a.by_meeting["alone"]["time_share"] == pytest.approx(0.5)
+    assert a.by_meeting["behind"]["time_share"] == pytest.approx(0.5)  # k0 met B's first kernel as much as its second
+    assert a.by_meeting["ahead"]["time_share"] == pytest.approx(0.5)  # k1 met B's third, started with it
+    assert a.span_ms_pair == pytest.approx(1.15) and a.span_ms_alone == pytest.approx(0.205)
+    # only B's second kernel lies in the stretch both recordings cover (0 to 1150 us)
+    assert b.covered == pytest.approx(1 / 3)
     assert b.overlapped == pytest.approx(50 / 1000)
 
 
 def test_even_sharing_shows_as_stretch_on_both_sides_and_no_wait(mk: ModuleType) -> None:
     # both run at half speed while they overlap; A's k1 starts at once when ready
-    doc = pair_doc([("k0", 0, 150), ("k1", 155, 200)], [("big", 50, 1175)])
+    b = [("big", -1125, 1175), ("big", 50, 1175)]
+    doc = pair_doc([("k0", 0, 150), ("k1", 155, 200)], b, b_iterations=2)
     (a, b), *_ = mk.pair_reports(doc, "mps")
     assert a.wait_over_left == pytest.approx(0.0)
-    assert a.by_meeting["behind"]["stretch"] == pytest.approx(2.0)  # k1 met B's kernel, there first
-    assert a.by_meeting["ahead"]["stretch"] == pytest.approx(1.5)
-    assert b.stretch == pytest.approx(1.175)
-    assert b.overlapped == pytest.approx((100 + 200) / 1175)
-    assert a.span_ms_alone == pytest.approx(0.205) and a.span_ms_pair == pytest.approx(0.355)
+    assert a.by_meeting["behind"]["stretch"] == pytest.approx(2.0)  # k1 met B's second kernel, there first
+    assert a.by_meeting["ahead"]["stretch"] == pytest.approx(1.5)  # k0 met it more than B's first
+    assert a.stretch == pytest.approx(350 / 200) and a.kernel_ms_pair == pytest.approx(0.35)
+    assert a.overlapped == pytest.approx(1.0)
+    assert b.covered == 0  # neither of B's kernels lies within A's recording
 
 
 def test_the_recorded_span_is_left_out_of_the_timing() -> None:
