@@ -87,7 +87,8 @@ class Recording:
 
 
 def recording(entry: dict[str, Any]) -> Recording | None:
-    """The recorded kernels of a solo entry or pair member (None where it recorded none)."""
+    """The recorded kernels of a solo entry or pair member (None where it recorded none,
+    or its recording failed: the entry then says why)."""
     k = entry.get("kernels")
     if not k or "rows" not in k:
         return None
@@ -105,6 +106,8 @@ def recording(entry: dict[str, Any]) -> Recording | None:
         )
         for r in k["rows"]
     ]
+    if not kernels:  # a profiler that saw none (no CUPTI under MPS, say)
+        return None
     kernels.sort(key=lambda x: x.start_ns)
     iterations = max(1, int(k.get("iterations", 1)))
     per = len(kernels) // iterations if kernels and len(kernels) % iterations == 0 else None
@@ -124,12 +127,18 @@ def device_properties(doc: dict[str, Any]) -> dict[str, Any]:
     return dict(H100_PROPERTIES)
 
 
-def entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    out = [e for key in ("solo", "solo_mps") for e in doc.get(key, {}).values()]
-    for mode in doc.get("modes", {}).values():
+def labelled(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every solo entry and pair member of a result, with where it stands."""
+    out = [(f"{key} {job}", e) for key in ("solo", "solo_mps") for job, e in doc.get(key, {}).items()]
+    for name, mode in doc.get("modes", {}).items():
         for pair in mode.get("pairs", []):
-            out.extend(pair.get("members", []))
+            group = " + ".join(pair.get("jobs", []))
+            out.extend((f"{name} {group}: {m.get('job')}", m) for m in pair.get("members", []))
     return out
+
+
+def entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for _, e in labelled(doc)]
 
 
 # ---------------------------------------------------------------- occupancy
@@ -434,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    for where, entry in labelled(doc):
+        why = (entry.get("kernels") or {}).get("error")
+        if why:
+            print(f"no kernels for {where}: {why}")
     props = device_properties(doc)
     out: dict[str, Any] = {"device_properties": props, "alone": {}, "pairs": []}
     solo_key = "solo_mps" if args.mode.startswith("mps") and doc.get("solo_mps") else "solo"

@@ -65,6 +65,8 @@ def test_iterations_are_split_only_where_they_repeat(mk: ModuleType) -> None:
     assert ref.by_position == [10_000, 10_000] and ref.gap_before == [0.0, 10_000]
     differ = mk.recording({"kernels": recorded([("a", 0, 10), ("b", 20, 10), ("b", 100, 10), ("a", 120, 10)], 2)})
     assert differ.per_iteration is None
+    assert mk.recording({"kernels": recorded([])}) is None
+    assert mk.recording({"kernels": {"error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}}) is None
 
 
 def pair_doc(
@@ -138,6 +140,17 @@ def test_a_result_without_kernels_is_refused_naming_the_option(mk: ModuleType, t
     path.write_text(json.dumps({"solo": {"A": {"median_ms": 1.0}}, "modes": {}}))
     assert mk.main([str(path)]) == 2
     assert "--kernels" in capsys.readouterr().err
+
+
+def test_a_member_whose_recording_failed_is_named_with_why(mk: ModuleType, tmp_path, capsys) -> None:
+    doc = pair_doc([("k0", 0, 100), ("k1", 105, 100)], [("big", 0, 1000)])
+    doc["modes"]["mps"]["pairs"][0]["members"][1]["kernels"] = {"error": "RuntimeError: CUPTI failed"}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    assert mk.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "no kernels for mps A + B: B: RuntimeError: CUPTI failed" in out
+    assert "no pair of mode 'mps'" in out
 
 
 def test_collocation_records_overlapping_kernels_of_both_members(mk: ModuleType, tmp_path) -> None:
