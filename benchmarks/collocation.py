@@ -494,13 +494,11 @@ class WorkerState:
                     prof, done = self.record_kernels(kernels, kernels_until)
                 except Exception as e:  # the timing run stands without them
                     recorded = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
-                now = time.monotonic()
-                ends.append(now)
             else:
                 trainer.step()
                 self.sync()
-                now = time.monotonic()
-                ends.append(now)
+            now = time.monotonic()
+            ends.append(now)
             if now >= until and len(ends) >= min_iters:
                 break
         reply: dict[str, Any] = {"ok": True, "start": start, "ends": ends, **self.memory()}

@@ -255,6 +255,11 @@ class Reference:
         return self.by_key.get((k.name, k.blocks, k.threads))
 
 
+def span_ns(chunk: list[Kernel]) -> int:
+    """An iteration's first start to its last end."""
+    return max(k.end_ns for k in chunk) - chunk[0].start_ns
+
+
 def reference(rec: Recording) -> Reference:
     chunks = rec.chunks()
     by_pos = gaps = None
@@ -266,7 +271,7 @@ def reference(rec: Recording) -> Reference:
     keyed: dict[tuple[str, int, int], list[int]] = {}
     for k in rec.kernels:
         keyed.setdefault((k.name, k.blocks, k.threads), []).append(k.dur_ns)
-    spans = [max(x.end_ns for x in c) - c[0].start_ns for c in chunks if c]
+    spans = [span_ns(c) for c in chunks if c]
     return Reference(
         by_pos,
         gaps,
@@ -369,7 +374,7 @@ def member_report(job: str, rec: Recording, ref: Reference, other: Recording) ->
     per_iteration = len(rec.kernels) / rec.iterations
     iterations = counted / per_iteration  # as many as the kernels counted make
     whole = [c for c in rec.chunks() if c and rec.per_iteration is not None and all(inside(k) for k in c)]
-    spans = [max(x.end_ns for x in c) - c[0].start_ns for c in whole]
+    spans = [span_ns(c) for c in whole]
     return MemberReport(
         job=job,
         kernels_per_iteration=per_iteration,
@@ -436,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError) as e:
         print(f"mps_kernels.py: error: cannot read {args.result}: {e}", file=sys.stderr)
         return 2
-    if not any(recording(entry) for entry in entries(doc)):
+    if not any((entry.get("kernels") or {}).get("rows") for entry in entries(doc)):
         print(
             f"mps_kernels.py: error: {args.result} holds no recorded kernels; run "
             "`benchmarks/collocation.py --kernels 3` on a GPU first",
